@@ -1,0 +1,42 @@
+"""`kvstore` command line: one subcommand per module under cli/, dispatched from here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from cli import layout_cmd
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvstore", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in _modules():
+        module.register(sub)
+    return parser
+
+
+def _modules() -> list:  # type: ignore[type-arg]
+    from cli import demo
+
+    return [layout_cmd, demo]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except CliError as e:
+        print(f"kvstore: error: {e}", file=sys.stderr)
+        return 2
+
+
+class CliError(Exception):
+    """An error the CLI reports as one line and a non-zero exit."""
+
+
+if __name__ == "__main__":
+    sys.exit(main())

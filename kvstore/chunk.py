@@ -1,0 +1,246 @@
+"""The unit of storage: a self-describing, checksummed binary chunk.
+
+A chunk holds C consecutive tokens of one sequence: for each persisted cache of the layout its
+packed entries for that span (codes and scales as separate contiguous arrays), and the token ids.
+docs/FORMAT.md gives the byte layout; this module is its only writer and reader.
+
+    header (72 B) | section table (16 B x n) | codes sections | scales sections | token ids | xxh3-64
+
+Codes come first and scales + token ids last, so a storage tier can compress only the tail
+(FP4 codes of Gaussian data are incompressible; E4M3 scale bytes shrink ~2.3x under zstd).
+Decoding is zero-copy: sections are numpy views on the caller's buffer.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import xxhash
+
+from kvstore.keys import KEY_BYTES, token_bytes
+from kvstore.layout import Layout
+
+MAGIC = b"KVCK"
+VERSION = 1
+_HEADER = struct.Struct("<4sHHIIQ16s16sIHHII")  # see docs/FORMAT.md
+_SECTION = struct.Struct("<HBBIII")
+HEADER_BYTES = _HEADER.size  # 72
+SECTION_BYTES = _SECTION.size  # 16
+CHECKSUM_BYTES = 8
+ALIGN = 16
+KIND_CODES, KIND_SCALES = 0, 1
+MAX_CHUNK_BYTES = 1 << 31
+
+
+class ChunkError(ValueError):
+    """A blob is not a valid chunk; the subclass says why. Callers treat any of them as a miss."""
+
+
+class TruncatedChunk(ChunkError):
+    pass
+
+
+class OversizedChunk(ChunkError):
+    pass
+
+
+class BadMagic(ChunkError):
+    pass
+
+
+class UnsupportedVersion(ChunkError):
+    pass
+
+
+class LayoutMismatch(ChunkError):
+    pass
+
+
+class ChecksumMismatch(ChunkError):
+    pass
+
+
+class MalformedChunk(ChunkError):
+    pass
+
+
+@dataclass(frozen=True)
+class Entries:
+    """Packed entries of one cache over a span: ``codes [n, code_bytes]``, ``scales [n, scale_bytes]``."""
+
+    codes: np.ndarray
+    scales: np.ndarray
+
+    @classmethod
+    def of(cls, codes: torch.Tensor | np.ndarray, scales: torch.Tensor | np.ndarray) -> Entries:
+        def arr(t: torch.Tensor | np.ndarray) -> np.ndarray:
+            return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+
+        return cls(arr(codes), arr(scales))
+
+    @property
+    def n(self) -> int:
+        return int(self.codes.shape[0])
+
+
+@dataclass(frozen=True)
+class Header:
+    version: int
+    header_bytes: int
+    total_bytes: int
+    token_count: int
+    start: int
+    layout_id: bytes
+    key: bytes
+    tokens_offset: int
+    n_sections: int
+    compressible_offset: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A decoded chunk: views into the buffer it was decoded from."""
+
+    header: Header
+    token_ids: np.ndarray  # uint32 [token_count]
+    entries: dict[str, Entries]
+
+    @property
+    def key(self) -> bytes:
+        return self.header.key
+
+    @property
+    def start(self) -> int:
+        return self.header.start
+
+    @property
+    def token_count(self) -> int:
+        return self.header.token_count
+
+
+def _pad(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def encoded_size(layout: Layout, token_count: int) -> int:
+    """Exact byte size of a chunk of ``token_count`` tokens under ``layout``."""
+    off = _pad(HEADER_BYTES + SECTION_BYTES * 2 * len(layout.caches))
+    for c in layout.caches:
+        off += _pad(c.entries_for(token_count) * c.code_bytes)
+    for c in layout.caches:
+        off += _pad(c.entries_for(token_count) * c.scale_bytes)
+    return off + 4 * token_count + CHECKSUM_BYTES
+
+
+def encode(layout: Layout, *, key: bytes, start: int, token_ids: object,
+           entries: Mapping[str, Entries]) -> bytes:
+    """Build a chunk. ``entries`` maps every cache name of the layout to its packed entries for the
+    span; each cache must hold exactly ``token_count // m`` entries of the layout's widths."""
+    ids = token_bytes(token_ids)  # type: ignore[arg-type]
+    n_tok = len(ids) // 4
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"chunk key must be {KEY_BYTES} bytes, got {len(key)}")
+    if set(entries) != {c.name for c in layout.caches}:
+        raise ValueError(f"entries for {sorted(entries)} do not match layout caches "
+                         f"{[c.name for c in layout.caches]}")
+    sections: list[tuple[int, int, np.ndarray]] = []
+    for kind in (KIND_CODES, KIND_SCALES):
+        for i, c in enumerate(layout.caches):
+            e = entries[c.name]
+            want_n, width = c.entries_for(n_tok), (c.code_bytes if kind == KIND_CODES else c.scale_bytes)
+            arr = e.codes if kind == KIND_CODES else e.scales
+            if arr.dtype != np.uint8 or arr.shape != (want_n, width):
+                raise ValueError(f"cache {c.name}: {'codes' if kind == KIND_CODES else 'scales'} must be "
+                                 f"uint8 [{want_n}, {width}] for {n_tok} tokens, got {arr.dtype} "
+                                 f"{list(arr.shape)}")
+            sections.append((i, kind, arr))
+    table_end = _pad(HEADER_BYTES + SECTION_BYTES * len(sections))
+    total = encoded_size(layout, n_tok)
+    buf = bytearray(total)
+    mv = memoryview(buf)
+    off, compressible = table_end, 0
+    for s_i, (cache_i, kind, arr) in enumerate(sections):
+        if kind == KIND_SCALES and not compressible:
+            compressible = off
+        length = arr.size
+        _SECTION.pack_into(buf, HEADER_BYTES + s_i * SECTION_BYTES, cache_i, kind, 0, arr.shape[0], off, length)
+        mv[off : off + length] = np.ascontiguousarray(arr).reshape(-1).data
+        off += _pad(length)
+    tokens_offset = off
+    mv[off : off + len(ids)] = ids
+    _HEADER.pack_into(buf, 0, MAGIC, VERSION, table_end, total, n_tok, start, layout.layout_id, key,
+                      tokens_offset, len(sections), 0, compressible or tokens_offset, 0)
+    struct.pack_into("<Q", buf, total - CHECKSUM_BYTES, xxhash.xxh3_64_intdigest(mv[: total - CHECKSUM_BYTES]))
+    return bytes(buf)
+
+
+def read_header(blob: bytes | bytearray | memoryview) -> Header:
+    """Parse and sanity-check the fixed header (no checksum). Raises a :class:`ChunkError`."""
+    mv = memoryview(blob)
+    if len(mv) < HEADER_BYTES + CHECKSUM_BYTES:
+        raise TruncatedChunk(f"chunk is {len(mv)} bytes, shorter than its {HEADER_BYTES}-byte header")
+    (magic, version, header_bytes, total, n_tok, start, layout_id, key, tokens_offset, n_sections, _flags,
+     compressible, _reserved) = _HEADER.unpack_from(mv, 0)
+    if magic != MAGIC:
+        raise BadMagic(f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: not a kvstore chunk")
+    if version != VERSION:
+        raise UnsupportedVersion(f"chunk format version {version}; this build reads version {VERSION}")
+    if total > MAX_CHUNK_BYTES:
+        raise OversizedChunk(f"chunk declares {total} bytes, over the {MAX_CHUNK_BYTES}-byte limit")
+    if len(mv) < total:
+        raise TruncatedChunk(f"chunk is {len(mv)} bytes but declares {total}")
+    if len(mv) > total:
+        raise OversizedChunk(f"chunk is {len(mv)} bytes but declares {total}: trailing data")
+    if header_bytes < HEADER_BYTES + SECTION_BYTES * n_sections or tokens_offset + 4 * n_tok > total - 8:
+        raise MalformedChunk("section table or token ids run past the chunk")
+    return Header(version, header_bytes, total, n_tok, start, bytes(layout_id), bytes(key), tokens_offset,
+                  n_sections, compressible)
+
+
+def verify_checksum(blob: bytes | bytearray | memoryview) -> None:
+    mv = memoryview(blob)
+    (stored,) = struct.unpack_from("<Q", mv, len(mv) - CHECKSUM_BYTES)
+    if xxhash.xxh3_64_intdigest(mv[: len(mv) - CHECKSUM_BYTES]) != stored:
+        raise ChecksumMismatch("chunk checksum mismatch: the stored bytes are corrupted")
+
+
+def decode(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool = True) -> Chunk:
+    """Parse a chunk written under ``layout``: zero-copy views, checksum verified unless told not to."""
+    h = read_header(blob)
+    if verify:
+        verify_checksum(blob)
+    if h.layout_id != layout.layout_id:
+        raise LayoutMismatch(f"chunk was written under layout {h.layout_id.hex()}, "
+                             f"expected {layout.name} ({layout.layout_hex})")
+    if h.n_sections != 2 * len(layout.caches):
+        raise MalformedChunk(f"{h.n_sections} sections, layout {layout.name} needs {2 * len(layout.caches)}")
+    mv = memoryview(blob)
+    parts: dict[str, dict[int, np.ndarray]] = {c.name: {} for c in layout.caches}
+    for s_i in range(h.n_sections):
+        cache_i, kind, _pad_b, n, off, length = _SECTION.unpack_from(mv, HEADER_BYTES + s_i * SECTION_BYTES)
+        if cache_i >= len(layout.caches) or kind not in (KIND_CODES, KIND_SCALES):
+            raise MalformedChunk(f"section {s_i}: cache {cache_i} kind {kind} is not in the layout")
+        c = layout.caches[cache_i]
+        width = c.code_bytes if kind == KIND_CODES else c.scale_bytes
+        if n != c.entries_for(h.token_count) or length != n * width or off + length > h.tokens_offset:
+            raise MalformedChunk(f"section {s_i} ({c.name}) has {n} entries / {length} bytes at {off}; "
+                                 f"expected {c.entries_for(h.token_count)} x {width}")
+        parts[c.name][kind] = np.frombuffer(mv, np.uint8, length, off).reshape(n, width)
+    try:
+        entries = {name: Entries(p[KIND_CODES], p[KIND_SCALES]) for name, p in parts.items()}
+    except KeyError:
+        raise MalformedChunk("a cache is missing its codes or scales section") from None
+    ids = np.frombuffer(mv, "<u4", h.token_count, h.tokens_offset)
+    return Chunk(h, ids, entries)
+
+
+def compressible_offset(blob: bytes | bytearray | memoryview) -> int:
+    """Where the compressible tail (scales, token ids, checksum) starts; 0 if ``blob`` is no chunk."""
+    try:
+        return read_header(blob).compressible_offset
+    except ChunkError:
+        return 0

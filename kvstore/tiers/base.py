@@ -1,0 +1,123 @@
+"""The one interface every storage tier implements: put / get / delete / contains / usage / close.
+
+A tier is a flat key -> value map with an eviction order. Keys are opaque bytes (1 to 256 of
+them: usually a 16-byte chunk hash, sometimes e.g. ``b"m:" + session id``); values are opaque
+bytes (chunk blobs of ~10 KB to a few MB). Tiers never know about each other and never drop data
+on their own to respect a capacity: the tiered store reads ``usage()`` and ``victims()`` and
+demotes. Bad arguments raise ``ValueError``; infrastructure failures raise ``TierError``.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import NamedTuple
+
+MAX_KEY_BYTES = 256
+
+#: What a tier accepts as a value; it copies what it keeps, so the caller may reuse the buffer.
+Value = bytes | bytearray | memoryview
+#: What a tier returns for a hit: bytes or a read-only memoryview, never aliasing a caller buffer.
+Stored = bytes | memoryview
+
+
+class Usage(NamedTuple):
+    """A tier's occupancy, as the store needs it to decide what to demote."""
+
+    used_bytes: int  # bytes this tier holds for values (for ssd: stored, i.e. compressed, bytes)
+    capacity_bytes: int  # 0 = unlimited
+    items: int
+    raw_bytes: int  # uncompressed bytes of the values held (== used_bytes where nothing is compressed)
+
+
+class TierError(Exception):
+    """A tier failed (e.g. Redis connection lost). The caller degrades around it."""
+
+
+class TierFullError(TierError):
+    """A put did not fit in the tier's free space; the store evicts and retries."""
+
+
+def check_key(key: bytes) -> bytes:
+    """Validate a key: ``bytes`` of length 1 to ``MAX_KEY_BYTES``."""
+    if not isinstance(key, bytes):
+        raise ValueError(f"tier keys must be bytes, got {type(key).__name__}")
+    if not 0 < len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"tier keys must be 1 to {MAX_KEY_BYTES} bytes long, got {len(key)}")
+    return key
+
+
+def check_value(value: Value) -> memoryview:
+    """Validate a value and return it as a flat, contiguous byte view (no copy)."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise ValueError(f"tier values must be bytes, bytearray or memoryview, got {type(value).__name__}")
+    view = memoryview(value)
+    if not view.contiguous:
+        raise ValueError("tier values must be contiguous buffers")
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class Tier(abc.ABC):
+    """A key -> value store with an eviction order. Implementations are thread-safe."""
+
+    name: str  # "hbm" | "host" | "ssd" | "redis"
+    persistent: bool  # survives a process restart (ssd, redis) or not (host, hbm)
+
+    @abc.abstractmethod
+    def put(self, key: bytes, value: Value) -> None:
+        """Store a copy of ``value`` under ``key``, replacing any previous value; marks it recently used."""
+
+    @abc.abstractmethod
+    def get(self, key: bytes) -> Stored | None:
+        """The value stored under ``key``, or None on a miss. A hit marks the key recently used."""
+
+    @abc.abstractmethod
+    def delete(self, key: bytes) -> bool:
+        """Remove ``key``; True if it was present."""
+
+    @abc.abstractmethod
+    def contains(self, key: bytes) -> bool:
+        """Whether ``key`` is present. Does not change the eviction order."""
+
+    @abc.abstractmethod
+    def usage(self) -> Usage:
+        """Bytes and items held now, and the configured capacity."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources. Idempotent; any other call afterwards raises ``TierError``."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[bytes]:
+        """Every key held (for restart reconciliation and GC); a snapshot, in no particular order."""
+
+    @abc.abstractmethod
+    def victims(self) -> Iterator[bytes]:
+        """Keys in eviction order, least recently used first; a snapshot, so the caller may delete
+        while iterating. Empty for tiers that evict by themselves (redis)."""
+
+    @abc.abstractmethod
+    def size_of(self, key: bytes) -> int | None:
+        """Stored bytes of one value (what it counts for in ``usage().used_bytes``), None if absent."""
+
+    def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
+        """Store several values; a tier overrides this when it can batch (one transaction, one round trip)."""
+        for key, value in items:
+            self.put(key, value)
+
+    def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
+        """``get`` for each key, in order, None for each miss."""
+        return [self.get(key) for key in keys]
+
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        """Remove several keys; returns how many were present."""
+        return sum(self.delete(key) for key in keys)
+
+    def __enter__(self) -> Tier:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,86 @@
+"""Frozen configuration of each tier. Defaults live here and nowhere else.
+
+Every config has ``capacity_bytes`` (0 = unlimited): the tier only reports it in ``usage()``;
+the tiered store enforces it by demoting.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+def _check_capacity(tier: str, capacity_bytes: int) -> None:
+    if capacity_bytes < 0:
+        raise ValueError(f"{tier} tier: capacity_bytes must be >= 0 (0 = unlimited), got {capacity_bytes}")
+
+
+@dataclass(frozen=True)
+class HostTierConfig:
+    """Values in process memory."""
+
+    capacity_bytes: int = 0
+    pin_memory: bool = True  # keep values in pinned (page-locked) memory when CUDA is available
+
+    def __post_init__(self) -> None:
+        _check_capacity("host", self.capacity_bytes)
+
+
+@dataclass(frozen=True)
+class SsdTierConfig:
+    """Values zstd-compressed in an LMDB environment on local disk."""
+
+    path: str = "kvstore-data/ssd"
+    capacity_bytes: int = 0
+    zstd_level: int = 3  # 0 = store raw; 1..22 = zstd level
+    sync: bool = True  # True: a put that returned is on disk; False: flushed on flush()/close()
+    map_size: int = 1 << 30  # initial LMDB map size; doubled whenever it fills
+
+    def __post_init__(self) -> None:
+        _check_capacity("ssd", self.capacity_bytes)
+        if not self.path:
+            raise ValueError("ssd tier: path must not be empty")
+        if not 0 <= self.zstd_level <= 22:
+            raise ValueError(f"ssd tier: zstd_level must be 0 (off) to 22, got {self.zstd_level}")
+        if self.map_size <= 0:
+            raise ValueError(f"ssd tier: map_size must be > 0, got {self.map_size}")
+
+
+@dataclass(frozen=True)
+class RedisTierConfig:
+    """Values in a Redis server, under ``f"{namespace}:"`` keys."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = "kvstore"
+    capacity_bytes: int = 0
+    ttl_s: int | None = None  # expire values this long after their last put (or get, see below)
+    touch_on_get: bool = True  # a get restarts the TTL
+    socket_timeout_s: float = 2.0  # connect and per-command timeout: a dead server fails fast
+
+    def __post_init__(self) -> None:
+        _check_capacity("redis", self.capacity_bytes)
+        if not _NAMESPACE.fullmatch(self.namespace):
+            raise ValueError(f"redis tier: namespace must match [A-Za-z0-9_.-]+, got {self.namespace!r}")
+        if self.ttl_s is not None and self.ttl_s <= 0:
+            raise ValueError(f"redis tier: ttl_s must be > 0 or None, got {self.ttl_s}")
+        if self.socket_timeout_s <= 0:
+            raise ValueError(f"redis tier: socket_timeout_s must be > 0, got {self.socket_timeout_s}")
+
+
+@dataclass(frozen=True)
+class HbmTierConfig:
+    """Values in one preallocated arena of GPU memory."""
+
+    capacity_bytes: int = 1 << 30  # the arena size; must be > 0 (HBM is never unlimited)
+    device: int = 0  # CUDA device index
+
+    def __post_init__(self) -> None:
+        if self.capacity_bytes <= 0:
+            raise ValueError(f"hbm tier: capacity_bytes must be > 0, got {self.capacity_bytes}")
+        if self.device < 0:
+            raise ValueError(f"hbm tier: device must be >= 0, got {self.device}")
+
+
+TierConfig = HostTierConfig | SsdTierConfig | RedisTierConfig | HbmTierConfig

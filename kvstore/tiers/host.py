@@ -1,0 +1,127 @@
+"""Host tier: values in process memory, LRU order in an OrderedDict, one lock around both.
+
+Values are kept as ``bytes``; with CUDA present and ``pin_memory`` set they are kept in pinned
+uint8 tensors instead, so a later copy to the GPU is a direct DMA (returned as read-only
+memoryviews over the tensor's memory).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.config import HostTierConfig
+
+
+def _pinned_copier() -> Any | None:
+    """A function copying a byte view into a fresh pinned tensor, or None without CUDA."""
+    import numpy as np
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+
+    def copy(view: memoryview) -> Any:
+        tensor = torch.empty(len(view), dtype=torch.uint8, pin_memory=True)
+        tensor.numpy()[:] = np.frombuffer(view, dtype=np.uint8)
+        return tensor
+
+    return copy
+
+
+class HostTier(Tier):
+    """An in-process LRU map. ``capacity_bytes`` is reported, not enforced."""
+
+    name = "host"
+    persistent = False
+
+    def __init__(self, config: HostTierConfig) -> None:
+        self._config = config
+        self._lock = threading.Lock()
+        self._values: OrderedDict[bytes, Any] = OrderedDict()  # bytes, or a pinned uint8 tensor
+        self._used = 0
+        self._closed = False
+        self._pin = _pinned_copier() if config.pin_memory else None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TierError("host tier: used after close()")
+
+    def _copy(self, view: memoryview) -> Any:
+        # Copy outside the lock: values are up to a few MB and other threads should not wait.
+        if self._pin is None or not len(view):
+            return view.tobytes()
+        return self._pin(view)
+
+    @staticmethod
+    def _out(stored: Any) -> Stored:
+        if isinstance(stored, bytes):
+            return stored
+        return memoryview(stored.numpy()).toreadonly()  # read-only: callers must not edit the tier
+
+    def put(self, key: bytes, value: Value) -> None:
+        check_key(key)
+        stored = self._copy(check_value(value))
+        with self._lock:
+            self._check_open()
+            old = self._values.pop(key, None)
+            if old is not None:
+                self._used -= len(old)
+            self._values[key] = stored
+            self._used += len(stored)
+
+    def get(self, key: bytes) -> Stored | None:
+        check_key(key)
+        with self._lock:
+            self._check_open()
+            stored = self._values.get(key)
+            if stored is None:
+                return None
+            self._values.move_to_end(key)
+        return self._out(stored)
+
+    def delete(self, key: bytes) -> bool:
+        check_key(key)
+        with self._lock:
+            self._check_open()
+            stored = self._values.pop(key, None)
+            if stored is None:
+                return False
+            self._used -= len(stored)
+            return True
+
+    def contains(self, key: bytes) -> bool:
+        check_key(key)
+        with self._lock:
+            self._check_open()
+            return key in self._values
+
+    def size_of(self, key: bytes) -> int | None:
+        check_key(key)
+        with self._lock:
+            self._check_open()
+            stored = self._values.get(key)
+            return None if stored is None else len(stored)
+
+    def usage(self) -> Usage:
+        with self._lock:
+            self._check_open()
+            return Usage(self._used, self._config.capacity_bytes, len(self._values), self._used)
+
+    def keys(self) -> Iterator[bytes]:
+        return self.victims()  # LRU order is as good as any
+
+    def victims(self) -> Iterator[bytes]:
+        with self._lock:
+            self._check_open()
+            snapshot = list(self._values)
+        return iter(snapshot)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._values.clear()
+            self._used = 0
