@@ -1,0 +1,136 @@
+"""Session manifests: what a session is, stored durably and committed after its chunks.
+
+A manifest names the session's complete chunks in order (their keys), carries the trailing
+tokens that do not fill a chunk yet together with their packed entries (as a chunk-format blob,
+key all zeros), and the ids of the last tokens (what bounded replay needs). Binary form:
+
+    b"KVMF" | u16 version | u32 meta_len | meta (JSON, UTF-8) | u32 tail_len | tail blob | xxh3-64
+
+A manifest is one value written in one transaction, so a commit is atomic: a crashed save leaves
+the previous version intact.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from dataclasses import dataclass, field, replace
+
+import xxhash
+
+from kvstore.errors import InvalidArgument
+
+MAGIC = b"KVMF"
+VERSION = 1
+_HEAD = struct.Struct("<4sHI")
+SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
+NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+KEY_PREFIX = b"m:"
+
+
+class ManifestError(ValueError):
+    """Stored manifest bytes are damaged or of an unknown version."""
+
+
+def check_session_id(session_id: str) -> str:
+    if not isinstance(session_id, str) or not SESSION_ID.fullmatch(session_id):
+        raise InvalidArgument(f"malformed session id {session_id!r}: 1-128 chars of [A-Za-z0-9_.:-], "
+                              f"starting with a letter or digit")
+    return session_id
+
+
+def check_namespace(namespace: str) -> str:
+    if not isinstance(namespace, str) or not NAMESPACE.fullmatch(namespace):
+        raise InvalidArgument(f"malformed namespace {namespace!r}: 1-64 chars of [A-Za-z0-9_.-]")
+    return namespace
+
+
+def manifest_key(namespace: str, session_id: str) -> bytes:
+    """The tier key of a session's manifest (never 16 bytes long, so never mistaken for a chunk)."""
+    return KEY_PREFIX + f"{namespace}/{session_id}".encode()
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a session is kept: pinned sessions are never evicted; ttl_s=None means no expiry."""
+
+    pinned: bool = False
+    ttl_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    session_id: str
+    namespace: str
+    layout_id: bytes
+    token_count: int
+    chunk_tokens: int
+    chunk_keys: tuple[bytes, ...] = field(repr=False)
+    tail: bytes = field(repr=False)  # chunk-format blob of the trailing tokens (token_count - len(chunk_keys) * chunk_tokens)
+    last_token_ids: tuple[int, ...] = field(repr=False)  # ids of the last min(token_count, 128) tokens
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    retention: Retention = field(default_factory=Retention)
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)
+        check_session_id(self.session_id)
+        if len(self.layout_id) != 16:
+            raise InvalidArgument("layout id must be 16 bytes")
+        if any(len(k) != 16 for k in self.chunk_keys):
+            raise InvalidArgument("chunk keys must be 16 bytes each")
+        if self.token_count < len(self.chunk_keys) * self.chunk_tokens:
+            raise InvalidArgument(f"token_count {self.token_count} is less than {len(self.chunk_keys)} chunks of "
+                                  f"{self.chunk_tokens} tokens")
+        if self.token_count - len(self.chunk_keys) * self.chunk_tokens >= self.chunk_tokens:
+            raise InvalidArgument("the trailing span must be shorter than one chunk")
+
+    @property
+    def tail_tokens(self) -> int:
+        return self.token_count - len(self.chunk_keys) * self.chunk_tokens
+
+    @property
+    def key(self) -> bytes:
+        return manifest_key(self.namespace, self.session_id)
+
+    def expired(self, now: float) -> bool:
+        r = self.retention
+        return not r.pinned and r.ttl_s is not None and now > self.updated_at + r.ttl_s
+
+    def with_retention(self, retention: Retention, now: float) -> Manifest:
+        return replace(self, retention=retention, updated_at=now)
+
+    def encode(self) -> bytes:
+        meta = {
+            "session_id": self.session_id, "namespace": self.namespace, "layout_id": self.layout_id.hex(),
+            "token_count": self.token_count, "chunk_tokens": self.chunk_tokens,
+            "chunk_keys": [k.hex() for k in self.chunk_keys], "last_token_ids": list(self.last_token_ids),
+            "created_at": self.created_at, "updated_at": self.updated_at,
+            "retention": {"pinned": self.retention.pinned, "ttl_s": self.retention.ttl_s},
+            "metadata": self.metadata,
+        }
+        mj = json.dumps(meta, separators=(",", ":")).encode()
+        body = _HEAD.pack(MAGIC, VERSION, len(mj)) + mj + struct.pack("<I", len(self.tail)) + self.tail
+        return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
+
+    @classmethod
+    def decode(cls, blob: bytes | memoryview) -> Manifest:
+        mv = memoryview(blob)
+        if len(mv) < _HEAD.size + 12:
+            raise ManifestError(f"manifest truncated ({len(mv)} bytes)")
+        magic, version, mlen = _HEAD.unpack_from(mv, 0)
+        if magic != MAGIC or version != VERSION:
+            raise ManifestError(f"not a version-{VERSION} manifest (magic {bytes(magic)!r}, version {version})")
+        (stored,) = struct.unpack_from("<Q", mv, len(mv) - 8)
+        if xxhash.xxh3_64_intdigest(mv[:-8]) != stored:
+            raise ManifestError("manifest checksum mismatch")
+        meta = json.loads(bytes(mv[_HEAD.size : _HEAD.size + mlen]))
+        (tlen,) = struct.unpack_from("<I", mv, _HEAD.size + mlen)
+        tail = bytes(mv[_HEAD.size + mlen + 4 : _HEAD.size + mlen + 4 + tlen])
+        r = meta["retention"]
+        return cls(meta["session_id"], meta["namespace"], bytes.fromhex(meta["layout_id"]), meta["token_count"],
+                   meta["chunk_tokens"], tuple(bytes.fromhex(k) for k in meta["chunk_keys"]), tail,
+                   tuple(meta["last_token_ids"]), meta["created_at"], meta["updated_at"],
+                   Retention(r["pinned"], r["ttl_s"]), dict(meta["metadata"]))

@@ -1,0 +1,281 @@
+"""Sessions, first-class: save chunks, commit manifests, look up prefixes, delete safely.
+
+Invariants:
+- a manifest is written after every chunk it references is durable, in one transaction, so a
+  manifest never references a missing chunk and a crashed save leaves the previous version;
+- chunks are content-addressed and shared by every session of a namespace with the same prefix;
+  which sessions reference a chunk is derived from the manifests (a reachability index rebuilt at
+  open), so deleting one session never breaks another, and there is no refcount to drift;
+- tiers slower than the durable tier may be shared by several daemons (Redis): this store never
+  garbage-collects them; their copies expire by TTL.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from kvstore import chunk
+from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvstore.keys import ROOT, chain_keys, chunk_key
+from kvstore.layout import Layout, layout_by_id
+from kvstore.store.config import StoreConfig
+from kvstore.store.manifest import (
+    KEY_PREFIX,
+    Manifest,
+    ManifestError,
+    Retention,
+    check_namespace,
+    check_session_id,
+    manifest_key,
+)
+from kvstore.store.tiered import TieredStore
+
+log = logging.getLogger(__name__)
+SessionRef = tuple[str, str]  # (namespace, session id)
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    """How many leading tokens the store holds, and in which tiers (chunks per fastest holder)."""
+
+    cached_tokens: int
+    requested_tokens: int
+    chunks: int
+    tiers: dict[str, int]
+
+
+@dataclass
+class HitCounters:
+    lookups: int = 0
+    requested_tokens: int = 0
+    hit_tokens: int = 0
+    loads: int = 0
+    loaded_chunks: int = 0
+    missed_chunks: int = 0
+
+
+def known_layout(layout_id: bytes) -> Layout:
+    lay = layout_by_id(layout_id)
+    if lay is None:
+        raise InvalidArgument(f"unknown layout id {layout_id.hex()}; see `kvstore layout list`")
+    return lay
+
+
+class SessionStore:
+    def __init__(self, store: TieredStore, config: StoreConfig, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.config = config
+        self.clock = clock
+        self.hits = HitCounters()
+        self._lock = threading.RLock()
+        self._manifests: dict[SessionRef, Manifest] = {}
+        self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
+        self._load_manifests()
+
+    # -- startup --------------------------------------------------------------------------------
+    def _load_manifests(self) -> None:
+        for key in list(self.store.meta_keys(KEY_PREFIX)):
+            blob = self.store.get_meta(key)
+            try:
+                m = Manifest.decode(blob) if blob is not None else None
+            except (ManifestError, ValueError) as e:
+                log.error("manifest %r is damaged (%s): ignored", key, e)
+                continue
+            if m is not None:
+                self._index(m)
+
+    def collect_garbage(self) -> int:
+        """Delete chunks (on the durable tier and faster ones) that no manifest references, e.g.
+        the chunks of a save that crashed before its commit. Returns how many were deleted."""
+        with self._lock:
+            orphans = [k for k in self.store.chunk_keys(local_only=True) if not self._refs.get(k)]
+            self._free(orphans)
+            return len(orphans)
+
+    def _index(self, m: Manifest) -> None:
+        ref = (m.namespace, m.session_id)
+        self._manifests[ref] = m
+        for k in m.chunk_keys:
+            self._refs[k].add(ref)
+        if m.retention.pinned:  # a pinned session's chunks are never demoted or evicted
+            self.store.pin(m.chunk_keys)
+
+    def _unindex(self, ref: SessionRef) -> list[bytes]:
+        """Drop a session from the index; returns the chunk keys nobody references any more."""
+        old = self._manifests.pop(ref, None)
+        if old is not None and old.retention.pinned:
+            self.store.unpin(old.chunk_keys)
+        freed = []
+        for k in old.chunk_keys if old else ():
+            refs = self._refs.get(k)
+            if refs is not None:
+                refs.discard(ref)
+                if not refs:
+                    del self._refs[k]
+                    freed.append(k)
+        return freed
+
+    def _free(self, keys: Sequence[bytes]) -> None:
+        for k in keys:
+            self.store.delete(k, local_only=True)
+
+    # -- saving ---------------------------------------------------------------------------------
+    def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
+                    blobs: Sequence[bytes | memoryview]) -> list[bytes]:
+        """Validate and store consecutive complete chunks of one sequence, starting at chunk
+        ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
+        written again. Returns their keys."""
+        check_namespace(namespace)
+        lay = known_layout(layout_id)
+        ct = self.config.chunk_tokens
+        if ct % lay.granularity:
+            raise InvalidArgument(f"chunk size {ct} is not a multiple of layout {lay.name}'s m")
+        if first_index < 0 or (first_index == 0) != (parent == ROOT):
+            raise InvalidArgument("the first chunk (index 0) and only it has the all-zero parent key")
+        keys = []
+        for n, blob in enumerate(blobs):
+            idx = first_index + n
+            try:
+                c = chunk.decode(blob, lay)
+            except chunk.ChunkError as e:
+                raise InvalidArgument(f"chunk {idx}: {e}") from e
+            if c.token_count != ct or c.start != idx * ct:
+                raise InvalidArgument(f"chunk {idx}: holds tokens [{c.start}, {c.start + c.token_count}), "
+                                      f"expected [{idx * ct}, {(idx + 1) * ct}) (chunk size {ct})")
+            want = chunk_key(lay.layout_id, namespace, parent, c.token_ids)
+            if c.key != want:
+                raise InvalidArgument(f"chunk {idx}: key {c.key.hex()} does not match its tokens, namespace "
+                                      f"and parent (expected {want.hex()})")
+            if not self.store.contains(want):
+                self.store.put(want, blob)
+            keys.append(want)
+            parent = want
+        return keys
+
+    def commit(self, m: Manifest) -> Manifest:
+        """Atomically publish a session version. Every chunk it names must already be stored."""
+        lay = known_layout(m.layout_id)
+        if m.chunk_tokens != self.config.chunk_tokens:
+            raise InvalidArgument(f"manifest uses {m.chunk_tokens}-token chunks; this store uses "
+                                  f"{self.config.chunk_tokens}")
+        try:
+            tail = chunk.decode(m.tail, lay)
+        except chunk.ChunkError as e:
+            raise InvalidArgument(f"trailing span: {e}") from e
+        if tail.token_count != m.tail_tokens or tail.start != len(m.chunk_keys) * m.chunk_tokens:
+            raise InvalidArgument(f"trailing span holds tokens [{tail.start}, {tail.start + tail.token_count}); "
+                                  f"the manifest needs {m.tail_tokens} from {len(m.chunk_keys) * m.chunk_tokens}")
+        missing = [k.hex() for k in m.chunk_keys if not self.store.contains(k)]
+        if missing:
+            raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored (first: {missing[0]}); "
+                                     f"save them before committing")
+        if self.config.write_mode == "back":
+            self.store.flush(m.chunk_keys)
+        with self._lock:
+            ref = (m.namespace, m.session_id)
+            old = self._manifests.get(ref)
+            if old is not None:
+                m = Manifest(**{**m.__dict__, "created_at": old.created_at})
+            self.store.put_meta(m.key, m.encode())
+            freed = self._unindex(ref)
+            self._index(m)
+            self._free([k for k in freed if not self._refs.get(k)])
+        return m
+
+    # -- sessions -------------------------------------------------------------------------------
+    def get(self, namespace: str, session_id: str) -> Manifest:
+        ref = (check_namespace(namespace), check_session_id(session_id))
+        m = self._manifests.get(ref)
+        if m is None or m.expired(self.clock()):
+            raise NotFound(f"no session {session_id!r} in namespace {namespace!r}")
+        return m
+
+    def list(self, namespace: str | None = None) -> list[Manifest]:
+        now = self.clock()
+        with self._lock:
+            ms = [m for (ns, _), m in self._manifests.items() if namespace in (None, ns) and not m.expired(now)]
+        return sorted(ms, key=lambda m: (m.namespace, m.session_id))
+
+    def delete(self, namespace: str, session_id: str) -> int:
+        """Delete a session; returns how many chunks were freed (those no other session uses)."""
+        m = self.get(namespace, session_id)
+        with self._lock:
+            self.store.delete_meta(m.key)
+            freed = self._unindex((m.namespace, m.session_id))
+            self._free(freed)
+        return len(freed)
+
+    def touch(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
+        m = self.get(namespace, session_id).with_retention(retention, self.clock())
+        with self._lock:
+            self.store.put_meta(m.key, m.encode())
+            self._unindex((m.namespace, m.session_id))
+            self._index(m)
+        return m
+
+    def expire(self) -> int:
+        """Delete every session whose TTL has passed; returns how many."""
+        now = self.clock()
+        with self._lock:
+            gone = [ref for ref, m in self._manifests.items() if m.expired(now)]
+            for ns, sid in gone:
+                self.store.delete_meta(manifest_key(ns, sid))
+                self._free(self._unindex((ns, sid)))
+        return len(gone)
+
+    def pinned_keys(self) -> set[bytes]:
+        return {k for m in self._manifests.values() if m.retention.pinned for k in m.chunk_keys}
+
+    # -- reading --------------------------------------------------------------------------------
+    def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
+        """Longest cached prefix of ``token_ids`` (whole chunks), and which tiers hold it."""
+        check_namespace(namespace)
+        known_layout(layout_id)
+        tiers: dict[str, int] = defaultdict(int)
+        n = 0
+        for key in chain_keys(layout_id, namespace, token_ids, self.config.chunk_tokens):
+            where = self.store.where(key)
+            if not where:
+                break
+            tiers[where[0]] += 1
+            n += 1
+        cached = n * self.config.chunk_tokens
+        with self._lock:
+            self.hits.lookups += 1
+            self.hits.requested_tokens += len(token_ids)
+            self.hits.hit_tokens += cached
+        return LookupResult(cached, len(token_ids), n, dict(tiers))
+
+    def load(self, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
+        """Verified chunks in order (None for a miss), pinned while they are read."""
+        self.store.pin(keys)
+        try:
+            for k in keys:
+                blob = self.store.get(k)
+                with self._lock:
+                    self.hits.loaded_chunks += blob is not None
+                    self.hits.missed_chunks += blob is None
+                yield k, blob
+        finally:
+            self.store.unpin(keys)
+            with self._lock:
+                self.hits.loads += 1
+
+    def evict(self, namespace: str, session_id: str, tier: str) -> int:
+        """Move a session's chunks down to ``tier`` (admin: simulate memory pressure)."""
+        m = self.get(namespace, session_id)
+        names = [t.name for t in self.store.tiers]
+        if tier not in names:
+            raise InvalidArgument(f"unknown tier {tier!r}; this store has {', '.join(names)}")
+        to = names.index(tier)
+        return sum(self.store.demote(k, to) for k in m.chunk_keys)
+
+    def live_chunks(self) -> dict[bytes, Layout]:
+        """Every chunk referenced by a live session, with its layout."""
+        with self._lock:
+            return {k: known_layout(m.layout_id) for m in self._manifests.values() for k in m.chunk_keys}

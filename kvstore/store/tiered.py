@@ -1,0 +1,291 @@
+"""TieredStore: chunk blobs across tiers ordered fast to slow.
+
+The tiers never know about each other; this class moves data between them:
+- writes go to the fastest tier and (write-through, the default) to the persistent tier before
+  the call returns, so every acknowledged chunk is durable;
+- reads come from the fastest tier holding the chunk, are verified (checksum and the key the
+  chunk claims), and are promoted to faster tiers; a chunk that fails verification is deleted
+  from that tier and served from a slower one, or is a miss: never returned;
+- a tier over its capacity demotes its least recently used chunks to the next tier (dropping them
+  only where the next tier already holds them or there is none), skipping pinned chunks;
+- a tier that fails (TierError, e.g. Redis down) is reported and degraded around.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from kvstore import chunk
+from kvstore.errors import Unavailable
+from kvstore.store.config import StoreConfig
+from kvstore.tiers.base import Stored, Tier, TierError, Usage
+
+log = logging.getLogger(__name__)
+CHUNK_KEY_BYTES = 16
+
+
+@dataclass
+class TierCounters:
+    hits: int = 0
+    evictions: int = 0
+    demotions: int = 0
+    promotions: int = 0
+    verify_failures: int = 0
+    errors: int = 0
+    last_error: str = ""
+    degraded: bool = False
+
+
+@dataclass(frozen=True)
+class TierReport:
+    """One tier's state, as `kvstore stats` shows it."""
+
+    name: str
+    persistent: bool
+    usage: Usage
+    counters: TierCounters = field(default_factory=TierCounters)
+
+
+def chunk_is_valid(key: bytes, blob: Stored) -> bool:
+    """A stored chunk is served only if its checksum holds and it claims the key it was found under."""
+    try:
+        header = chunk.read_header(blob)
+        chunk.verify_checksum(blob)
+    except chunk.ChunkError:
+        return False
+    return header.key == key
+
+
+class TieredStore:
+    def __init__(self, tiers: Sequence[Tier], config: StoreConfig) -> None:
+        if not tiers:
+            raise ValueError("TieredStore needs at least one tier")
+        self.tiers = list(tiers)
+        self.config = config
+        self.counters = {t.name: TierCounters() for t in self.tiers}
+        persistent = [i for i, t in enumerate(self.tiers) if t.persistent]
+        #: Index of the tier that makes a chunk durable (the first persistent one), or the last tier.
+        self.durable = persistent[0] if persistent else len(self.tiers) - 1
+        self._pins: Counter[bytes] = Counter()
+        self._dirty: set[bytes] = set()
+        self._lock = threading.RLock()
+
+    # -- tier calls that degrade instead of failing -------------------------------------------
+    def _call(self, i: int, op: str, *args: object) -> object:
+        tier = self.tiers[i]
+        c = self.counters[tier.name]
+        try:
+            out = getattr(tier, op)(*args)
+        except TierError as e:
+            c.errors += 1
+            c.last_error, c.degraded = str(e), True
+            log.warning("tier %s failed on %s: %s", tier.name, op, e)
+            raise
+        c.degraded = False
+        return out
+
+    def _try(self, i: int, op: str, *args: object, default: object = None) -> object:
+        try:
+            return self._call(i, op, *args)
+        except TierError:
+            return default
+
+    # -- writes ---------------------------------------------------------------------------------
+    def put(self, key: bytes, blob: bytes | memoryview) -> None:
+        """Store a chunk. Write-through: returns once the durable tier holds it (else Unavailable)."""
+        with self._lock:
+            targets = [0] if self.config.write_mode == "back" else sorted({0, self.durable})
+            for i in targets:
+                try:
+                    self._make_room(i, len(blob))
+                    self._call(i, "put", key, blob)
+                except TierError as e:
+                    if i == self.durable and self.config.write_mode == "through":
+                        raise Unavailable(f"durable tier {self.tiers[i].name} failed: {e}") from e
+            if self.config.write_mode == "back" and self.durable != 0:
+                self._dirty.add(key)
+
+    def flush(self, keys: Sequence[bytes] | None = None) -> None:
+        """Write-back mode: make ``keys`` (default: every dirty chunk) durable now."""
+        with self._lock:
+            todo = [k for k in (keys if keys is not None else list(self._dirty)) if k in self._dirty]
+            for key in todo:
+                blob = self._try(0, "get", key)
+                if blob is None:
+                    blob = self.get(key)
+                if blob is None:
+                    raise Unavailable(f"chunk {key.hex()} was lost before it became durable")
+                self._make_room(self.durable, len(blob))  # type: ignore[arg-type]
+                try:
+                    self._call(self.durable, "put", key, blob)
+                except TierError as e:
+                    raise Unavailable(f"durable tier {self.tiers[self.durable].name} failed: {e}") from e
+                self._dirty.discard(key)
+
+    def delete(self, key: bytes, local_only: bool = False) -> None:
+        """Delete ``key`` from every tier, or (``local_only``) from the durable tier and faster ones:
+        slower tiers may be shared with other daemons (Redis) and expire by TTL instead."""
+        with self._lock:
+            for i in range(self.durable + 1 if local_only else len(self.tiers)):
+                self._try(i, "delete", key)
+            self._dirty.discard(key)
+
+    # -- reads ----------------------------------------------------------------------------------
+    def get(self, key: bytes) -> Stored | None:
+        """The verified chunk, from the fastest tier holding it; None on a miss."""
+        for i in range(len(self.tiers)):
+            blob = self._try(i, "get", key)
+            if blob is None:
+                continue
+            name = self.tiers[i].name
+            if not chunk_is_valid(key, blob):  # type: ignore[arg-type]
+                self.counters[name].verify_failures += 1
+                log.error("chunk %s failed verification in tier %s: deleted there", key.hex(), name)
+                self._try(i, "delete", key)
+                continue
+            self.counters[name].hits += 1
+            if i > 0 and self.config.promote_on_read:
+                self._promote(key, blob, i)  # type: ignore[arg-type]
+            return blob  # type: ignore[return-value]
+        return None
+
+    def _promote(self, key: bytes, blob: Stored, found: int) -> None:
+        with self._lock:
+            for i in range(found):
+                try:
+                    self._make_room(i, len(blob), protect=key)
+                    self._call(i, "put", key, blob)
+                    self.counters[self.tiers[i].name].promotions += 1
+                except TierError:
+                    continue
+
+    def where(self, key: bytes) -> list[str]:
+        """Names of the tiers holding ``key`` (not verified; a lookup, not a read)."""
+        return [t.name for i, t in enumerate(self.tiers) if self._try(i, "contains", key, default=False)]
+
+    def contains(self, key: bytes) -> bool:
+        return any(self._try(i, "contains", key, default=False) for i in range(len(self.tiers)))
+
+    # -- metadata (manifests) live on the durable tier -------------------------------------------
+    def put_meta(self, key: bytes, value: bytes) -> None:
+        try:
+            self._call(self.durable, "put", key, value)
+        except TierError as e:
+            raise Unavailable(f"durable tier {self.tiers[self.durable].name} failed: {e}") from e
+
+    def get_meta(self, key: bytes) -> Stored | None:
+        try:
+            return self._call(self.durable, "get", key)  # type: ignore[return-value]
+        except TierError as e:
+            raise Unavailable(f"durable tier {self.tiers[self.durable].name} failed: {e}") from e
+
+    def delete_meta(self, key: bytes) -> None:
+        self._try(self.durable, "delete", key)
+
+    def meta_keys(self, prefix: bytes) -> Iterator[bytes]:
+        keys = self._try(self.durable, "keys", default=iter(()))
+        return (k for k in keys if k.startswith(prefix))  # type: ignore[union-attr]
+
+    def chunk_keys(self, local_only: bool = False) -> set[bytes]:
+        """Every chunk key held by any tier (``local_only``: by the durable tier or a faster one)."""
+        out: set[bytes] = set()
+        for i in range(self.durable + 1 if local_only else len(self.tiers)):
+            out.update(k for k in self._try(i, "keys", default=()) if len(k) == CHUNK_KEY_BYTES)  # type: ignore[union-attr]
+        return out
+
+    # -- movement between tiers -----------------------------------------------------------------
+    def pin(self, keys: Sequence[bytes]) -> None:
+        """Keep ``keys`` where they are until unpinned (e.g. while a session is being resumed)."""
+        with self._lock:
+            self._pins.update(keys)
+
+    def unpin(self, keys: Sequence[bytes]) -> None:
+        with self._lock:
+            self._pins.subtract(keys)
+            self._pins = +self._pins
+
+    def demote(self, key: bytes, to: int) -> bool:
+        """Move ``key`` down to tier ``to``: ensure it is there (or slower), drop it from faster tiers."""
+        with self._lock:
+            holders = [i for i in range(len(self.tiers)) if self._try(i, "contains", key, default=False)]
+            if not holders:
+                return False
+            if not any(i >= to for i in holders):
+                blob = self._try(holders[0], "get", key)
+                if blob is None:
+                    return False
+                self._make_room(to, len(blob))  # type: ignore[arg-type]
+                self._call(to, "put", key, blob)
+                self.counters[self.tiers[holders[0]].name].demotions += 1
+                if to >= self.durable:
+                    self._dirty.discard(key)
+            for i in holders:
+                if i < to and (self._try(i, "delete", key, default=False)):
+                    self.counters[self.tiers[i].name].evictions += 1
+            return True
+
+    def _make_room(self, i: int, incoming: int, protect: bytes | None = None) -> None:
+        """Demote LRU chunks out of tier ``i`` until ``incoming`` more bytes fit under its capacity."""
+        usage = self._try(i, "usage")
+        if usage is None or not usage.capacity_bytes:  # type: ignore[union-attr]
+            return
+        used, cap = usage.used_bytes, usage.capacity_bytes  # type: ignore[union-attr]
+        if used + incoming <= cap:
+            return
+        for victim in list(self._try(i, "victims", default=())):  # type: ignore[call-overload]
+            if used + incoming <= cap:
+                break
+            if len(victim) != CHUNK_KEY_BYTES or victim == protect or self._pins[victim] > 0:
+                continue
+            size = self._try(i, "size_of", victim) or 0
+            if self._evict_one(i, victim):
+                used -= size  # type: ignore[operator]
+
+    def _evict_one(self, i: int, key: bytes) -> bool:
+        nxt = i + 1
+        c = self.counters[self.tiers[i].name]
+        if nxt < len(self.tiers) and not self._try(nxt, "contains", key, default=False):
+            blob = self._try(i, "get", key)
+            if blob is None:
+                return False
+            try:
+                self._make_room(nxt, len(blob), protect=key)  # type: ignore[arg-type]
+                self._call(nxt, "put", key, blob)
+            except TierError:
+                if key in self._dirty:
+                    return False  # the only copy: keep it rather than lose an acknowledged write
+            else:
+                c.demotions += 1
+                if nxt >= self.durable:
+                    self._dirty.discard(key)
+        elif key in self._dirty and nxt >= len(self.tiers):
+            return False
+        else:
+            c.evictions += 1
+        self._try(i, "delete", key)
+        return True
+
+    # -- reporting ------------------------------------------------------------------------------
+    def reports(self) -> list[TierReport]:
+        out = []
+        for i, t in enumerate(self.tiers):
+            usage = self._try(i, "usage", default=Usage(0, 0, 0, 0))
+            out.append(TierReport(t.name, t.persistent, usage, self.counters[t.name]))  # type: ignore[arg-type]
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._dirty:
+                try:
+                    self.flush()
+                except Unavailable as e:
+                    log.error("closing with %d chunks not yet durable: %s", len(self._dirty), e)
+            for t in self.tiers:
+                try:
+                    t.close()
+                except TierError as e:
+                    log.warning("closing tier %s: %s", t.name, e)
