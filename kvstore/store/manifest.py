@@ -67,7 +67,7 @@ class Manifest:
     token_count: int
     chunk_tokens: int
     chunk_keys: tuple[bytes, ...] = field(repr=False)
-    tail: bytes = field(repr=False)  # chunk-format blob of the trailing tokens (token_count - len(chunk_keys) * chunk_tokens)
+    tail: bytes = field(repr=False)  # chunk-format blob of the trailing tokens (fewer than chunk_tokens)
     last_token_ids: tuple[int, ...] = field(repr=False)  # ids of the last min(token_count, 128) tokens
     created_at: float = 0.0
     updated_at: float = 0.0

@@ -49,6 +49,12 @@ class LookupResult:
     tiers: dict[str, int]
 
 
+@dataclass(frozen=True)
+class SaveResult:
+    keys: list[bytes]  # every chunk's key, in order
+    written: int  # how many were new (the rest were already stored: shared prefix or a resend)
+
+
 @dataclass
 class HitCounters:
     lookups: int = 0
@@ -126,7 +132,7 @@ class SessionStore:
 
     # -- saving ---------------------------------------------------------------------------------
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                    blobs: Sequence[bytes | memoryview]) -> list[bytes]:
+                    blobs: Sequence[bytes | memoryview]) -> SaveResult:
         """Validate and store consecutive complete chunks of one sequence, starting at chunk
         ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
         written again. Returns their keys."""
@@ -138,6 +144,7 @@ class SessionStore:
         if first_index < 0 or (first_index == 0) != (parent == ROOT):
             raise InvalidArgument("the first chunk (index 0) and only it has the all-zero parent key")
         keys = []
+        written = 0
         for n, blob in enumerate(blobs):
             idx = first_index + n
             try:
@@ -153,9 +160,10 @@ class SessionStore:
                                       f"and parent (expected {want.hex()})")
             if not self.store.contains(want):
                 self.store.put(want, blob)
+                written += 1
             keys.append(want)
             parent = want
-        return keys
+        return SaveResult(keys, written)
 
     def commit(self, m: Manifest) -> Manifest:
         """Atomically publish a session version. Every chunk it names must already be stored."""

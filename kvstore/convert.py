@@ -1,0 +1,69 @@
+"""Proto <-> domain translation, and nothing else."""
+
+from __future__ import annotations
+
+from kvstore.layout import layout_by_id
+from kvstore.store import BytesPerToken, Manifest, Retention, StoreStats
+from kvstore.v1 import kvstore_pb2 as pb
+
+
+def retention_to_pb(r: Retention) -> pb.Retention:
+    return pb.Retention(pinned=r.pinned, ttl_s=r.ttl_s or 0.0)
+
+
+def retention_from_pb(r: pb.Retention) -> Retention:
+    return Retention(pinned=r.pinned, ttl_s=r.ttl_s if r.ttl_s > 0 else None)
+
+
+def session_to_pb(m: Manifest) -> pb.Session:
+    lay = layout_by_id(m.layout_id)
+    return pb.Session(
+        session_id=m.session_id, namespace=m.namespace, layout_id=m.layout_id,
+        layout_name=lay.name if lay else "", token_count=m.token_count, chunk_tokens=m.chunk_tokens,
+        chunk_keys=list(m.chunk_keys), tail=m.tail, last_token_ids=list(m.last_token_ids),
+        created_at=m.created_at, updated_at=m.updated_at, retention=retention_to_pb(m.retention),
+        metadata=dict(m.metadata),
+    )
+
+
+def session_from_pb(s: pb.Session, now: float | None = None) -> Manifest:
+    """A manifest from the wire. With ``now`` (a commit), the daemon stamps the times and the store
+    keeps the first created_at; without it (a client reading), the stored times are kept."""
+    created, updated = (now, now) if now is not None else (s.created_at, s.updated_at)
+    return Manifest(
+        session_id=s.session_id, namespace=s.namespace, layout_id=bytes(s.layout_id),
+        token_count=s.token_count, chunk_tokens=s.chunk_tokens, chunk_keys=tuple(bytes(k) for k in s.chunk_keys),
+        tail=bytes(s.tail), last_token_ids=tuple(s.last_token_ids), created_at=created, updated_at=updated,
+        retention=retention_from_pb(s.retention), metadata=dict(s.metadata),
+    )
+
+
+def summary_to_pb(m: Manifest) -> pb.SessionSummary:
+    lay = layout_by_id(m.layout_id)
+    return pb.SessionSummary(namespace=m.namespace, session_id=m.session_id, layout_name=lay.name if lay else "",
+                             token_count=m.token_count, chunks=len(m.chunk_keys), updated_at=m.updated_at,
+                             retention=retention_to_pb(m.retention))
+
+
+def bpt_to_pb(b: BytesPerToken) -> pb.BytesPerToken:
+    return pb.BytesPerToken(
+        tokens=b.tokens, sessions=b.sessions, unique_chunks=b.unique_chunks, formula=b.formula, payload=b.payload,
+        chunk_overhead=b.chunk_overhead, manifests=b.manifests, stored=b.stored, raw=b.raw,
+        lmdb_overhead=b.lmdb_overhead, measured=b.measured, baseline_swa_snapshot=b.baseline_swa_per_turn,
+    )
+
+
+def stats_to_pb(s: StoreStats) -> pb.StatsResponse:
+    tiers = []
+    for r in s.tiers:
+        c, u = r.counters, r.usage
+        tiers.append(pb.TierStats(
+            name=r.name, persistent=r.persistent, used_bytes=u.used_bytes, capacity_bytes=u.capacity_bytes,
+            items=u.items, raw_bytes=u.raw_bytes, hits=c.hits, evictions=c.evictions, demotions=c.demotions,
+            promotions=c.promotions, verify_failures=c.verify_failures, errors=c.errors, degraded=c.degraded,
+            last_error=c.last_error,
+        ))
+    h = s.hits
+    return pb.StatsResponse(tiers=tiers, lookups=h.lookups, requested_tokens=h.requested_tokens,
+                            hit_tokens=h.hit_tokens, loaded_chunks=h.loaded_chunks, missed_chunks=h.missed_chunks,
+                            sessions=s.sessions, bytes_per_token=bpt_to_pb(s.bytes_per_token))

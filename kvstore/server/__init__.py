@@ -1,0 +1,1 @@
+"""The gRPC daemon: config, auth, the servicer, and serve()."""

@@ -1,0 +1,106 @@
+"""serve(config): build the store, the servicer, health, reflection and metrics, and run until a
+signal. Nothing global: everything is built here and injected."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from kvstore import transport
+from kvstore.server.auth import Auth
+from kvstore.server.config import DaemonConfig
+from kvstore.server.metrics import start_metrics
+from kvstore.server.service import KVStoreService
+from kvstore.store import open_store
+from kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+log = logging.getLogger("kvstore.server")
+SERVICE = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
+MAINTENANCE_S = 30.0
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname, "logger": record.name,
+               "msg": record.getMessage()}
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def setup_logging(config: DaemonConfig) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if config.log_format == "json"
+                         else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(config.log_level.upper())
+
+
+def _credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
+    tls = config.tls
+    if not tls.enabled:
+        return None
+    key, cert = Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes()
+    ca = Path(tls.client_ca_file).read_bytes() if tls.client_ca_file else None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=ca is not None)
+
+
+async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = None) -> None:
+    """Run the daemon until SIGTERM/SIGINT; in-flight RPCs get ``grace_s`` to finish, then the
+    store (LMDB) is closed."""
+    sessions = await asyncio.to_thread(open_store, config.store_config())
+    shm_dir = transport.default_shm_dir() if config.shared_memory else None
+    opts = [("grpc.max_receive_message_length", transport.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", transport.MAX_MESSAGE_BYTES)]
+    server = grpc.aio.server(options=opts)
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(
+        KVStoreService(sessions, Auth.from_file(config.tokens_file), shm_dir), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    addr = f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
+    creds = _credentials(config)
+    port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
+    metrics = start_metrics(sessions, config.host, config.metrics_port) if config.metrics_port else None
+    await server.start()
+    for name in ("", SERVICE):
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    log.info("kvstore listening on %s:%d (tls=%s, tokens=%s, shm=%s, tiers=%s)", config.host, port,
+             config.tls.enabled, bool(config.tokens_file), shm_dir or "off",
+             ",".join(t.name for t in sessions.store.tiers))
+    if on_ready:
+        on_ready(port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def maintenance() -> None:
+        while True:
+            await asyncio.sleep(MAINTENANCE_S)
+            expired = await asyncio.to_thread(sessions.expire)
+            swept = transport.sweep_shm(shm_dir, "srv", 60.0, time.time()) if shm_dir else 0
+            if expired or swept:
+                log.info("maintenance: expired %d sessions, swept %d shm files", expired, swept)
+
+    task = asyncio.create_task(maintenance())
+    await stop.wait()
+    log.info("shutting down: %.0fs grace for in-flight RPCs", config.grace_s)
+    await health_servicer.enter_graceful_shutdown()
+    await server.stop(config.grace_s)
+    task.cancel()
+    if metrics is not None:
+        metrics.shutdown()
+    await asyncio.to_thread(sessions.store.close)
+    log.info("kvstore stopped; store closed")

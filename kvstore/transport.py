@@ -1,0 +1,194 @@
+"""Moving chunk blobs over gRPC streams and same-host shared memory (client and daemon share this).
+
+Stream form: the concatenation of chunk blobs, split into messages of at most ``max_bytes``.
+Each blob states its own length (docs/FORMAT.md, header offset 8), so no sizes travel beside it,
+and the receiver cuts blobs out of each message without copying (memoryview slices) unless a
+blob spans messages.
+
+Shared-memory form: one file in ``/dev/shm`` (mode 0600) holding the blobs back to back; the
+receiver maps it and deletes it. Only files named ``kvstore-*`` directly inside the shm
+directory are ever opened, without following links.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import struct
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+from kvstore import chunk
+from kvstore.errors import InvalidArgument
+
+DEFAULT_MESSAGE_BYTES = 4 << 20  # data per stream message; the channel limit is set above this
+MAX_MESSAGE_BYTES = 16 << 20
+_TOTAL = struct.Struct("<I")
+_SHM_NAME = re.compile(r"kvstore-(cli|srv)-[0-9a-f]{32}")
+
+Blob = bytes | memoryview
+
+
+def blob_size(head: Blob) -> int:
+    """A chunk's total size from its first 12 bytes (magic checked, so garbage fails fast)."""
+    if bytes(head[:4]) != chunk.MAGIC:
+        raise InvalidArgument(f"stream does not start a chunk here (magic {bytes(head[:4])!r})")
+    return _TOTAL.unpack_from(head, 8)[0]
+
+
+class BlobAssembler:
+    """Cuts a stream of concatenated chunk blobs into blobs, zero-copy where a blob lies in one message."""
+
+    def __init__(self, max_blob: int = chunk.MAX_CHUNK_BYTES) -> None:
+        self.max_blob = max_blob
+        self._partial: bytearray | None = None  # a blob spanning messages, being filled
+        self._filled = 0
+        self._head = b""  # fewer than 12 bytes of a blob's header, carried to the next message
+
+    def feed(self, data: bytes | memoryview) -> list[Blob]:
+        out: list[Blob] = []
+        mv = memoryview(data)
+        pos = 0
+        while pos < len(mv):
+            if self._partial is not None:
+                take = min(len(self._partial) - self._filled, len(mv) - pos)
+                self._partial[self._filled : self._filled + take] = mv[pos : pos + take]
+                self._filled += take
+                pos += take
+                if self._filled == len(self._partial):
+                    out.append(memoryview(self._partial))
+                    self._partial = None
+                continue
+            if self._head or len(mv) - pos < 12:
+                need = 12 - len(self._head)
+                self._head += bytes(mv[pos : pos + need])
+                pos += min(need, len(mv) - pos)
+                if len(self._head) < 12:
+                    continue
+                self._start_partial(self._head)
+                self._head = b""
+                continue
+            size = self._checked_size(mv[pos : pos + 12])
+            if len(mv) - pos >= size:
+                out.append(mv[pos : pos + size])
+                pos += size
+            else:
+                self._start_partial(mv[pos : pos + 12], copy_from=mv[pos:])
+                pos = len(mv)
+        return out
+
+    def _checked_size(self, head: Blob) -> int:
+        size = blob_size(head)
+        if size > self.max_blob:
+            raise InvalidArgument(f"chunk of {size} bytes exceeds the {self.max_blob}-byte limit")
+        if size < chunk.HEADER_BYTES + chunk.CHECKSUM_BYTES:
+            raise InvalidArgument(f"chunk declares {size} bytes, less than a header")
+        return size
+
+    def _start_partial(self, head: Blob, copy_from: Blob | None = None) -> None:
+        size = self._checked_size(head)
+        self._partial = bytearray(size)
+        src = copy_from if copy_from is not None else head
+        self._partial[: len(src)] = src
+        self._filled = len(src)
+        if self._filled == size:  # only possible for a 12-byte head that completes nothing; guard anyway
+            raise InvalidArgument("chunk shorter than its header")
+
+    def finish(self) -> None:
+        if self._partial is not None or self._head:
+            raise InvalidArgument("stream ended in the middle of a chunk (truncated)")
+
+
+def pack(blobs: Iterable[Blob], max_bytes: int = DEFAULT_MESSAGE_BYTES) -> Iterator[tuple[bytes, list[int]]]:
+    """Group blobs into messages of at most ``max_bytes`` (a larger blob is split across messages).
+    Yields (data, indices of the blobs that start in this message)."""
+    parts: list[Blob] = []
+    starts: list[int] = []
+    size = 0
+    for i, blob in enumerate(blobs):
+        mv = memoryview(blob)
+        starts.append(i)
+        while len(mv):
+            take = min(len(mv), max_bytes - size)
+            parts.append(mv[:take])
+            size += take
+            mv = mv[take:]
+            if size >= max_bytes:
+                yield b"".join(parts), starts
+                parts, starts, size = [], [], 0
+    if parts:
+        yield b"".join(parts), starts
+
+
+# -- shared memory --------------------------------------------------------------------------------
+def default_shm_dir() -> Path | None:
+    """/dev/shm where it is a writable directory (Linux), else None: the stream path is used."""
+    d = Path("/dev/shm")
+    return d if d.is_dir() and os.access(d, os.W_OK) else None
+
+
+def host_id() -> str:
+    """Identical for processes on the same booted host: the kernel's boot id and the hostname."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{os.uname().nodename}/{boot}"
+
+
+def write_shm(directory: Path, blobs: Sequence[Blob], role: str) -> tuple[str, list[int], list[int]]:
+    """Write blobs back to back into a new 0600 file; returns (path, offsets, sizes)."""
+    sizes = [len(memoryview(b)) for b in blobs]
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    total = sum(sizes)
+    path = directory / f"kvstore-{role}-{uuid.uuid4().hex}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if total:
+            os.ftruncate(fd, total)
+            with mmap.mmap(fd, total) as m:
+                for off, b in zip(offsets, blobs):
+                    m[off : off + len(memoryview(b))] = b
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return str(path), offsets, sizes
+
+
+def open_shm(path: str, directory: Path, expect_size: int | None = None) -> memoryview:
+    """Map a transfer file read-only and delete it (the caller now owns it). Refuses anything but a
+    ``kvstore-*`` file directly inside ``directory``."""
+    p = Path(path)
+    if p.parent.resolve() != directory.resolve() or not _SHM_NAME.fullmatch(p.name):
+        raise InvalidArgument(f"shared-memory path {path!r} is not a kvstore transfer file in {directory}")
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise InvalidArgument(f"cannot open shared-memory file {path!r}: {e.strerror}") from e
+    try:
+        size = os.fstat(fd).st_size
+        if expect_size is not None and size != expect_size:
+            raise InvalidArgument(f"shared-memory file is {size} bytes, expected {expect_size}")
+        os.unlink(p)
+        if size == 0:
+            return memoryview(b"")
+        return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+    finally:
+        os.close(fd)
+
+
+def sweep_shm(directory: Path, role: str, older_than_s: float, now: float) -> int:
+    """Delete this role's transfer files nobody picked up (a client that died mid-load)."""
+    n = 0
+    for p in directory.glob(f"kvstore-{role}-*"):
+        try:
+            if now - p.stat().st_mtime > older_than_s:
+                p.unlink()
+                n += 1
+        except OSError:
+            continue
+    return n

@@ -1,0 +1,376 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("version", "chunk_tokens", "layouts", "tiers", "host_id", "shm_dir", "max_message_bytes", "write_mode")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUTS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    SHM_DIR_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WRITE_MODE_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    chunk_tokens: int
+    layouts: _containers.RepeatedScalarFieldContainer[str]
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    host_id: str
+    shm_dir: str
+    max_message_bytes: int
+    write_mode: str
+    def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ...) -> None: ...
+
+class SaveHeader(_message.Message):
+    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "shm_path")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
+    FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    layout_id: bytes
+    parent_key: bytes
+    first_index: int
+    shm_path: str
+    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., shm_path: _Optional[str] = ...) -> None: ...
+
+class SaveChunksRequest(_message.Message):
+    __slots__ = ("header", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: SaveHeader
+    data: bytes
+    def __init__(self, header: _Optional[_Union[SaveHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class SaveChunksResponse(_message.Message):
+    __slots__ = ("keys", "written")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    written: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ...) -> None: ...
+
+class LoadChunksRequest(_message.Message):
+    __slots__ = ("namespace", "keys", "shared_memory")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    shared_memory: bool
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+
+class ChunkData(_message.Message):
+    __slots__ = ("data", "indices", "shm")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    shm: ShmHandle
+    def __init__(self, data: _Optional[bytes] = ..., indices: _Optional[_Iterable[int]] = ..., shm: _Optional[_Union[ShmHandle, _Mapping]] = ...) -> None: ...
+
+class ShmHandle(_message.Message):
+    __slots__ = ("path", "size", "indices", "offsets", "sizes")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    INDICES_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    indices: _containers.RepeatedScalarFieldContainer[int]
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Retention(_message.Message):
+    __slots__ = ("pinned", "ttl_s")
+    PINNED_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    pinned: bool
+    ttl_s: float
+    def __init__(self, pinned: _Optional[bool] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class Session(_message.Message):
+    __slots__ = ("session_id", "namespace", "layout_id", "layout_name", "token_count", "chunk_tokens", "chunk_keys", "tail", "last_token_ids", "created_at", "updated_at", "retention", "metadata")
+    class MetadataEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    namespace: str
+    layout_id: bytes
+    layout_name: str
+    token_count: int
+    chunk_tokens: int
+    chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    tail: bytes
+    last_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    created_at: float
+    updated_at: float
+    retention: Retention
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, session_id: _Optional[str] = ..., namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., layout_name: _Optional[str] = ..., token_count: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., tail: _Optional[bytes] = ..., last_token_ids: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class LoadSessionRequest(_message.Message):
+    __slots__ = ("namespace", "session_id", "shared_memory")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    shared_memory: bool
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+
+class LoadSessionResponse(_message.Message):
+    __slots__ = ("session", "chunks")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    chunks: ChunkData
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., chunks: _Optional[_Union[ChunkData, _Mapping]] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("namespace", "layout_id", "token_ids")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    layout_id: bytes
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TierCount(_message.Message):
+    __slots__ = ("tier", "chunks")
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    tier: str
+    chunks: int
+    def __init__(self, tier: _Optional[str] = ..., chunks: _Optional[int] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("cached_tokens", "requested_tokens", "chunks", "tiers")
+    CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    cached_tokens: int
+    requested_tokens: int
+    chunks: int
+    tiers: _containers.RepeatedCompositeFieldContainer[TierCount]
+    def __init__(self, cached_tokens: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., chunks: _Optional[int] = ..., tiers: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ...) -> None: ...
+
+class CommitSessionRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class CommitSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class GetSessionRequest(_message.Message):
+    __slots__ = ("namespace", "session_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class GetSessionResponse(_message.Message):
+    __slots__ = ("session", "tiers")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    tiers: _containers.RepeatedCompositeFieldContainer[TierCount]
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., tiers: _Optional[_Iterable[_Union[TierCount, _Mapping]]] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class SessionSummary(_message.Message):
+    __slots__ = ("namespace", "session_id", "layout_name", "token_count", "chunks", "updated_at", "retention")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_NAME_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    layout_name: str
+    token_count: int
+    chunks: int
+    updated_at: float
+    retention: Retention
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., layout_name: _Optional[str] = ..., token_count: _Optional[int] = ..., chunks: _Optional[int] = ..., updated_at: _Optional[float] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionSummary]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionSummary, _Mapping]]] = ...) -> None: ...
+
+class DeleteSessionRequest(_message.Message):
+    __slots__ = ("namespace", "session_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class DeleteSessionResponse(_message.Message):
+    __slots__ = ("freed_chunks",)
+    FREED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    freed_chunks: int
+    def __init__(self, freed_chunks: _Optional[int] = ...) -> None: ...
+
+class TouchSessionRequest(_message.Message):
+    __slots__ = ("namespace", "session_id", "retention")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    retention: Retention
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ...) -> None: ...
+
+class TouchSessionResponse(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class TierStats(_message.Message):
+    __slots__ = ("name", "persistent", "used_bytes", "capacity_bytes", "items", "raw_bytes", "hits", "evictions", "demotions", "promotions", "verify_failures", "errors", "degraded", "last_error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HITS_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    DEMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    PROMOTIONS_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    persistent: bool
+    used_bytes: int
+    capacity_bytes: int
+    items: int
+    raw_bytes: int
+    hits: int
+    evictions: int
+    demotions: int
+    promotions: int
+    verify_failures: int
+    errors: int
+    degraded: bool
+    last_error: str
+    def __init__(self, name: _Optional[str] = ..., persistent: _Optional[bool] = ..., used_bytes: _Optional[int] = ..., capacity_bytes: _Optional[int] = ..., items: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., hits: _Optional[int] = ..., evictions: _Optional[int] = ..., demotions: _Optional[int] = ..., promotions: _Optional[int] = ..., verify_failures: _Optional[int] = ..., errors: _Optional[int] = ..., degraded: _Optional[bool] = ..., last_error: _Optional[str] = ...) -> None: ...
+
+class BytesPerToken(_message.Message):
+    __slots__ = ("tokens", "sessions", "unique_chunks", "formula", "payload", "chunk_overhead", "manifests", "stored", "raw", "lmdb_overhead", "measured", "baseline_swa_snapshot")
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    UNIQUE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    FORMULA_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_OVERHEAD_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    RAW_FIELD_NUMBER: _ClassVar[int]
+    LMDB_OVERHEAD_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_SWA_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    tokens: int
+    sessions: int
+    unique_chunks: int
+    formula: float
+    payload: int
+    chunk_overhead: int
+    manifests: int
+    stored: int
+    raw: int
+    lmdb_overhead: int
+    measured: float
+    baseline_swa_snapshot: int
+    def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., unique_chunks: _Optional[int] = ..., formula: _Optional[float] = ..., payload: _Optional[int] = ..., chunk_overhead: _Optional[int] = ..., manifests: _Optional[int] = ..., stored: _Optional[int] = ..., raw: _Optional[int] = ..., lmdb_overhead: _Optional[int] = ..., measured: _Optional[float] = ..., baseline_swa_snapshot: _Optional[int] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("tiers", "lookups", "requested_tokens", "hit_tokens", "loaded_chunks", "missed_chunks", "sessions", "bytes_per_token")
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    LOOKUPS_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    HIT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOADED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    MISSED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
+    lookups: int
+    requested_tokens: int
+    hit_tokens: int
+    loaded_chunks: int
+    missed_chunks: int
+    sessions: int
+    bytes_per_token: BytesPerToken
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ...) -> None: ...
+
+class EvictSessionRequest(_message.Message):
+    __slots__ = ("namespace", "session_id", "tier")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    tier: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class EvictSessionResponse(_message.Message):
+    __slots__ = ("moved_chunks",)
+    MOVED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    moved_chunks: int
+    def __init__(self, moved_chunks: _Optional[int] = ...) -> None: ...
