@@ -144,7 +144,8 @@ class SessionStore:
         if first_index < 0 or (first_index == 0) != (parent == ROOT):
             raise InvalidArgument("the first chunk (index 0) and only it has the all-zero parent key")
         keys = []
-        written = 0
+        new: list[tuple[bytes, bytes | memoryview]] = []
+        seen: set[bytes] = set()
         for n, blob in enumerate(blobs):
             idx = first_index + n
             try:
@@ -158,12 +159,14 @@ class SessionStore:
             if c.key != want:
                 raise InvalidArgument(f"chunk {idx}: key {c.key.hex()} does not match its tokens, namespace "
                                       f"and parent (expected {want.hex()})")
-            if not self.store.contains(want):
-                self.store.put(want, blob)
-                written += 1
+            if want not in seen and not self.store.contains(want):
+                new.append((want, blob))
+                seen.add(want)
             keys.append(want)
             parent = want
-        return SaveResult(keys, written)
+        # everything was validated first: bad input changes nothing stored
+        self.store.put_many(new)
+        return SaveResult(keys, len(new))
 
     def commit(self, m: Manifest) -> Manifest:
         """Atomically publish a session version. Every chunk it names must already be stored."""

@@ -97,17 +97,23 @@ class TieredStore:
     # -- writes ---------------------------------------------------------------------------------
     def put(self, key: bytes, blob: bytes | memoryview) -> None:
         """Store a chunk. Write-through: returns once the durable tier holds it (else Unavailable)."""
+        self.put_many([(key, blob)])
+
+    def put_many(self, items: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
+        """Store chunks; the durable tier gets them in one batch (one transaction, one fsync)."""
+        if not items:
+            return
         with self._lock:
             targets = [0] if self.config.write_mode == "back" else sorted({0, self.durable})
             for i in targets:
                 try:
-                    self._make_room(i, len(blob))
-                    self._call(i, "put", key, blob)
+                    self._make_room(i, sum(len(b) for _, b in items))
+                    self._call(i, "put_many", items)
                 except TierError as e:
                     if i == self.durable and self.config.write_mode == "through":
                         raise Unavailable(f"durable tier {self.tiers[i].name} failed: {e}") from e
             if self.config.write_mode == "back" and self.durable != 0:
-                self._dirty.add(key)
+                self._dirty.update(k for k, _ in items)
 
     def flush(self, keys: Sequence[bytes] | None = None) -> None:
         """Write-back mode: make ``keys`` (default: every dirty chunk) durable now."""
