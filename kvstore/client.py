@@ -86,6 +86,7 @@ class ClientConfig:
     retries: int = 4  # attempts after the first, on UNAVAILABLE
     backoff_s: float = 0.1  # first retry delay; doubles each time, with jitter
     shared_memory: bool = True  # use the same-host path when the daemon is local
+    arena_bytes: int = 256 << 20  # same-host arena kept mapped by both sides (0 = a new file per call)
 
 
 def _channel_options(cfg: ClientConfig) -> list[tuple[str, Any]]:
@@ -106,14 +107,20 @@ def _save_requests(header: pb.SaveHeader, blobs: Iterable[transport.Blob], data_
 class _ChunkReader:
     """Turns ChunkData messages (stream or shm handle) into (request index, blob) pairs."""
 
-    def __init__(self, shm_dir: Path | None) -> None:
+    def __init__(self, shm_dir: Path | None, arena: transport.Arena | None = None) -> None:
         self.shm_dir = shm_dir
+        self.arena = arena
         self.assembler = transport.BlobAssembler()
         self.pending: list[int] = []
 
     def feed(self, msg: pb.ChunkData) -> list[tuple[int, transport.Blob]]:
         if msg.HasField("shm"):
             h = msg.shm
+            if h.arena_id:
+                if self.arena is None:
+                    raise InvalidArgument("daemon answered in an arena this client did not name")
+                view = self.arena.view
+                return [(i, view[o : o + n]) for i, o, n in zip(h.indices, h.offsets, h.sizes)]
             if self.shm_dir is None:
                 raise InvalidArgument("daemon answered through shared memory, which this client did not ask for")
             view = transport.open_shm(h.path, self.shm_dir, h.size)
@@ -167,9 +174,25 @@ class Client(_Base):
         self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
                          else grpc.insecure_channel(self.address, opts))
         self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._arena: transport.Arena | None = None
+        self._arena_id = ""
 
     def close(self) -> None:
+        if self._arena is not None:
+            self._arena.close()
         self._channel.close()
+
+    def _ensure_arena(self) -> transport.Arena | None:
+        """The same-host arena, attached on first use (None when the daemon is not local)."""
+        self.info()
+        if self._arena is None and self._shm_dir is not None and self.config.arena_bytes > 0:
+            arena = transport.Arena.create(self._shm_dir, self.config.arena_bytes)
+            try:
+                r = self._call(self._stub.AttachArena, pb.AttachArenaRequest(path=arena.path, size=arena.size))
+            finally:
+                os.unlink(arena.path)  # both sides have it mapped; no name left to leak
+            self._arena, self._arena_id = arena, r.arena_id
+        return self._arena
 
     def __enter__(self) -> Client:
         return self
@@ -205,9 +228,15 @@ class Client(_Base):
         info = self.info()
         header = pb.SaveHeader(namespace=namespace, layout_id=layout_id, parent_key=parent, first_index=first_index)
         shm_path = ""
+        arena = self._ensure_arena()
         if self._shm_dir is not None:
-            shm_path, _, _ = transport.write_shm(self._shm_dir, list(blobs), "cli")
-            header.shm_path = shm_path
+            blobs = list(blobs)
+            placed = arena.write(blobs) if arena is not None else None
+            if placed is not None:
+                header.arena_id, header.arena_bytes = self._arena_id, sum(placed[1])
+            else:
+                shm_path, _, _ = transport.write_shm(self._shm_dir, blobs, "cli")
+                header.shm_path = shm_path
             blobs = ()
         try:
             reqs = _save_requests(header, blobs, min(transport.DEFAULT_MESSAGE_BYTES, info.max_message_bytes // 2))
@@ -220,11 +249,15 @@ class Client(_Base):
                 os.unlink(shm_path)
         return SaveResult(list(r.keys), r.written)
 
-    def load_chunks(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[int, transport.Blob]]:
-        """(index into ``keys``, verified-by-daemon blob) for each hit, in order; misses are skipped."""
-        self.info()
-        req = pb.LoadChunksRequest(namespace=namespace, keys=list(keys), shared_memory=self.uses_shared_memory)
-        reader = _ChunkReader(self._shm_dir)
+    def load_chunks(self, namespace: str, keys: Sequence[bytes], zero_copy: bool = False
+                    ) -> Iterator[tuple[int, transport.Blob]]:
+        """(index into ``keys``, verified-by-daemon blob) for each hit, in order; misses are skipped.
+        ``zero_copy`` (same host): blobs are views into this client's arena, valid only until its
+        next load or save; copy what you keep."""
+        arena = self._ensure_arena() if zero_copy else None
+        req = pb.LoadChunksRequest(namespace=namespace, keys=list(keys), shared_memory=self.uses_shared_memory,
+                                   arena_id=self._arena_id if arena else "")
+        reader = _ChunkReader(self._shm_dir, arena)
         try:
             for msg in self._stub.LoadChunks(req, timeout=self.config.timeout_s, metadata=self._metadata):
                 yield from reader.feed(msg)
@@ -232,17 +265,20 @@ class Client(_Base):
             raise _domain_error(e) from None
         reader.assembler.finish()
 
-    def load_session(self, namespace: str, session_id: str) -> tuple[Manifest, Iterator[tuple[int, transport.Blob]]]:
-        """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has."""
-        self.info()
-        req = pb.LoadSessionRequest(namespace=namespace, session_id=session_id, shared_memory=self.uses_shared_memory)
+    def load_session(self, namespace: str, session_id: str, zero_copy: bool = False
+                     ) -> tuple[Manifest, Iterator[tuple[int, transport.Blob]]]:
+        """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has.
+        ``zero_copy``: as in :meth:`load_chunks`."""
+        arena = self._ensure_arena() if zero_copy else None
+        req = pb.LoadSessionRequest(namespace=namespace, session_id=session_id, shared_memory=self.uses_shared_memory,
+                                    arena_id=self._arena_id if arena else "")
         stream = self._stub.LoadSession(req, timeout=self.config.timeout_s, metadata=self._metadata)
         try:
             first = next(stream)
         except grpc.RpcError as e:
             raise _domain_error(e) from None
         manifest = convert.session_from_pb(first.session)
-        reader = _ChunkReader(self._shm_dir)
+        reader = _ChunkReader(self._shm_dir, arena)
 
         def chunks() -> Iterator[tuple[int, transport.Blob]]:
             try:

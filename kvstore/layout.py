@@ -13,6 +13,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from fractions import Fraction
+from functools import cached_property
 
 
 class EntryFormat(str, enum.Enum):
@@ -104,7 +105,7 @@ class Layout:
         if not self.caches:
             raise ValueError(f"layout {self.name}: no caches")
 
-    @property
+    @cached_property
     def layout_id(self) -> bytes:
         """16-byte stable id: blake2b-128 of the canonical JSON of the definition (name excluded)."""
         d = asdict(self)

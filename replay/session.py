@@ -154,7 +154,7 @@ class AgentSession:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         t0 = time.perf_counter()
-        manifest, stream = client.load_session(namespace, session_id)
+        manifest, stream = client.load_session(namespace, session_id, zero_copy=True)
         lay = model.args.layout
         if manifest.layout_id != lay.layout_id:
             raise ResumeError(f"session {session_id} was saved under another layout than this model's ({lay.name})")

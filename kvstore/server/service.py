@@ -10,13 +10,15 @@ import functools
 import inspect
 import logging
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from kvstore import __version__, convert, transport
+from kvstore import __version__, chunk, convert, transport
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
 from kvstore.layout import PRESETS
 from kvstore.server.auth import Auth, Unauthenticated
@@ -26,6 +28,7 @@ from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 log = logging.getLogger("kvstore.server")
+MAX_ARENAS = 64
 
 _STATUS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -82,7 +85,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth = auth
         self.shm_dir = shm_dir
         self.max_message_bytes = max_message_bytes
+        self.arenas: OrderedDict[str, transport.Arena] = OrderedDict()
         self.data_bytes = min(transport.DEFAULT_MESSAGE_BYTES, max_message_bytes // 2)
+        # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
+        # buffered, whatever size a stream's header declares
+        self.max_chunk_bytes = max(chunk.encoded_size(lay, sessions.config.chunk_tokens) for lay in PRESETS.values())
 
     # -- helpers ----------------------------------------------------------------------------------
     def _ns(self, context: grpc.aio.ServicerContext, namespace: str) -> str:
@@ -90,10 +97,27 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth.check(context.invocation_metadata(), namespace)
         return namespace
 
-    async def _chunks(self, keys: list[bytes], shared_memory: bool) -> AsyncIterator[pb.ChunkData]:
-        """Read chunks in worker threads and stream them (or hand them over in one shm file)."""
+    def _arena(self, arena_id: str) -> transport.Arena:
+        arena = self.arenas.get(arena_id)
+        if arena is None:
+            raise InvalidArgument(f"unknown arena {arena_id!r}: attach it first (AttachArena)")
+        self.arenas.move_to_end(arena_id)
+        return arena
+
+    async def _chunks(self, keys: list[bytes], shared_memory: bool, arena_id: str = ""
+                      ) -> AsyncIterator[pb.ChunkData]:
+        """Read chunks in worker threads and stream them (or hand them over in shared memory)."""
+        arena = self._arena(arena_id) if arena_id else None
         loaded = await asyncio.to_thread(lambda: [(i, b) for i, (_, b) in enumerate(self.sessions.load(keys))
                                                    if b is not None])
+        if arena is not None:
+            placed = await asyncio.to_thread(arena.write, [b for _, b in loaded])
+            if placed is not None:
+                yield pb.ChunkData(shm=pb.ShmHandle(arena_id=arena_id, size=sum(placed[1]),
+                                                    indices=[i for i, _ in loaded], offsets=placed[0],
+                                                    sizes=placed[1]))
+                return
+            shared_memory = True  # too big for the arena: one transfer file instead
         if shared_memory and self.shm_dir is not None:
             blobs = [b for _, b in loaded]
             path, offsets, sizes = await asyncio.to_thread(transport.write_shm, self.shm_dir, blobs, "srv")
@@ -126,7 +150,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def _save(self, requests: AsyncIterator[pb.SaveChunksRequest],
                     context: grpc.aio.ServicerContext) -> pb.SaveChunksResponse:
         header: pb.SaveHeader | None = None
-        assembler = transport.BlobAssembler()
+        assembler = transport.BlobAssembler(self.max_chunk_bytes)
         blobs: list[transport.Blob] = []
         async for req in requests:
             if header is None:
@@ -134,7 +158,12 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                     raise InvalidArgument("the first SaveChunks message must carry the header")
                 header = req.header
                 self._ns(context, header.namespace)
-                if header.shm_path:
+                if header.arena_id:
+                    arena = self._arena(header.arena_id)
+                    if header.arena_bytes > arena.size:
+                        raise InvalidArgument(f"arena_bytes {header.arena_bytes} exceeds the arena's {arena.size}")
+                    blobs.extend(assembler.feed(arena.view[: header.arena_bytes]))
+                elif header.shm_path:
                     if self.shm_dir is None:
                         raise InvalidArgument("shared memory is disabled on this daemon")
                     whole = await asyncio.to_thread(transport.open_shm, header.shm_path, self.shm_dir)
@@ -155,7 +184,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._ns(context, request.namespace)
         if any(len(k) != 16 for k in request.keys):
             raise InvalidArgument("chunk keys must be 16 bytes")
-        async for msg in self._chunks([bytes(k) for k in request.keys], request.shared_memory):
+        async for msg in self._chunks([bytes(k) for k in request.keys], request.shared_memory,
+                                      request.arena_id):
             yield msg
 
     @rpc
@@ -163,7 +193,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._ns(context, request.namespace)
         m = self.sessions.get(request.namespace, request.session_id)
         yield pb.LoadSessionResponse(session=convert.session_to_pb(m))
-        async for msg in self._chunks(list(m.chunk_keys), request.shared_memory):
+        async for msg in self._chunks(list(m.chunk_keys), request.shared_memory, request.arena_id):
             yield pb.LoadSessionResponse(chunks=msg)
 
     @rpc
@@ -225,6 +255,17 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         self.auth.check_admin(context.invocation_metadata())
         return convert.stats_to_pb(await asyncio.to_thread(store_stats, self.sessions))
+
+    @rpc
+    async def AttachArena(self, request: pb.AttachArenaRequest, context: Any) -> pb.AttachArenaResponse:
+        if self.shm_dir is None:
+            raise InvalidArgument("shared memory is disabled on this daemon")
+        arena = await asyncio.to_thread(transport.Arena.attach, request.path, self.shm_dir, request.size)
+        arena_id = uuid.uuid4().hex
+        self.arenas[arena_id] = arena
+        while len(self.arenas) > MAX_ARENAS:  # the least recently used arena goes
+            self.arenas.popitem(last=False)[1].close()
+        return pb.AttachArenaResponse(arena_id=arena_id)
 
     @rpc
     async def EvictSession(self, request: pb.EvictSessionRequest, context: Any) -> pb.EvictSessionResponse:

@@ -6,6 +6,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AttachArenaRequest(_message.Message):
+    __slots__ = ("path", "size")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    size: int
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+
+class AttachArenaResponse(_message.Message):
+    __slots__ = ("arena_id",)
+    ARENA_ID_FIELD_NUMBER: _ClassVar[int]
+    arena_id: str
+    def __init__(self, arena_id: _Optional[str] = ...) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -31,18 +45,22 @@ class ServerInfo(_message.Message):
     def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ...) -> None: ...
 
 class SaveHeader(_message.Message):
-    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "shm_path")
+    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "shm_path", "arena_id", "arena_bytes")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
     SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    ARENA_ID_FIELD_NUMBER: _ClassVar[int]
+    ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     layout_id: bytes
     parent_key: bytes
     first_index: int
     shm_path: str
-    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., shm_path: _Optional[str] = ...) -> None: ...
+    arena_id: str
+    arena_bytes: int
+    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., shm_path: _Optional[str] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ...) -> None: ...
 
 class SaveChunksRequest(_message.Message):
     __slots__ = ("header", "data")
@@ -61,14 +79,16 @@ class SaveChunksResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ...) -> None: ...
 
 class LoadChunksRequest(_message.Message):
-    __slots__ = ("namespace", "keys", "shared_memory")
+    __slots__ = ("namespace", "keys", "shared_memory", "arena_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     shared_memory: bool
-    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+    arena_id: str
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., shared_memory: _Optional[bool] = ..., arena_id: _Optional[str] = ...) -> None: ...
 
 class ChunkData(_message.Message):
     __slots__ = ("data", "indices", "shm")
@@ -81,18 +101,20 @@ class ChunkData(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., indices: _Optional[_Iterable[int]] = ..., shm: _Optional[_Union[ShmHandle, _Mapping]] = ...) -> None: ...
 
 class ShmHandle(_message.Message):
-    __slots__ = ("path", "size", "indices", "offsets", "sizes")
+    __slots__ = ("path", "size", "indices", "offsets", "sizes", "arena_id")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
+    ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     path: str
     size: int
     indices: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ...) -> None: ...
+    arena_id: str
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., arena_id: _Optional[str] = ...) -> None: ...
 
 class Retention(_message.Message):
     __slots__ = ("pinned", "ttl_s")
@@ -140,14 +162,16 @@ class Session(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., layout_name: _Optional[str] = ..., token_count: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., tail: _Optional[bytes] = ..., last_token_ids: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LoadSessionRequest(_message.Message):
-    __slots__ = ("namespace", "session_id", "shared_memory")
+    __slots__ = ("namespace", "session_id", "shared_memory", "arena_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     session_id: str
     shared_memory: bool
-    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., shared_memory: _Optional[bool] = ...) -> None: ...
+    arena_id: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., shared_memory: _Optional[bool] = ..., arena_id: _Optional[str] = ...) -> None: ...
 
 class LoadSessionResponse(_message.Message):
     __slots__ = ("session", "chunks")

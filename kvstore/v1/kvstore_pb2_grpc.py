@@ -94,6 +94,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.EvictSessionRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.EvictSessionResponse.FromString,
                 _registered_method=True)
+        self.AttachArena = channel.unary_unary(
+                '/kvstore.v1.KVStore/AttachArena',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -184,6 +189,15 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachArena(self, request, context):
+        """Same-host: share a client-created memory file (under ServerInfo.shm_dir) that both sides keep
+        mapped. Loads that name the arena are written into it (no file, no page faults per call); the
+        client reads the chunks in place. The client deletes the file name once attached.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -246,6 +260,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.EvictSession,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.EvictSessionRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.EvictSessionResponse.SerializeToString,
+            ),
+            'AttachArena': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachArena,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -572,6 +591,33 @@ class KVStore:
             '/kvstore.v1.KVStore/EvictSession',
             kvstore_dot_v1_dot_kvstore__pb2.EvictSessionRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.EvictSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachArena(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/AttachArena',
+            kvstore_dot_v1_dot_kvstore__pb2.AttachArenaRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.AttachArenaResponse.FromString,
             options,
             channel_credentials,
             insecure,
