@@ -26,6 +26,9 @@ from kvstore.store import Manifest, Retention
 from replay.model import SessionState, Transformer
 
 MODES = ("bounded", "exact", "reprefill")
+#: Manifest metadata key: where the decoder's current contiguous run began. Replay starts the
+#: decoder there (or at the replay start, if later) so its SWA rings cover what the original saw.
+DECODER_FROM = "replay.decoder_from"
 
 
 @dataclass(frozen=True)
@@ -141,7 +144,8 @@ class AgentSession:
             session_id=self.session_id, namespace=self.namespace, layout_id=lay.layout_id,
             token_count=len(self.tokens), chunk_tokens=ct, chunk_keys=tuple(self.saved_keys), tail=tail,
             last_token_ids=tuple(self.tokens[-self.model.args.window :]),
-            retention=Retention(pinned=retention_pinned), metadata=self.metadata,
+            retention=Retention(pinned=retention_pinned),
+            metadata={**self.metadata, DECODER_FROM: str(state.decoder_from)},
         ))
         sent = sum(len(b) for b in blobs) + len(tail)
         return SaveReport(len(blobs), written, sent, len(self.tokens), time.perf_counter() - t0)
@@ -164,7 +168,8 @@ class AgentSession:
         fetch_s = time.perf_counter() - t0
         fetched = sum(c.header.total_bytes for c in chunks) + len(manifest.tail)
 
-        sess = cls(model, client, namespace, session_id, dict(manifest.metadata))
+        meta = {k: v for k, v in manifest.metadata.items() if k != DECODER_FROM}
+        sess = cls(model, client, namespace, session_id, meta)
         sess.tokens, sess.saved_keys = tokens, list(manifest.chunk_keys)
         state = sess.state
         assert state is not None
@@ -182,7 +187,9 @@ class AgentSession:
         if mode == "reprefill":
             sess.last_logits = model.prefill(tokens, state, chunk_size=512)
         else:
-            sess.last_logits = model.replay(state, tokens[n - r :], start_pos=n - r)
+            decoder_from = int(manifest.metadata.get(DECODER_FROM, n - min(n, window)))
+            sess.last_logits = model.replay(state, tokens[n - r :], start_pos=n - r,
+                                            decoder_from=min(decoder_from, n - 1))
         t3 = time.perf_counter()
         return sess, ResumeReport(mode, n, r, fetch_s, t2 - t1, t3 - t2, fetched)
 

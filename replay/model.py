@@ -1,0 +1,518 @@
+"""The tiny-16 / tiny-8 reference model of shared/MINIATURE.md, one flat file in gpt-fast style.
+
+Everything that shapes DeepSeek-V4.1-Flash's KV cache is kept: a causal encoder-decoder whose decoder
+global KV is projected from H_{L/2}; per-layer SWA (window 128, FP8); CSA2 global entries (m=2 encoder,
+m=1 decoder) held as the packed FP4 bytes the store persists; Full / Reuse / Reindex layers; a top-k
+indexer and the decoder's block candidate pool. A token's arithmetic never depends on how the sequence
+was chunked (see _mm and attend), so chunked prefill and replay are bit-identical to one shot on CPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from kvstore import quant
+from kvstore.layout import EntryFormat, Layout, get_layout
+
+SWA, FULL, REUSE, REINDEX, DEC_FULL = "S", "F", "U", "X", "F*"
+_NONE = 1 << 62  # sorts after every real entry id
+_QB = 16  # SWA query block
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int = 256
+    dim: int = 256
+    n_layers: int = 16
+    n_heads: int = 4
+    head_dim: int = 128  # one KV head, K = V
+    rope_dim: int = 16  # the last 16 dims of every rotated vector
+    rope_base: float = 10000.0
+    window: int = 128
+    ffn_dim: int = 512
+    norm_eps: float = 1e-6
+    m: tuple[int, ...] = (0, 0, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1)
+    modes: tuple[str, ...] = ("S", "S", "F", "U", "F", "U", "F", "U", "F*", "U", "X", "U", "X", "U", "X", "U")
+    index_heads: int = 4
+    index_dim: int = 32
+    top_k: int = 32
+    pool_blocks: int = 32
+    block_size: int = 8
+    layout_name: str = "tiny-16"
+
+    @classmethod
+    def tiny16(cls, **kw: object) -> ModelArgs:
+        return cls(**kw)  # type: ignore[arg-type]
+
+    @classmethod
+    def tiny8(cls, **kw: object) -> ModelArgs:
+        tiny8 = {"n_layers": 8, "m": (0, 0, 2, 2, 1, 1, 1, 1), "modes": ("S", "S", "F", "U", "F*", "U", "X", "U"),
+                 "layout_name": "tiny-8"}
+        return cls(**{**tiny8, **kw})  # type: ignore[arg-type]
+
+    @property
+    def n_encoder(self) -> int:
+        return self.n_layers // 2
+
+    @property
+    def layout(self) -> Layout:
+        return get_layout(self.layout_name)
+
+    def source(self, layer: int) -> int:
+        """The Full layer whose global caches ``layer`` attends to (-1 for SWA-only layers)."""
+        if self.modes[layer] == SWA:
+            return -1
+        return max(i for i in range(layer + 1) if self.modes[i] in (FULL, DEC_FULL))
+
+    def __post_init__(self) -> None:
+        enc = self.n_encoder
+        want = [(SWA, FULL, REUSE)] * enc + [(DEC_FULL,)] + [(REUSE, REINDEX)] * (self.n_layers - enc - 1)
+        if len(self.m) != self.n_layers or [mode in w for mode, w in zip(self.modes, want, strict=True)].count(False):
+            raise ValueError(f"modes {self.modes}: need S/F/U in the encoder, then F*, then U/X (and one m per layer)")
+        for i, mode in enumerate(self.modes):
+            if (mode == SWA) != (self.m[i] == 0) or (mode != SWA and self.m[i] != self.m[self.source(i)]):
+                raise ValueError(f"layer {i}: m={self.m[i]} does not fit mode {mode!r} and its source layer")
+        caches = {(f"{kind}.L{i}", self.m[i], dim) for i, mode in enumerate(self.modes) if mode in (FULL, DEC_FULL)
+                  for kind, dim in (("main", self.head_dim), ("index", self.index_dim))}
+        if caches != {(c.name, c.m, c.channels) for c in self.layout.caches}:
+            raise ValueError(f"layout {self.layout_name} does not describe this model's global caches")
+
+
+def _mm(a: Tensor, b: Tensor) -> Tensor:
+    """a: [M, K], b: [N, K] -> [M, N]. BLAS switches kernels (and summation order) for small or odd M
+    and N; padding both to multiples of 16 keeps every element independent of the chunk size."""
+    m, n = a.shape[0], b.shape[0]
+    pm, pn = -(-max(m, 1) // 16) * 16 - m, -(-max(n, 1) // 16) * 16 - n
+    a, b = F.pad(a, (0, 0, 0, pm)) if pm else a, F.pad(b, (0, 0, 0, pn)) if pn else b
+    return (a @ b.T)[:m, :n]
+
+
+def rope_angles(pos: Tensor, args: ModelArgs) -> Tensor:
+    """pos: [T] -> (cos, sin) of every rotary frequency, [T, 2, rope_dim/2]."""
+    inv = args.rope_base ** -(torch.arange(0, args.rope_dim, 2, device=pos.device) / args.rope_dim)
+    ang = pos.double()[:, None] * inv.double()
+    return torch.stack([ang.cos(), ang.sin()], 1).float()
+
+
+def rope(x: Tensor, cs: Tensor) -> Tensor:
+    """Rotate the last rope_dim dims of x: [T, ..., D] by cs: [T, 2, rope_dim/2] (rotate-half pairs)."""
+    half = cs.shape[-1]
+    cos, sin = (cs[:, i].view(cs.shape[0], *([1] * (x.dim() - 2)), half).to(x.dtype) for i in (0, 1))
+    x1, x2 = x[..., -2 * half:-half], x[..., -half:]
+    return torch.cat([x[..., :-2 * half], x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+
+class Linear(nn.Linear):
+    def __init__(self, fan_in: int, fan_out: int) -> None:
+        super().__init__(fan_in, fan_out, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:  # x: [T, fan_in] -> [T, fan_out]
+        return _mm(x, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class PackedCache:
+    """One persisted global cache ("main.L2", "index.L8", ...): entries [0, n) as packed codes and
+    scales (the source of truth, what the store saves) plus their dequantized copy for attention."""
+
+    def __init__(self, name: str, layout: Layout, device: torch.device, dtype: torch.dtype) -> None:
+        self.spec = layout.cache(name)
+        main = self.spec.fmt is EntryFormat.FP4_E4M3_16
+        self.dequantize = quant.dequantize_main if main else quant.dequantize_indexer
+        self.codes = torch.zeros(64, self.spec.code_bytes, dtype=torch.uint8, device=device)
+        self.scales = torch.zeros(64, self.spec.scale_bytes, dtype=torch.uint8, device=device)
+        self.values = torch.zeros(64, self.spec.channels, dtype=dtype, device=device)
+        self.n = 0
+
+    def write(self, start: int, codes: Tensor, scales: Tensor) -> None:
+        """Set entries [start, start + len(codes)); start <= n (no holes)."""
+        end = start + codes.shape[0]
+        if codes.dtype != torch.uint8 or scales.dtype != torch.uint8:
+            raise ValueError(f"{self.spec.name}: codes and scales must be uint8")
+        if not 0 <= start <= self.n:
+            raise ValueError(f"{self.spec.name}: writing from entry {start} would leave a hole after {self.n}")
+        if codes.shape[1:] != self.codes.shape[1:] or scales.shape != (codes.shape[0], self.scales.shape[1]):
+            raise ValueError(f"{self.spec.name}: expected codes [N, {self.spec.code_bytes}] and scales "
+                             f"[N, {self.spec.scale_bytes}], got {tuple(codes.shape)}, {tuple(scales.shape)}")
+        if end > self.codes.shape[0]:
+            cap = max(end, 2 * self.codes.shape[0])
+            self.codes, self.scales, self.values = (F.pad(t, (0, 0, 0, cap - t.shape[0]))
+                                                    for t in (self.codes, self.scales, self.values))
+        dev = self.codes.device
+        self.codes[start:end], self.scales[start:end] = codes.to(dev), scales.to(dev)
+        self.values[start:end] = self.dequantize(self.codes[start:end], self.scales[start:end], self.values.dtype)
+        self.n = max(self.n, end)
+
+
+class SwaRing:
+    """One layer's SWA KV of positions [lo, hi) (at most ``window``), FP8 packed, slot = pos % window."""
+
+    def __init__(self, window: int, dim: int, device: torch.device, dtype: torch.dtype) -> None:
+        self.window = window
+        self.codes = torch.zeros(window, dim, dtype=torch.uint8, device=device)
+        self.scales = torch.zeros(window, dim // 32, dtype=torch.uint8, device=device)
+        self.keys = torch.zeros(window, dim, dtype=dtype, device=device)  # FP8 round-tripped
+        self.lo = self.hi = 0
+
+    def reset(self, pos: int) -> None:
+        self.lo = self.hi = pos
+
+    def entries(self) -> tuple[Tensor, Tensor]:
+        """Packed (codes [hi-lo, D], scales [hi-lo, D/32]) in position order."""
+        slots = torch.arange(self.lo, self.hi, device=self.codes.device) % self.window
+        return self.codes[slots], self.scales[slots]
+
+    def push(self, k: Tensor, pos0: int) -> tuple[Tensor, int]:
+        """Append k: [T, D] at positions [pos0, pos0+T) (FP8 round trip); return the keys the chunk's
+        windows can see, ext: [E, D] at positions [e0, pos0+T), and e0."""
+        assert pos0 == self.hi, "SWA ring positions must be contiguous"
+        t, w, dev = k.shape[0], self.window, k.device
+        codes, scales = quant.quantize_swa(k)
+        k = quant.dequantize_swa(codes, scales, k.dtype)
+        e0 = max(self.lo, pos0 - w + 1)
+        ext = torch.cat([self.keys[torch.arange(e0, pos0, device=dev) % w], k])
+        keep = slice(max(0, t - w), t)
+        slots = torch.arange(pos0, pos0 + t, device=dev)[keep] % w
+        self.codes[slots], self.scales[slots], self.keys[slots] = codes[keep], scales[keep], k[keep]
+        self.hi, self.lo = pos0 + t, max(self.lo, pos0 + t - w)
+        return ext, e0
+
+
+class SessionState:
+    """One sequence's caches: the global caches (packed), the m>1 compressors' pending tokens, every
+    layer's SWA ring, and where the decoder's current contiguous run began (``decoder_from``)."""
+
+    def __init__(self, args: ModelArgs, device: torch.device, dtype: torch.dtype) -> None:
+        self.args, self.layout = args, args.layout
+        self.pos = 0  # tokens processed
+        self.decoder_from = 0  # the decoder ran over every position in [decoder_from, pos)
+        self.caches = {c.name: PackedCache(c.name, self.layout, device, dtype) for c in self.layout.caches}
+        self.pending: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer -> (kv, z, first position)
+        self.rings = [SwaRing(args.window, args.head_dim, device, dtype) for _ in range(args.n_layers)]
+
+    def n_entries(self, name: str) -> int:
+        return self._cache(name).n
+
+    def global_entries(self, name: str, start: int, end: int) -> tuple[Tensor, Tensor]:
+        """Packed entries [start, end) of one cache: (codes uint8 [N, code_bytes], scales uint8 [N, scale_bytes]).
+        Tokens [t0, t1) with t0, t1 multiples of m are entries [t0 // m, t1 // m)."""
+        cache = self._cache(name)
+        if not 0 <= start <= end <= cache.n:
+            raise ValueError(f"{name}: entries [{start}, {end}) are outside [0, {cache.n})")
+        return cache.codes[start:end].clone(), cache.scales[start:end].clone()
+
+    def load_global(self, name: str, codes: Tensor, scales: Tensor, start: int = 0) -> None:
+        """Install packed entries [start, start + N) as they are (no re-encoding); start <= n_entries."""
+        self._cache(name).write(start, codes, scales)
+
+    def global_nbytes(self) -> int:
+        return sum(c.n * c.spec.entry_bytes for c in self.caches.values())
+
+    def _cache(self, name: str) -> PackedCache:
+        if name not in self.caches:
+            raise ValueError(f"unknown cache {name!r}; this model has {sorted(self.caches)}")
+        return self.caches[name]
+
+
+class Compressor(nn.Module):
+    """A Full layer's global-entry writer: m tokens -> one main entry (FP4) + one indexer key (FP4)."""
+
+    def __init__(self, args: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.args, self.layer_id, self.m = args, layer_id, args.m[layer_id]
+        self.wkv = Linear(args.dim, args.head_dim)
+        self.wz = Linear(args.dim, args.head_dim) if self.m > 1 else None
+        self.ape = nn.Parameter(torch.zeros(self.m, args.head_dim)) if self.m > 1 else None
+        self.norm = RMSNorm(args.head_dim, args.norm_eps)
+        self.wik = Linear(args.head_dim, args.index_dim)
+
+    def forward(self, h: Tensor, pos0: int, state: SessionState) -> None:  # h: [T, D] normed input
+        m, dh = self.m, self.args.head_dim
+        kv = self.wkv(h)  # [T, Dh]
+        z = self.wz(h) if self.wz is not None else kv
+        start = pos0
+        if self.layer_id in state.pending:
+            pkv, pz, start = state.pending.pop(self.layer_id)
+            kv, z = torch.cat([pkv, kv]), torch.cat([pz, z])
+        skip = (-start) % m  # the rest of a group begun before a replay's first token: it is loaded
+        kv, z, start = kv[skip:], z[skip:], start + skip
+        groups = kv.shape[0] // m
+        if kv.shape[0] > groups * m:
+            state.pending[self.layer_id] = (kv[groups * m:], z[groups * m:], start + groups * m)
+        main, index = state.caches[f"main.L{self.layer_id}"], state.caches[f"index.L{self.layer_id}"]
+        g0 = start // m
+        first = max(0, main.n - g0)  # entries already in the cache (loaded on resume) are kept
+        if first >= groups:
+            return
+        assert g0 <= main.n == index.n, "global cache has a hole before the new entries"
+        kv = kv[first * m:groups * m].view(-1, m, dh)  # [G, m, Dh]
+        if self.ape is not None:
+            w = torch.softmax(z[first * m:groups * m].view(-1, m, dh) + self.ape, dim=1)
+            c = (w * kv).sum(1)  # softmax-gated pooling, per channel
+        else:
+            c = kv[:, 0]
+        c = self.norm(c)  # [G, Dh]
+        gpos = torch.arange(g0 + first, g0 + groups, device=h.device) * m
+        cs = rope_angles(gpos, self.args)
+        main.write(g0 + first, *quant.quantize_main(rope(c, cs)))
+        index.write(g0 + first, *quant.quantize_indexer(rope(self.wik(c), cs)))
+
+
+class Indexer(nn.Module):
+    """score(t, s) = sum_h w_h(t) ReLU(q_h(t) . k_s); q rotated like the keys."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.wq = Linear(args.dim, args.index_heads * args.index_dim)
+        self.ww = Linear(args.dim, args.index_heads)
+
+    def forward(self, h: Tensor, cs: Tensor, keys: Tensor) -> Tensor:
+        """h: [T, D]; keys: [N, Di] shared by every query or [T, P, Di] one pool per query -> [T, N or P]."""
+        t, nh, di = h.shape[0], self.args.index_heads, self.args.index_dim
+        q = rope(self.wq(h).view(t, nh, di), cs)  # [T, Hi, Di]
+        s = _mm(q.reshape(t * nh, di), keys).view(t, nh, -1) if keys.dim() == 2 else q @ keys.transpose(1, 2)
+        w = self.ww(h) * (nh * di) ** -0.5  # [T, Hi]
+        return (s.relu_() * w[..., None]).sum(1).float()
+
+
+def _rank(scores: Tensor, ids: Tensor, ok: Tensor) -> Tensor:
+    # Ties (entries whose every head is ReLU-zero) go to the newest entry, whatever the tensor shapes.
+    return (scores + ids * 1e-30).masked_fill(~ok, float("-inf"))
+
+
+def select_top_k(ranked: Tensor, ids: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """ranked, ids: [T, N] -> (entry ids [T, k] ascending, valid [T, k]); fewer than k if fewer exist."""
+    if ranked.shape[1] < k:
+        ranked = F.pad(ranked, (0, k - ranked.shape[1]), value=float("-inf"))
+        ids = F.pad(ids, (0, k - ids.shape[1]))
+    val, j = ranked.topk(k, dim=1)
+    sel = ids.gather(1, j).masked_fill(val == float("-inf"), _NONE).sort(1).values
+    return sel.masked_fill(sel == _NONE, 0), sel != _NONE
+
+
+def block_pool(ranked: Tensor, nvis: Tensor, args: ModelArgs) -> tuple[Tensor, Tensor]:
+    """Decoder Full layer: keep the pool_blocks blocks of block_size entries with the best max score,
+    the newest block always. ranked: [T, N] -> (entry ids [T, P], valid [T, P])."""
+    t, n, bs = ranked.shape[0], ranked.shape[1], args.block_size
+    nb = -(-n // bs)
+    best = F.pad(ranked, (0, nb * bs - n), value=float("-inf")).view(t, nb, bs).amax(-1)  # [T, nb]
+    best = best.scatter(1, ((nvis - 1) // bs)[:, None], float("inf"))
+    blocks = best.topk(min(args.pool_blocks, nb), dim=1).indices  # [T, B]
+    pool = (blocks[..., None] * bs + torch.arange(bs, device=ranked.device)).flatten(1)
+    return pool.clamp(max=n - 1), pool < nvis[:, None]
+
+
+def attend(q: Tensor, pos: Tensor, ext: Tensor, e0: int, glob: Tensor, glob_ok: Tensor, window: int) -> Tensor:
+    """Softmax over each query's SWA window (ext: [E, D], positions [e0, pos0+T)) and its selected global
+    entries (glob: [T, k, D], glob_ok: [T, k]); K = V. q: [T, H, D] -> [T, H, D]. Queries go in blocks
+    of _QB aligned to absolute positions, so every query's arithmetic is the same whatever the chunking."""
+    (t, h, d), pos0 = q.shape, int(pos[0])
+    r0 = pos0 % _QB  # row of the first query in its block
+    nb, span = -(-(r0 + t) // _QB), _QB + window - 1
+    k0 = pos0 - r0 - window + 1  # position of kbuf[0]; block i sees positions k0 + i*_QB + [0, span)
+    kbuf = q.new_zeros(nb * _QB + window - 1, d)
+    kbuf[e0 - k0:e0 - k0 + ext.shape[0]] = ext
+    kblk = kbuf.unfold(0, span, _QB)  # [nb, D, span]
+    qbuf = q.new_zeros(nb * _QB, h, d)
+    qbuf[r0:r0 + t] = q
+    s = (qbuf.view(nb, _QB * h, d) @ kblk).view(nb * _QB, h, span)[r0:r0 + t]  # [T, H, span]
+    p, j = pos[:, None], torch.arange(span, device=q.device)
+    r = p % _QB  # column j of row p is position p - r - window + 1 + j
+    ok = (j >= r) & (j < r + window) & (j >= e0 - p + r + window - 1)
+    s = torch.cat([s, q @ glob.transpose(1, 2)], -1) * d**-0.5  # [T, H, span + k]
+    s = torch.softmax(s.masked_fill(~torch.cat([ok, glob_ok], 1)[:, None], float("-inf")), -1)
+    pw = q.new_zeros(nb * _QB, h, span)
+    pw[r0:r0 + t] = s[..., :span]
+    out = (pw.view(nb, _QB * h, span) @ kblk.transpose(1, 2)).view(nb * _QB, h, d)[r0:r0 + t]
+    return out + s[..., span:] @ glob
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.args, self.layer_id, self.mode, self.src = args, layer_id, args.modes[layer_id], args.source(layer_id)
+        self.wq = Linear(args.dim, args.n_heads * args.head_dim)
+        self.wkv = Linear(args.dim, args.head_dim)
+        self.kv_norm = RMSNorm(args.head_dim, args.norm_eps)
+        self.wo = Linear(args.n_heads * args.head_dim, args.dim)
+        self.compressor = Compressor(args, layer_id) if self.mode in (FULL, DEC_FULL) else None
+        self.indexer = Indexer(args) if self.mode in (FULL, DEC_FULL, REINDEX) else None
+
+    def forward(self, h: Tensor, pos: Tensor, cs: Tensor, state: SessionState,
+                ctx: dict[str, tuple[Tensor, Tensor]]) -> Tensor:
+        t, a = h.shape[0], self.args
+        q = rope(self.wq(h).view(t, a.n_heads, a.head_dim), cs)  # [T, H, Dh]
+        k = rope(self.kv_norm(self.wkv(h)), cs)  # [T, Dh]
+        ext, e0 = state.rings[self.layer_id].push(k, int(pos[0]))
+        glob, glob_ok = k.new_zeros(t, 0, a.head_dim), torch.zeros(t, 0, dtype=torch.bool, device=k.device)
+        if self.mode != SWA:
+            if self.indexer is not None:
+                ctx["topk"] = self.select(h, pos, cs, state, ctx)
+            sel, glob_ok = ctx["topk"]  # Reuse layers take the latest selection as it is
+            glob = state.caches[f"main.L{self.src}"].values[sel]  # [T, k, Dh]
+        return self.wo(attend(q, pos, ext, e0, glob, glob_ok, a.window).reshape(t, -1))
+
+    def select(self, h: Tensor, pos: Tensor, cs: Tensor, state: SessionState,
+               ctx: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        assert self.indexer is not None
+        index, k = state.caches[f"index.L{self.src}"], self.args.top_k
+        nvis = (pos + 1) // self.args.m[self.src]  # [T]: group g is visible iff g < (p+1)//m
+        if self.mode == REINDEX:
+            pool, pool_ok = ctx["pool"]
+            return select_top_k(_rank(self.indexer(h, cs, index.values[pool]), pool, pool_ok), pool, k)
+        ids = torch.arange(index.n, device=h.device).expand(h.shape[0], -1)  # [T, N]
+        ranked = _rank(self.indexer(h, cs, index.values[:index.n]), ids, ids < nvis[:, None])
+        if self.mode == FULL:
+            return select_top_k(ranked, ids, k)
+        pool, pool_ok = ctx["pool"] = block_pool(ranked, nvis, self.args)
+        return select_top_k(ranked.gather(1, pool).masked_fill(~pool_ok, float("-inf")), pool, k)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.w1, self.w3 = Linear(args.dim, args.ffn_dim), Linear(args.dim, args.ffn_dim)
+        self.w2 = Linear(args.ffn_dim, args.dim)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int) -> None:
+        super().__init__()
+        self.attention_norm, self.ffn_norm = RMSNorm(args.dim, args.norm_eps), RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args, layer_id)
+        self.feed_forward = FeedForward(args)
+
+    def compress(self, x: Tensor, pos: Tensor, state: SessionState) -> None:
+        """Full layers: write the global entries completed by these tokens (before anyone attends)."""
+        if self.attention.compressor is not None:
+            self.attention.compressor(self.attention_norm(x), int(pos[0]), state)
+
+    def forward(self, x: Tensor, pos: Tensor, cs: Tensor, state: SessionState,
+                ctx: dict[str, tuple[Tensor, Tensor]]) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), pos, cs, state, ctx)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, args: ModelArgs, seed: int = 0, device: str | torch.device | None = None,
+                 dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args, i) for i in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = Linear(args.dim, args.vocab_size)
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in self.parameters():  # norms stay 1; matrices ~ N(0, 1/fan_in)
+                if p.dim() == 2:
+                    p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
+        self.to(device=device, dtype=dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.output.weight.device
+
+    def new_state(self) -> SessionState:
+        return SessionState(self.args, self.device, self.output.weight.dtype)
+
+    def prefill(self, tokens: Tensor | list[int], state: SessionState, chunk_size: int = 256,
+                all_logits: bool = False) -> Tensor:
+        """Append tokens: the encoder runs over all of them, the decoder over the last min(window, n).
+        Returns the last token's logits [V] (all_logits: [n_decoder, V], one per decoder position)."""
+        n = len(tokens)
+        return self._run(tokens, state, state.pos + n - min(n, self.args.window), chunk_size, all_logits)
+
+    def decode_one_token(self, token: int | Tensor, state: SessionState) -> Tensor:
+        """One token through every layer -> logits [V]."""
+        return self._run([int(token)], state, state.pos, 1, False)
+
+    def replay(self, state: SessionState, tokens: Tensor | list[int], start_pos: int,
+               decoder_from: int | None = None, chunk_size: int = 256) -> Tensor:
+        """Rebuild every SWA ring (and the compressors' pending tokens) from tokens [start_pos, end) over
+        the loaded global caches; SWA sees only the replayed span and loaded entries are never rewritten.
+        The decoder runs over the last min(window, R) tokens, or from ``decoder_from`` (a saved
+        ``state.decoder_from``) to match a session that decoded. Returns the last token's logits [V]."""
+        end = start_pos + len(tokens)
+        if start_pos < 0 or len(tokens) == 0:
+            raise ValueError("replay needs start_pos >= 0 and at least one token")
+        for spec in self.args.layout.caches:
+            need, most = min(-(-start_pos // spec.m), end // spec.m), end // spec.m
+            have = state.n_entries(spec.name)
+            if not need <= have <= most or have != state.n_entries("main." + spec.name.split(".")[1]):
+                raise ValueError(f"{spec.name}: {have} entries loaded; replaying tokens [{start_pos}, {end}) "
+                                 f"needs {need} to {most}, the same count in main and index")
+        state.pos = start_pos
+        state.pending.clear()
+        for ring in state.rings:
+            ring.reset(start_pos)
+        dec = end - min(len(tokens), self.args.window) if decoder_from is None else max(start_pos, decoder_from)
+        if dec >= end:
+            raise ValueError(f"decoder_from {decoder_from} leaves no token for the decoder")
+        return self._run(tokens, state, dec, chunk_size, False)
+
+    @torch.no_grad()
+    def _run(self, tokens: Tensor | list[int], state: SessionState, dec_start: int, chunk_size: int,
+             all_logits: bool) -> Tensor:
+        tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device).flatten()
+        if tokens.numel() == 0 or chunk_size < 1:
+            raise ValueError("need at least one token and chunk_size >= 1")
+        enc, start, end = self.args.n_encoder, state.pos, state.pos + tokens.numel()
+        if state.rings[enc].hi != dec_start:  # the decoder's SWA sees only its own contiguous run
+            for ring in state.rings[enc:]:
+                ring.reset(dec_start)
+            state.decoder_from = dec_start
+        out = []
+        for a in range(start, end, chunk_size):
+            b = min(a + chunk_size, end)
+            pos = torch.arange(a, b, device=self.device)
+            cs = rope_angles(pos, self.args)  # [T, 2, rope_dim/2]
+            x = self.tok_embeddings(tokens[a - start:b - start])  # x: [T, D]
+            ctx: dict[str, tuple[Tensor, Tensor]] = {}
+            for layer in self.layers[:enc]:
+                layer.compress(x, pos, state)
+                x = layer(x, pos, cs, state, ctx)
+            self.layers[enc].compress(x, pos, state)  # decoder global KV from H_{L/2}, every token
+            d = max(0, dec_start - a)
+            if d < b - a:
+                x, pos, cs = x[d:], pos[d:], cs[d:]
+                for layer in self.layers[enc:]:
+                    x = layer(x, pos, cs, state, ctx)
+                out.append(x if all_logits else x[-1:])
+            state.pos = b
+        logits = self.output(self.norm(torch.cat(out))).float()
+        return logits if all_logits else logits[-1]
+
+    def save_checkpoint(self, path: str | Path) -> None:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        save_file(tensors, str(path), metadata={"model_args": json.dumps(asdict(self.args))})
+
+    @classmethod
+    def load_checkpoint(cls, path: str | Path, device: str | torch.device | None = None,
+                        dtype: torch.dtype = torch.float32) -> Transformer:
+        with safe_open(str(path), framework="pt") as f:
+            raw = json.loads(f.metadata()["model_args"])
+        args = ModelArgs(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
+        model = cls(args, device=device, dtype=dtype)
+        model.load_state_dict(load_file(str(path)))
+        return model
