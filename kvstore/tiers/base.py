@@ -12,9 +12,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 MAX_KEY_BYTES = 256
+_T = TypeVar("_T", bound="Tier")
 
 #: What a tier accepts as a value; it copies what it keeps, so the caller may reuse the buffer.
 Value = bytes | bytearray | memoryview
@@ -114,7 +115,7 @@ class Tier(abc.ABC):
         """Remove several keys; returns how many were present."""
         return sum(self.delete(key) for key in keys)
 
-    def __enter__(self) -> Tier:
+    def __enter__(self: _T) -> _T:
         return self
 
     def __exit__(

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import HostTierConfig
 
 
-def _pinned_copier() -> Any | None:
+def _pinned_copier() -> Callable[[memoryview], Any] | None:
     """A function copying a byte view into a fresh pinned tensor, or None without CUDA."""
     import numpy as np
     import torch

@@ -1,0 +1,328 @@
+"""SSD tier: values in one LMDB sub-database, each zstd-compressed on its own.
+
+A stored record is a 9-byte header and a payload::
+
+    flag u8        0 = raw, 1 = zstd
+    raw_len u32    length of the original value
+    prefix u32     leading bytes stored uncompressed, before the zstd frame of the rest
+
+The prefix exists because a chunk puts its incompressible FP4 codes first and its compressible
+scale bytes last: ``compressible_from(value)`` says where compression should start. The sizes in
+the header let an open rebuild usage totals and the key set from headers alone, without
+decompressing. LMDB commits are atomic and crash-safe; with ``sync`` a put that returned has been
+fsynced. The tier never checks contents (the store verifies chunk checksums), only the framing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import lmdb
+import zstandard as zstd
+
+from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.config import SsdTierConfig
+
+HEADER = struct.Struct("<BII")
+RAW, ZSTD = 0, 1
+DB_NAME = b"chunks"  # our sub-database; others may add their own beside it (up to _MAX_DBS)
+_MAX_DBS = 8
+_MAX_READERS = 256  # py-lmdb uses MDB_NOTLS: one slot per open read transaction, not per thread
+
+CompressibleFrom = Callable[[bytes | memoryview], int]
+
+
+@contextlib.contextmanager
+def _lmdb_errors(what: str) -> Iterator[None]:
+    """LMDB failures (I/O errors, a full disk, a closed environment) surface as TierError."""
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise TierError(f"ssd tier: {what}: {exc}") from exc
+
+
+class _Codec:
+    """Frames values into records and back. zstd contexts are not thread-safe: one per thread."""
+
+    def __init__(self, level: int, compressible_from: CompressibleFrom | None) -> None:
+        self._level = level
+        self._from = compressible_from
+        self._local = threading.local()
+
+    def _ctx(self) -> Any:
+        local = self._local
+        if not hasattr(local, "dctx"):
+            local.cctx = zstd.ZstdCompressor(level=self._level) if self._level else None
+            local.dctx = zstd.ZstdDecompressor()
+        return local
+
+    def encode(self, view: memoryview) -> bytes:
+        raw_len = len(view)
+        if raw_len > 0xFFFFFFFF:
+            raise ValueError(f"ssd tier: values must be under 4 GiB, got {raw_len} bytes")
+        start = 0 if self._from is None else self._from(view)
+        if not 0 <= start <= raw_len:
+            raise ValueError(f"ssd tier: compressible_from gave offset {start} for a {raw_len}-byte value")
+        cctx = self._ctx().cctx
+        if cctx is not None and start < raw_len:
+            frame = cctx.compress(view[start:])
+            if start + len(frame) < raw_len:  # keep it only when it actually shrinks the value
+                return b"".join((HEADER.pack(ZSTD, raw_len, start), view[:start], frame))
+        return b"".join((HEADER.pack(RAW, raw_len, raw_len), view))
+
+    def decode(self, key: bytes, record: memoryview | bytes) -> bytes:
+        """The original value; TierError when the framing is invalid (bad flag, lengths, frame)."""
+        where = f"ssd tier: key {key.hex()}"
+        if len(record) < HEADER.size:
+            raise TierError(f"{where}: record of {len(record)} bytes is shorter than its header")
+        flag, raw_len, prefix = HEADER.unpack_from(record)
+        body = memoryview(record)[HEADER.size :]
+        if flag == RAW:
+            if len(body) != raw_len or prefix != raw_len:
+                raise TierError(f"{where}: raw record holds {len(body)} bytes, header says {raw_len}")
+            return bytes(body)
+        if flag != ZSTD:
+            raise TierError(f"{where}: unknown codec flag {flag}")
+        if prefix >= raw_len or prefix > len(body):
+            raise TierError(f"{where}: bad raw prefix {prefix} for a {raw_len}-byte value")
+        frame = body[prefix:]
+        try:
+            # Check the frame's declared size first: a corrupt one must not make us allocate GBs.
+            if zstd.frame_content_size(frame) != raw_len - prefix:
+                raise TierError(f"{where}: zstd frame size does not match header length {raw_len}")
+            tail = self._ctx().dctx.decompress(frame)
+        except zstd.ZstdError as exc:
+            raise TierError(f"{where}: cannot decompress: {exc}") from exc
+        if len(tail) != raw_len - prefix:
+            raise TierError(f"{where}: decompressed {len(tail)} bytes, header says {raw_len - prefix}")
+        return b"".join((body[:prefix], tail))
+
+
+class _Gate:
+    """Many read transactions at once, or the writer's abort-and-resize alone (see ``_abort``)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._open = 0
+        self._resizing = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._resizing)
+            self._open += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._open -= 1
+                if not self._open:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        # Only holders of the tier's write lock call this, so two exclusives never overlap.
+        # New transactions wait from here on, and the ones open drain.
+        with self._cond:
+            self._resizing = True
+            self._cond.wait_for(lambda: not self._open)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._resizing = False
+                self._cond.notify_all()
+
+
+class SsdTier(Tier):
+    """An LMDB-backed, compressed, durable tier. ``capacity_bytes`` is reported, not enforced.
+
+    Usage and LRU order live in memory, so one process owns a directory. After a reopen the LRU
+    order starts as LMDB key order (hash order: effectively random) and learns from then on.
+    """
+
+    name = "ssd"
+    persistent = True
+
+    def __init__(self, config: SsdTierConfig, compressible_from: CompressibleFrom | None = None) -> None:
+        self._config = config
+        self._codec = _Codec(config.zstd_level, compressible_from)
+        self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
+        self._gate = _Gate()  # no transaction may be open while the map is resized
+        self._meta_lock = threading.Lock()
+        self._sizes: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (stored, raw), LRU
+        self._stored = self._raw = 0
+        self._closed = False
+        try:
+            os.makedirs(config.path, exist_ok=True)
+        except OSError as exc:
+            raise TierError(f"ssd tier: cannot create {config.path}: {exc}") from exc
+        with _lmdb_errors(f"cannot open {config.path}"):
+            self._env = lmdb.open(
+                config.path,
+                map_size=config.map_size,
+                max_dbs=_MAX_DBS,
+                max_readers=_MAX_READERS,
+                sync=config.sync,
+                metasync=config.sync,
+                # Lookups are random (keys are hashes) and the file can outgrow RAM: reading ahead
+                # would only fill the page cache with neighbours nobody asked for.
+                readahead=False,
+            )
+            self._db = self._env.open_db(DB_NAME)
+            self._scan()
+
+    def _scan(self) -> None:
+        # Headers only: the first bytes of each record, no decompression. A record too short to
+        # hold a header still counts (its get raises TierError, and the store deletes it).
+        with self._env.begin(db=self._db, buffers=True) as txn:
+            for key, record in txn.cursor():
+                raw = HEADER.unpack_from(record)[1] if len(record) >= HEADER.size else 0
+                self._set(bytes(key), len(record), raw)
+
+    def _set(self, key: bytes, stored: int, raw: int) -> None:
+        self._drop(key)
+        self._sizes[key] = (stored, raw)
+        self._stored += stored
+        self._raw += raw
+
+    def _drop(self, key: bytes) -> None:
+        old = self._sizes.pop(key, None)
+        if old is not None:
+            self._stored -= old[0]
+            self._raw -= old[1]
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TierError("ssd tier: used after close()")
+
+    def _commit(self, op: str, puts: Sequence[tuple[bytes, bytes]], deletes: Iterable[bytes] = ()) -> int:
+        """Write ``puts`` and ``deletes`` in one transaction, doubling the map whenever it fills,
+        then update the in-memory sizes. Returns how many deleted keys were present."""
+        deletes = list(deletes)
+        with self._write_lock, _lmdb_errors(f"{op} failed"):
+            self._check_open()
+            while True:
+                # The writer passes no gate: only it resizes the map, under this same lock.
+                txn = self._env.begin(write=True, db=self._db)
+                try:
+                    for key, record in puts:
+                        txn.put(key, record)
+                    gone = [key for key in deletes if txn.delete(key)]
+                    txn.commit()
+                    break
+                except lmdb.MapFullError:
+                    self._abort(txn, grow=True)
+                except BaseException:
+                    self._abort(txn)
+                    raise
+            with self._meta_lock:
+                for key, record in puts:
+                    self._set(key, len(record), HEADER.unpack_from(record)[1])
+                for key in gone:
+                    self._drop(key)
+            return len(gone)
+
+    def _abort(self, txn: lmdb.Transaction, grow: bool = False) -> None:
+        # Readers are drained first: py-lmdb 3.0's abort waits until no call is in flight on the
+        # environment, which a steady stream of readers can put off for minutes; and set_mapsize
+        # needs no transaction open at all. (Aborting after a failed commit is a no-op.)
+        with self._gate.exclusive():
+            txn.abort()
+            if grow:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+
+    def _read(self, keys: Sequence[bytes]) -> list[Stored | None]:
+        self._check_open()
+        # buffers=True: decode straight from the memory map, making exactly one copy.
+        with _lmdb_errors("get failed"), self._gate.shared(), self._env.begin(db=self._db, buffers=True) as txn:
+            records = [(key, txn.get(key)) for key in keys]
+            values: list[Stored | None] = [
+                None if rec is None else self._codec.decode(key, rec) for key, rec in records
+            ]
+        with self._meta_lock:
+            for key, value in zip(keys, values):
+                if value is not None and key in self._sizes:
+                    self._sizes.move_to_end(key)
+        return values
+
+    def put(self, key: bytes, value: Value) -> None:
+        check_key(key)
+        self._commit("put", [(key, self._codec.encode(check_value(value)))])  # compress outside the lock
+
+    def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
+        records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in items]
+        self._commit("put_many", records)  # one transaction: one fsync for the batch
+
+    def get(self, key: bytes) -> Stored | None:
+        return self._read([check_key(key)])[0]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
+        return self._read([check_key(key) for key in keys])
+
+    def delete(self, key: bytes) -> bool:
+        return self._commit("delete", [], [check_key(key)]) == 1
+
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        return self._commit("delete_many", [], [check_key(key) for key in keys])
+
+    def contains(self, key: bytes) -> bool:
+        check_key(key)
+        with self._meta_lock:
+            self._check_open()
+            return key in self._sizes
+
+    def size_of(self, key: bytes) -> int | None:
+        check_key(key)
+        with self._meta_lock:
+            self._check_open()
+            sizes = self._sizes.get(key)
+            return None if sizes is None else sizes[0]
+
+    def usage(self) -> Usage:
+        with self._meta_lock:
+            self._check_open()
+            return Usage(self._stored, self._config.capacity_bytes, len(self._sizes), self._raw)
+
+    def keys(self) -> Iterator[bytes]:
+        return self.victims()
+
+    def victims(self) -> Iterator[bytes]:
+        with self._meta_lock:
+            self._check_open()
+            snapshot = list(self._sizes)
+        return iter(snapshot)
+
+    def lmdb_stats(self) -> dict[str, int]:
+        """LMDB's own page statistics for the values sub-database, to report storage overhead."""
+        self._check_open()
+        with _lmdb_errors("lmdb_stats failed"), self._gate.shared(), self._env.begin(db=self._db) as txn:
+            stat, info = txn.stat(self._db), self._env.info()
+        names = ("psize", "depth", "branch_pages", "leaf_pages", "overflow_pages", "entries")
+        pages = {name: stat[name] for name in names}
+        file_bytes = (info["last_pgno"] + 1) * stat["psize"]
+        return {**pages, "map_size": info["map_size"], "last_pgno": info["last_pgno"], "file_bytes": file_bytes}
+
+    def flush(self) -> None:
+        """Force everything written so far to disk (a no-op cost-wise with ``sync=True``)."""
+        with self._write_lock:
+            self._check_open()
+            with _lmdb_errors("flush failed"):
+                self._env.sync(True)
+
+    def close(self) -> None:
+        with self._write_lock:
+            if self._closed:
+                return
+            with self._meta_lock:
+                self._closed = True
+            # Wait for readers still inside a transaction; sync covers sync=False's pending writes.
+            with self._gate.exclusive(), _lmdb_errors("close failed"):
+                self._env.sync(True)
+                self._env.close()
