@@ -86,7 +86,7 @@ class ClientConfig:
     retries: int = 4  # attempts after the first, on UNAVAILABLE
     backoff_s: float = 0.1  # first retry delay; doubles each time, with jitter
     shared_memory: bool = True  # use the same-host path when the daemon is local
-    arena_bytes: int = 256 << 20  # same-host arena kept mapped by both sides (0 = a new file per call)
+    arena_bytes: int = 64 << 20  # same-host arena kept mapped by both sides (0 = a new file per call)
 
 
 def _channel_options(cfg: ClientConfig) -> list[tuple[str, Any]]:
