@@ -262,8 +262,9 @@ class TieredStore:
                 self._make_room(nxt, len(blob), protect=key)  # type: ignore[arg-type]
                 self._call(nxt, "put", key, blob)
             except TierError:
-                if key in self._dirty:
-                    return False  # the only copy: keep it rather than lose an acknowledged write
+                # The next tier does not hold it and could not take it: this may be the only copy
+                # (a dirty chunk, or the durable tier's), so keep it and stay over capacity.
+                return False
             else:
                 c.demotions += 1
                 if nxt >= self.durable:
