@@ -16,7 +16,7 @@ from fractions import Fraction
 from functools import cached_property
 
 
-class EntryFormat(str, enum.Enum):
+class EntryFormat(enum.StrEnum):
     """How one entry (one compressed position of one cache) is packed."""
 
     #: FP4 E2M1 codes (two per byte) + one float8_e4m3fn scale per 16 channels (NVFP4, no global scale).

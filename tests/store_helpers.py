@@ -140,9 +140,17 @@ def abandon(store: TieredStore) -> None:
 
 
 def save(sessions: SessionStore, s: Session, *, first: int = 0, **manifest_kw: object) -> Manifest:
-    """save_chunks from chunk ``first`` on, then commit: what a client does."""
+    """save_chunks from chunk ``first`` on, then commit: what a client does. ``now=`` sets the
+    store's clock (the store, not the caller, stamps a version's times)."""
     sessions.save_chunks(s.namespace, s.layout.layout_id, s.parent(first), first, s.blobs[first:])
-    return sessions.commit(s.manifest(**manifest_kw))  # type: ignore[arg-type]
+    if "now" not in manifest_kw:
+        return sessions.commit(s.manifest(**manifest_kw))  # type: ignore[arg-type]
+    now, clock = float(manifest_kw["now"]), sessions.clock  # type: ignore[arg-type]
+    sessions.clock = lambda: now
+    try:
+        return sessions.commit(s.manifest(**manifest_kw))  # type: ignore[arg-type]
+    finally:
+        sessions.clock = clock
 
 
 def count_puts(store: TieredStore, tier: int) -> list[bytes]:

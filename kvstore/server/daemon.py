@@ -79,12 +79,13 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
     log.info("kvstore listening on %s:%d (tls=%s, tokens=%s, shm=%s, tiers=%s)", config.host, port,
              config.tls.enabled, bool(config.tokens_file), shm_dir or "off",
              ",".join(t.name for t in sessions.store.tiers))
-    if on_ready:
-        on_ready(port)
+    # handlers before announcing readiness: a SIGTERM right after on_ready must shut down cleanly
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if on_ready:
+        on_ready(port)
 
     async def maintenance() -> None:
         while True:

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvstore import chunk
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
@@ -159,7 +159,7 @@ class SessionStore:
             if c.key != want:
                 raise InvalidArgument(f"chunk {idx}: key {c.key.hex()} does not match its tokens, namespace "
                                       f"and parent (expected {want.hex()})")
-            if want not in seen and not self.store.contains(want):
+            if want not in seen and not self.store.holds_durably(want):
                 new.append((want, blob))
                 seen.add(want)
             keys.append(want)
@@ -181,7 +181,7 @@ class SessionStore:
         if tail.token_count != m.tail_tokens or tail.start != len(m.chunk_keys) * m.chunk_tokens:
             raise InvalidArgument(f"trailing span holds tokens [{tail.start}, {tail.start + tail.token_count}); "
                                   f"the manifest needs {m.tail_tokens} from {len(m.chunk_keys) * m.chunk_tokens}")
-        missing = [k.hex() for k in m.chunk_keys if not self.store.contains(k)]
+        missing = [k.hex() for k in m.chunk_keys if not self.store.holds_durably(k)]
         if missing:
             raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored (first: {missing[0]}); "
                                      f"save them before committing")
@@ -190,8 +190,8 @@ class SessionStore:
         with self._lock:
             ref = (m.namespace, m.session_id)
             old = self._manifests.get(ref)
-            if old is not None:
-                m = Manifest(**{**m.__dict__, "created_at": old.created_at})
+            now = self.clock()  # the store's clock stamps versions: TTLs never trust a caller's times
+            m = replace(m, created_at=old.created_at if old is not None else now, updated_at=now)
             self.store.put_meta(m.key, m.encode())
             freed = self._unindex(ref)
             self._index(m)
@@ -285,6 +285,9 @@ class SessionStore:
             raise InvalidArgument(f"unknown tier {tier!r}; this store has {', '.join(names)}")
         to = names.index(tier)
         return sum(self.store.demote(k, to) for k in m.chunk_keys)
+
+    def close(self) -> None:
+        self.store.close()
 
     def live_chunks(self) -> dict[bytes, Layout]:
         """Every chunk referenced by a live session, with its layout."""

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from kvstore import chunk
 from kvstore.errors import Unavailable
 from kvstore.store.config import StoreConfig
-from kvstore.tiers.base import Stored, Tier, TierError, Usage
+from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, Usage
 
 log = logging.getLogger(__name__)
 CHUNK_KEY_BYTES = 16
@@ -80,6 +80,8 @@ class TieredStore:
         c = self.counters[tier.name]
         try:
             out = getattr(tier, op)(*args)
+        except CorruptValue:
+            raise  # one damaged value, not a failing tier: the caller deletes it
         except TierError as e:
             c.errors += 1
             c.last_error, c.degraded = str(e), True
@@ -104,16 +106,22 @@ class TieredStore:
         if not items:
             return
         with self._lock:
-            targets = [0] if self.config.write_mode == "back" else sorted({0, self.durable})
-            for i in targets:
+            back = self.config.write_mode == "back" and self.durable != 0
+            if back:
+                try:
+                    self._make_room(0, sum(len(b) for _, b in items))
+                    self._call(0, "put_many", items)
+                    self._dirty.update(k for k, _ in items)
+                    return
+                except TierError:
+                    pass  # the fast tier cannot take them: write them through instead
+            for i in sorted({0, self.durable}) if not back else [self.durable]:
                 try:
                     self._make_room(i, sum(len(b) for _, b in items))
                     self._call(i, "put_many", items)
                 except TierError as e:
-                    if i == self.durable and self.config.write_mode == "through":
+                    if i == self.durable:
                         raise Unavailable(f"durable tier {self.tiers[i].name} failed: {e}") from e
-            if self.config.write_mode == "back" and self.durable != 0:
-                self._dirty.update(k for k, _ in items)
 
     def flush(self, keys: Sequence[bytes] | None = None) -> None:
         """Write-back mode: make ``keys`` (default: every dirty chunk) durable now."""
@@ -144,10 +152,13 @@ class TieredStore:
     def get(self, key: bytes) -> Stored | None:
         """The verified chunk, from the fastest tier holding it; None on a miss."""
         for i in range(len(self.tiers)):
-            blob = self._try(i, "get", key)
+            name = self.tiers[i].name
+            try:
+                blob = self._try(i, "get", key)
+            except CorruptValue:
+                blob = b""  # fails verification below: counted, deleted there, next tier tried
             if blob is None:
                 continue
-            name = self.tiers[i].name
             if not chunk_is_valid(key, blob):  # type: ignore[arg-type]
                 self.counters[name].verify_failures += 1
                 log.error("chunk %s failed verification in tier %s: deleted there", key.hex(), name)
@@ -175,6 +186,11 @@ class TieredStore:
 
     def contains(self, key: bytes) -> bool:
         return any(self._try(i, "contains", key, default=False) for i in range(len(self.tiers)))
+
+    def holds_durably(self, key: bytes) -> bool:
+        """Whether ``key`` is on the durable tier, or (write-back) waiting in the fast tier to get there.
+        Tiers slower than the durable one do not count: they may be shared and expire by TTL."""
+        return key in self._dirty or bool(self._try(self.durable, "contains", key, default=False))
 
     # -- metadata (manifests) live on the durable tier -------------------------------------------
     def put_meta(self, key: bytes, value: bytes) -> None:
@@ -217,6 +233,8 @@ class TieredStore:
     def demote(self, key: bytes, to: int) -> bool:
         """Move ``key`` down to tier ``to``: ensure it is there (or slower), drop it from faster tiers."""
         with self._lock:
+            if self._pins[key] > 0:
+                return False
             holders = [i for i in range(len(self.tiers)) if self._try(i, "contains", key, default=False)]
             if not holders:
                 return False
@@ -224,8 +242,11 @@ class TieredStore:
                 blob = self._try(holders[0], "get", key)
                 if blob is None:
                     return False
-                self._make_room(to, len(blob))  # type: ignore[arg-type]
-                self._call(to, "put", key, blob)
+                try:
+                    self._make_room(to, len(blob))  # type: ignore[arg-type]
+                    self._call(to, "put", key, blob)
+                except TierError:
+                    return False  # keep it where it is rather than lose it
                 self.counters[self.tiers[holders[0]].name].demotions += 1
                 if to >= self.durable:
                     self._dirty.discard(key)

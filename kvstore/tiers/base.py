@@ -40,6 +40,11 @@ class TierFullError(TierError):
     """A put did not fit in the tier's free space; the store evicts and retries."""
 
 
+class CorruptValue(TierError):
+    """A stored value's framing is damaged: the value is unreadable, the tier is fine. The store
+    deletes it there and serves another copy."""
+
+
 def check_key(key: bytes) -> bytes:
     """Validate a key: ``bytes`` of length 1 to ``MAX_KEY_BYTES``."""
     if not isinstance(key, bytes):

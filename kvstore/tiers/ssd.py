@@ -26,7 +26,7 @@ from typing import Any
 import lmdb
 import zstandard as zstd
 
-from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import SsdTierConfig
 
 HEADER = struct.Struct("<BII")
@@ -80,27 +80,27 @@ class _Codec:
         """The original value; TierError when the framing is invalid (bad flag, lengths, frame)."""
         where = f"ssd tier: key {key.hex()}"
         if len(record) < HEADER.size:
-            raise TierError(f"{where}: record of {len(record)} bytes is shorter than its header")
+            raise CorruptValue(f"{where}: record of {len(record)} bytes is shorter than its header")
         flag, raw_len, prefix = HEADER.unpack_from(record)
         body = memoryview(record)[HEADER.size :]
         if flag == RAW:
             if len(body) != raw_len or prefix != raw_len:
-                raise TierError(f"{where}: raw record holds {len(body)} bytes, header says {raw_len}")
+                raise CorruptValue(f"{where}: raw record holds {len(body)} bytes, header says {raw_len}")
             return bytes(body)
         if flag != ZSTD:
-            raise TierError(f"{where}: unknown codec flag {flag}")
+            raise CorruptValue(f"{where}: unknown codec flag {flag}")
         if prefix >= raw_len or prefix > len(body):
-            raise TierError(f"{where}: bad raw prefix {prefix} for a {raw_len}-byte value")
+            raise CorruptValue(f"{where}: bad raw prefix {prefix} for a {raw_len}-byte value")
         frame = body[prefix:]
         try:
             # Check the frame's declared size first: a corrupt one must not make us allocate GBs.
             if zstd.frame_content_size(frame) != raw_len - prefix:
-                raise TierError(f"{where}: zstd frame size does not match header length {raw_len}")
+                raise CorruptValue(f"{where}: zstd frame size does not match header length {raw_len}")
             tail = self._ctx().dctx.decompress(frame)
         except zstd.ZstdError as exc:
-            raise TierError(f"{where}: cannot decompress: {exc}") from exc
+            raise CorruptValue(f"{where}: cannot decompress: {exc}") from exc
         if len(tail) != raw_len - prefix:
-            raise TierError(f"{where}: decompressed {len(tail)} bytes, header says {raw_len - prefix}")
+            raise CorruptValue(f"{where}: decompressed {len(tail)} bytes, header says {raw_len - prefix}")
         return b"".join((body[:prefix], tail))
 
 
