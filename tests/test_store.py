@@ -249,12 +249,15 @@ def test_corrupt_lmdb_value_is_detected_and_deleted(tmp_path: Path) -> None:
         assert st.get(s.keys[0]) is None and st.get(s.keys[1]) is None
         assert counters(st, SSD).verify_failures == 2
         assert not st.tiers[SSD].contains(s.keys[0]) and not st.tiers[SSD].contains(s.keys[1])
-        assert st.get(s.keys[3]) is None  # torn framing: a miss, never served
+        assert st.get(s.keys[3]) is None  # torn framing: a miss, never served, deleted like the others
+        assert counters(st, SSD).verify_failures == 3 and not st.tiers[SSD].contains(s.keys[3])
+        assert counters(st, SSD).errors == 0 and not counters(st, SSD).degraded  # the tier itself is fine
         assert bytes(st.get(s.keys[2])) == s.blobs[2]
         assert counters(st, HOST).verify_failures == 0
     finally:
         st.close()
     assert read_lmdb(path, s.keys[0]) is None and read_lmdb(path, s.keys[1]) is None
+    assert read_lmdb(path, s.keys[3]) is None
 
 
 def test_corrupt_lmdb_value_falls_back_to_a_good_redis_copy(tmp_path: Path, redis_server: RedisServer) -> None:
