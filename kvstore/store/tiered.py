@@ -154,9 +154,11 @@ class TieredStore:
         for i in range(len(self.tiers)):
             name = self.tiers[i].name
             try:
-                blob = self._try(i, "get", key)
+                blob = self._call(i, "get", key)
             except CorruptValue:
                 blob = b""  # fails verification below: counted, deleted there, next tier tried
+            except TierError:
+                continue
             if blob is None:
                 continue
             if not chunk_is_valid(key, blob):  # type: ignore[arg-type]
