@@ -18,9 +18,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _modules() -> list:  # type: ignore[type-arg]
-    from cli import demo, serve_cmd
+    from cli import client_cmds, demo, serve_cmd
 
-    return [layout_cmd, serve_cmd, demo]
+    return [layout_cmd, serve_cmd, client_cmds, demo]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -258,6 +258,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @rpc
     async def AttachArena(self, request: pb.AttachArenaRequest, context: Any) -> pb.AttachArenaResponse:
+        self.auth.namespaces(context.invocation_metadata())  # any known token: strangers get no mappings
         if self.shm_dir is None:
             raise InvalidArgument("shared memory is disabled on this daemon")
         arena = await asyncio.to_thread(transport.Arena.attach, request.path, self.shm_dir, request.size)

@@ -1,0 +1,314 @@
+"""Client-side commands against a running daemon: `kvstore health | stats | sessions | bytes-per-token
+| evict`. Every command takes the connection flags (address, token, TLS); every failure is one line
+on stderr and a non-zero exit."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.table import Table
+
+from cli.ui import console
+from kvstore.layout import get_layout, layout_by_id
+
+if TYPE_CHECKING:  # kvstore.client pulls in torch (through the chunk codec): imported only when needed
+    from kvstore.client import Client
+    from kvstore.v1 import kvstore_pb2 as pb
+
+BASELINE = "deepseek-v4-flash"
+CLI_TIMEOUT_S = 10.0  # a CLI call should fail in seconds, not retry for a minute
+CLI_RETRIES = 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    conn = argparse.ArgumentParser(add_help=False)
+    g = conn.add_argument_group("connection")
+    g.add_argument("--address", metavar="HOST:PORT", help="the daemon (default $KVSTORE_ADDRESS, else 127.0.0.1:50151)")
+    g.add_argument("--token", help="bearer token (default $KVSTORE_TOKEN)")
+    g.add_argument("--tls-ca-file", metavar="PEM", help="CA that signed the daemon's certificate (any --tls-* turns "
+                                                        "TLS on)")
+    g.add_argument("--tls-cert-file", metavar="PEM", help="client certificate, for mutual TLS")
+    g.add_argument("--tls-key-file", metavar="PEM", help="client private key, for mutual TLS")
+    g.add_argument("--tls-server-name", metavar="NAME", help="name to check the daemon's certificate against")
+
+    p = sub.add_parser("health", parents=[conn], help="is the daemon serving? (exit 0 only when SERVING)")
+    p.set_defaults(func=cmd_health)
+
+    p = sub.add_parser("stats", parents=[conn], help="per-tier sizes, hits and counters (admin)")
+    p.add_argument("--json", action="store_true", help="print the StatsResponse as JSON")
+    p.add_argument("--watch", type=float, metavar="SECONDS", help="refresh every SECONDS until Ctrl-C")
+    p.set_defaults(func=cmd_stats)
+
+    sp = sub.add_parser("sessions", help="list, show or delete sessions")
+    ssub = sp.add_subparsers(dest="sessions_cmd", required=True, metavar="ACTION")
+    p = ssub.add_parser("ls", parents=[conn], help="sessions the token covers")
+    p.add_argument("--namespace", default="", help="only this namespace")
+    p.set_defaults(func=cmd_sessions_ls)
+    for name, help_, func in (("show", "one session's manifest, tiers, retention", cmd_sessions_show),
+                              ("rm", "delete a session (chunks other sessions use are kept)", cmd_sessions_rm)):
+        p = ssub.add_parser(name, parents=[conn], help=help_)
+        p.add_argument("namespace")
+        p.add_argument("session_id")
+        p.set_defaults(func=func)
+
+    p = sub.add_parser("bytes-per-token", parents=[conn],
+                       help="persistent bytes/token measured on the daemon vs the V4-Flash baseline (admin)")
+    p.set_defaults(func=cmd_bytes_per_token)
+
+    p = sub.add_parser("evict", parents=[conn], help="move a session's chunks down to a tier (admin)")
+    p.add_argument("namespace")
+    p.add_argument("session_id")
+    p.add_argument("--to", required=True, metavar="TIER", help="tier name, e.g. ssd")
+    p.set_defaults(func=cmd_evict)
+
+
+# -- connection and errors, in one place ---------------------------------------------------------
+def _client(args: argparse.Namespace) -> Client:
+    from kvstore.client import Client, ClientConfig, ClientTls, default_address
+
+    tls_args = {"ca_file": args.tls_ca_file, "cert_file": args.tls_cert_file, "key_file": args.tls_key_file,
+                "server_name": args.tls_server_name}
+    tls = ClientTls(**{k: v or "" for k, v in tls_args.items()}) if any(tls_args.values()) else None
+    config = ClientConfig(address=args.address or default_address(),
+                          token=args.token if args.token is not None else os.environ.get("KVSTORE_TOKEN", ""),
+                          tls=tls, timeout_s=CLI_TIMEOUT_S, retries=CLI_RETRIES, backoff_s=0.2)
+    return Client(config)
+
+
+def with_client(fn: Callable[[Client, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Open a client for ``fn`` and turn every failure into a one-line CliError."""
+
+    @functools.wraps(fn)
+    def run(args: argparse.Namespace) -> int:
+        import grpc
+
+        from cli.main import CliError
+        from kvstore.client import Unauthenticated
+        from kvstore.errors import KvstoreError, PermissionDenied, Unavailable
+
+        client = None
+        try:
+            client = _client(args)
+            return fn(client, args)
+        except Unavailable as e:
+            why = _one_line(e).removeprefix("daemon unavailable: ")
+            raise CliError(f"cannot reach kvstore daemon at {client.address if client else args.address}: "
+                           f"{why}") from None
+        except Unauthenticated as e:
+            raise CliError(f"not authenticated: {_one_line(e)} (pass --token or set $KVSTORE_TOKEN)") from None
+        except PermissionDenied as e:
+            raise CliError(f"permission denied: {_one_line(e)}") from None
+        except KvstoreError as e:
+            raise CliError(_one_line(e) or type(e).__name__) from None
+        except grpc.RpcError as e:  # a code the client does not map (e.g. DEADLINE_EXCEEDED)
+            raise CliError(f"{e.code().name}: {_one_line(e.details())}") from None  # type: ignore[attr-defined]
+        except OSError as e:  # unreadable TLS files
+            raise CliError(_one_line(e)) from None
+        finally:
+            if client is not None:
+                client.close()
+
+    return run
+
+
+def _one_line(e: object) -> str:
+    return " ".join(str(e).split())
+
+
+# -- formatting helpers -----------------------------------------------------------------------------
+def human(n: float) -> str:
+    """1536 -> '1.5 KiB'."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while abs(n) >= 1024 and i < len(units) - 1:
+        n /= 1024
+        i += 1
+    return f"{n:,.0f} B" if i == 0 else f"{n:,.1f} {units[i]}"
+
+
+def _pct(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
+
+
+def _retention(pinned: bool, ttl_s: float) -> str:
+    if pinned:
+        return "pinned"
+    return f"ttl {ttl_s:g}s" if ttl_s > 0 else "default"
+
+
+# -- commands ---------------------------------------------------------------------------------------
+@with_client
+def cmd_health(client: Client, args: argparse.Namespace) -> int:
+    status = client.health()
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+def stats_view(s: pb.StatsResponse) -> Group:
+    t = Table("tier", "used", "capacity", "items", "hits", "hit share", "evictions", "demotions", "promotions",
+              "verify failures", "errors", title="kvstore tiers (fast to slow)")
+    reads = s.loaded_chunks + s.missed_chunks
+    for r in s.tiers:
+        errors = str(r.errors) + (" [red]degraded[/]" if r.degraded else "")
+        t.add_row(r.name + (" (persistent)" if r.persistent else ""), human(r.used_bytes),
+                  human(r.capacity_bytes) if r.capacity_bytes else "unlimited", f"{r.items:,}", f"{r.hits:,}",
+                  _pct(r.hits, reads), f"{r.evictions:,}", f"{r.demotions:,}", f"{r.promotions:,}",
+                  f"{r.verify_failures:,}", errors)
+    lines = [t, f"lookups {s.lookups:,}: {s.hit_tokens:,} / {s.requested_tokens:,} tokens hit "
+                f"({_pct(s.hit_tokens, s.requested_tokens)}); chunk reads {s.loaded_chunks:,} served, "
+                f"{s.missed_chunks:,} missed"]
+    b = s.bytes_per_token
+    if b.tokens:
+        lines.append(f"sessions {s.sessions:,}: {b.tokens:,} tokens, {b.measured:,.2f} persistent B/token "
+                     f"measured (layout formula {b.formula:,.2f})")
+    else:
+        lines.append(f"sessions {s.sessions:,}")
+    lines += [f"[red]tier {r.name}: last error: {r.last_error}[/]" for r in s.tiers if r.last_error]
+    return Group(*lines)
+
+
+@with_client
+def cmd_stats(client: Client, args: argparse.Namespace) -> int:
+    if args.json:
+        from google.protobuf.json_format import MessageToDict
+
+        print(json.dumps(MessageToDict(client.stats(), preserving_proto_field_name=True,
+                                       always_print_fields_with_no_presence=True, unquote_int64_if_possible=True),
+                         indent=2))
+        return 0
+    if args.watch is None:
+        console().print(stats_view(client.stats()))
+        return 0
+    if args.watch <= 0:
+        from cli.main import CliError
+
+        raise CliError(f"--watch needs a positive number of seconds, got {args.watch:g}")
+    from rich.live import Live
+
+    con = console()
+    try:
+        if con.is_terminal:  # redraw in place
+            with Live(stats_view(client.stats()), console=con, auto_refresh=False) as live:
+                while True:
+                    time.sleep(args.watch)
+                    live.update(stats_view(client.stats()), refresh=True)
+        else:  # a pipe or a file: append one snapshot per interval
+            while True:
+                con.print(f"-- {datetime.now():%H:%M:%S}")
+                con.print(stats_view(client.stats()))
+                con.file.flush()
+                time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+@with_client
+def cmd_sessions_ls(client: Client, args: argparse.Namespace) -> int:
+    sessions = client.list_sessions(args.namespace)
+    if not sessions:
+        print(f"no sessions in namespace {args.namespace!r}" if args.namespace else "no sessions")
+        return 0
+    t = Table("namespace", "session", "layout", "tokens", "chunks", "retention", "updated")
+    for x in sessions:
+        t.add_row(x.namespace, x.session_id, x.layout_name, f"{x.token_count:,}", f"{x.chunks:,}",
+                  _retention(x.retention.pinned, x.retention.ttl_s), _when(x.updated_at))
+    con = console()
+    con.print(t)
+    con.print(f"{len(sessions)} sessions, {sum(x.token_count for x in sessions):,} tokens")
+    return 0
+
+
+@with_client
+def cmd_sessions_show(client: Client, args: argparse.Namespace) -> int:
+    m, tiers = client.get_session(args.namespace, args.session_id)
+    lay = layout_by_id(m.layout_id)
+    t = Table("field", "value", title=f"session {m.namespace}/{m.session_id}", show_header=False)
+    t.add_row("layout", f"{lay.name if lay else 'unknown'} ({m.layout_id.hex()})")
+    t.add_row("tokens", f"{m.token_count:,} ({len(m.chunk_keys)} chunks of {m.chunk_tokens} + {m.tail_tokens} "
+                        f"trailing)")
+    t.add_row("chunks per tier", ", ".join(f"{name} {n}" for name, n in tiers.items()) or "-")
+    t.add_row("trailing span", human(len(m.tail)))
+    t.add_row("retention", _retention(m.retention.pinned, m.retention.ttl_s or 0.0))
+    t.add_row("created", _when(m.created_at))
+    t.add_row("updated", _when(m.updated_at))
+    t.add_row("last token ids", f"{len(m.last_token_ids)} kept for replay")
+    if m.chunk_keys:
+        t.add_row("first / last chunk key", f"{m.chunk_keys[0].hex()} / {m.chunk_keys[-1].hex()}")
+    for k, v in sorted(m.metadata.items()):
+        t.add_row(f"metadata {k}", v)
+    console().print(t)
+    return 0
+
+
+@with_client
+def cmd_sessions_rm(client: Client, args: argparse.Namespace) -> int:
+    freed = client.delete_session(args.namespace, args.session_id)
+    print(f"deleted {args.namespace}/{args.session_id}: freed {freed} chunks")
+    return 0
+
+
+def bytes_per_token_view(b: pb.BytesPerToken) -> Group:
+    base = get_layout(BASELINE)
+    base_bpt = float(base.bytes_per_token)
+    swa = b.baseline_swa_snapshot or base.swa_state_bytes
+    tok = b.tokens
+    uncompressed = (b.payload + b.chunk_overhead + b.manifests) / tok
+
+    t = Table("", "bytes", "B/token", title=f"persistent bytes per token: {b.sessions} sessions, {tok:,} tokens, "
+                                            f"{b.unique_chunks:,} unique chunks")
+    t.add_row("formula (layout)", "", f"{b.formula:,.2f}")
+    t.add_row("[bold]measured on disk[/]", f"{b.stored + b.lmdb_overhead:,}", f"[bold]{b.measured:,.2f}[/]")
+    t.add_row("uncompressed", f"{b.payload + b.chunk_overhead + b.manifests:,}", f"{uncompressed:,.2f}")
+    t.add_section()
+    t.add_row("  payload (packed entries)", f"{b.payload:,}", f"{b.payload / tok:,.2f}")
+    t.add_row("  chunk overhead (headers, ids, checksums)", f"{b.chunk_overhead:,}", f"{b.chunk_overhead / tok:,.2f}")
+    t.add_row("  manifests", f"{b.manifests:,}", f"{b.manifests / tok:,.2f}")
+    t.add_row("  LMDB overhead", f"{b.lmdb_overhead:,}", f"{b.lmdb_overhead / tok:,.2f}")
+    t.add_row("  compression (raw / stored)", f"{b.raw:,} / {b.stored:,}",
+              f"{b.raw / b.stored:.3f}x" if b.stored else "-")
+
+    v = Table("V4-Flash-style baseline", "value", title=f"baseline ({BASELINE})")
+    v.add_row("global KV", f"{base_bpt:,.2f} B/token")
+    v.add_row("SWA snapshot per persisted turn boundary", f"{swa:,} B")
+    with_swa = base_bpt + swa * b.sessions / tok
+    v.add_row(f"with one snapshot per session ({b.sessions})", f"{with_swa:,.2f} B/token")
+    v.add_section()
+    v.add_row("[bold]baseline / measured[/]", f"[bold]{base_bpt / b.measured:,.2f}x[/]")
+    v.add_row("incl. snapshots / measured", f"{with_swa / b.measured:,.2f}x")
+
+    side = Table.grid(padding=(0, 4))
+    side.add_row(t, v)
+    return Group(side, f"measured {b.measured:,.2f} B/token vs baseline {base_bpt:,.2f} B/token + {swa:,} B "
+                       f"per turn boundary: {base_bpt / b.measured:,.2f}x fewer bytes per token")
+
+
+@with_client
+def cmd_bytes_per_token(client: Client, args: argparse.Namespace) -> int:
+    b = client.stats().bytes_per_token
+    if not b.tokens or not b.measured:
+        print("no live sessions: save a session to measure bytes per token")
+        return 0
+    console().print(bytes_per_token_view(b))
+    return 0
+
+
+@with_client
+def cmd_evict(client: Client, args: argparse.Namespace) -> int:
+    moved = client.evict(args.namespace, args.session_id, args.to)
+    _, tiers = client.get_session(args.namespace, args.session_id)
+    where = ", ".join(f"{name} {n}" for name, n in tiers.items()) or "no chunks"
+    print(f"moved {moved} chunks of {args.namespace}/{args.session_id} to {args.to} (chunks now: {where})")
+    return 0
+

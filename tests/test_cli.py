@@ -1,0 +1,217 @@
+"""The `kvstore` command line against a real daemon (with bearer tokens): each command as a
+subprocess, and the remaining error paths in-process through cli.main.main."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from daemon_helpers import (
+    REPO,
+    Daemon,
+    clean_env,
+    free_port,
+    kvstore_command,
+    make_session,
+    running_daemon,
+    save_session,
+)
+
+from cli.main import main
+from kvstore.client import Client
+
+ADMIN = "tok-admin"
+TOKENS = f'[tokens]\n"{ADMIN}" = ["*"]\n"tok-a" = ["cli"]\n'
+
+
+def kvstore(*args: str, daemon: Daemon | None = None, token: str | None = ADMIN,
+            timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; the address and token come from $KVSTORE_ADDRESS / $KVSTORE_TOKEN."""
+    env = clean_env()
+    if daemon is not None:
+        env["KVSTORE_ADDRESS"] = daemon.address
+    if token is not None:
+        env["KVSTORE_TOKEN"] = token
+    return subprocess.run([*kvstore_command(), *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+def ok(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r.stdout
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    tmp = tmp_path_factory.mktemp("cli")
+    (tmp / "tokens.toml").write_text(TOKENS)
+    with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml")) as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def saved(daemon: Daemon) -> Daemon:
+    """The daemon, holding cli/chat-1 (1000 tokens: 3 chunks) and cli/chat-2 (its first 600 tokens)."""
+    with Client(address=daemon.address, token=ADMIN, shared_memory=False) as c:
+        save_session(c, make_session(namespace="cli", session_id="chat-1", metadata={"user": "alice"}))
+        save_session(c, make_session(namespace="cli", session_id="chat-2", tokens=600))  # shares 2 chunks
+    return daemon
+
+
+# Each `kvstore` process spends seconds importing torch, so the commands that only read run
+# concurrently, once, and the tests below check their output.
+CLOSED = f"127.0.0.1:{free_port()}"
+READS: dict[str, tuple[str, ...]] = {
+    "layout show": ("layout", "show", "deepseek-v4.1-flash"),
+    "health": ("health",),
+    "stats": ("stats",),
+    "stats --json": ("stats", "--json"),
+    "sessions ls": ("sessions", "ls"),
+    "sessions show": ("sessions", "show", "cli", "chat-1"),
+    "bytes-per-token": ("bytes-per-token",),
+    "daemon down": ("stats", "--address", CLOSED),
+    "unknown session": ("sessions", "show", "cli", "nope"),
+}
+
+
+@pytest.fixture(scope="module")
+def reads(saved: Daemon) -> dict[str, subprocess.CompletedProcess[str]]:
+    with ThreadPoolExecutor(2) as pool:
+        runs = {name: pool.submit(kvstore, *args, daemon=saved) for name, args in READS.items()}
+        return {name: run.result() for name, run in runs.items()}
+
+
+def test_bytes_per_token_without_sessions(daemon: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    # in-process, and before `saved`: the daemon holds no sessions yet
+    assert main(["bytes-per-token", "--address", daemon.address, "--token", ADMIN]) == 0
+    assert "no live sessions" in capsys.readouterr().out
+
+
+def test_layout_show(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = ok(reads["layout show"])
+    assert "890.0" in out and "main.L2" in out
+
+
+def test_health(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    assert ok(reads["health"]).strip() == "SERVING"
+
+
+def test_stats_table(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = ok(reads["stats"])
+    for text in ("host", "ssd (persistent)", "1.0 GiB", "unlimited", "evictions", "verify failures",
+                 "tokens hit", "sessions 2"):
+        assert text in out, out
+
+
+def test_stats_json(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    stats = json.loads(ok(reads["stats --json"]))
+    tiers = {t["name"]: t for t in stats["tiers"]}
+    assert set(tiers) == {"host", "ssd"}
+    assert tiers["ssd"]["persistent"] is True and tiers["ssd"]["items"] == 3 + 2  # chunks + manifests
+    assert stats["sessions"] == 2
+    assert stats["bytes_per_token"]["tokens"] == 3 * 256 + 232 + 88  # shared chunks counted once
+
+
+def test_sessions_ls_show(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = ok(reads["sessions ls"])
+    assert "chat-1" in out and "chat-2" in out and "tiny-16" in out and "2 sessions, 1,600 tokens" in out
+    out = ok(reads["sessions show"])
+    for text in ("tiny-16", "1,000 (3 chunks of 256 + 232 trailing)", "host 3", "alice", "default"):
+        assert text in out, out
+
+
+def test_bytes_per_token(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = ok(reads["bytes-per-token"])
+    for text in ("formula (layout)", "222.50", "measured on disk", "uncompressed", "payload", "chunk overhead",
+                 "manifests", "LMDB overhead", "compression (raw / stored)", "3,514.25", "baseline / measured"):
+        assert text in out, out
+
+
+def test_sessions_ls_of_an_empty_namespace(saved: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sessions", "ls", "--namespace", "other", "--address", saved.address, "--token", ADMIN]) == 0
+    assert capsys.readouterr().out.strip() == "no sessions in namespace 'other'"
+
+
+def test_stats_watch_stops_cleanly_on_ctrl_c(saved: Daemon) -> None:
+    env = clean_env(KVSTORE_ADDRESS=saved.address, KVSTORE_TOKEN=ADMIN)
+    proc = subprocess.Popen([*kvstore_command(), "stats", "--watch", "0.2"], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    first = ""
+    for line in proc.stdout:  # wait until the first table is drawn, then interrupt
+        first += line
+        if "lookups" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, (first + out, err)
+    assert "host" in first and "Traceback" not in err
+
+
+def test_evict_then_rm(saved: Daemon, reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    out = ok(kvstore("evict", "cli", "chat-1", "--to", "ssd", daemon=saved))
+    assert "moved 3 chunks of cli/chat-1 to ssd (chunks now: ssd 3)" in out
+    # chat-2 shares chat-1's first two chunks, so deleting chat-1 frees only its third
+    assert ok(kvstore("sessions", "rm", "cli", "chat-1", daemon=saved)).strip() == \
+        "deleted cli/chat-1: freed 1 chunks"
+
+
+# -- errors: one line on stderr, a non-zero exit, never a traceback -------------------------------
+def one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode != 0, r.stdout
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvstore: error: "), r.stderr
+    return lines[0]
+
+
+def test_daemon_down_is_one_line(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    line = one_line_error(reads["daemon down"])
+    assert f"cannot reach kvstore daemon at {CLOSED}: " in line and "Connection refused" in line
+
+
+def test_unknown_session_is_one_line(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    assert one_line_error(reads["unknown session"]) == "kvstore: error: no session 'nope' in namespace 'cli'"
+
+
+# The other error paths run in-process (same output: main() turns each CliError into one line on stderr).
+INPROCESS_ERRORS: dict[str, tuple[tuple[str, ...], str]] = {
+    # name: (arguments, with the daemon's --address added unless given; what the one line says)
+    "health of a daemon that is down": (("health", "--address", "127.0.0.1:1"), "cannot reach kvstore daemon at"),
+    "rm of an unknown session": (("sessions", "rm", "cli", "nope", "--token", ADMIN), "no session 'nope'"),
+    "bad tier": (("evict", "cli", "chat-2", "--to", "nvme", "--token", ADMIN),
+                 "unknown tier 'nvme'; this store has host, ssd"),
+    "bad namespace": (("sessions", "ls", "--namespace", "a b", "--token", ADMIN), "malformed namespace 'a b'"),
+    "wrong token": (("sessions", "ls", "--token", "tok-wrong"), "not authenticated: unknown bearer token"),
+    "missing token": (("sessions", "ls"), "not authenticated: missing bearer token"),
+    "stats without the admin token": (("stats", "--token", "tok-a"), "permission denied: this RPC needs an admin"),
+    "evict without the admin token": (("evict", "cli", "chat-2", "--to", "ssd", "--token", "tok-a"),
+                                      "permission denied"),
+    "another team's namespace": (("sessions", "show", "team-b", "x", "--token", "tok-a"),
+                                 "does not cover namespace 'team-b'"),
+    "unreadable TLS file": (("health", "--tls-ca-file", "/nonexistent/ca.pem"), "/nonexistent/ca.pem"),
+    "non-positive watch interval": (("stats", "--watch", "0", "--token", ADMIN), "--watch needs a positive"),
+}
+
+
+@pytest.mark.parametrize("name", list(INPROCESS_ERRORS))
+def test_error_paths(name: str, saved: Daemon, capsys: pytest.CaptureFixture[str],
+                     monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("KVSTORE_ADDRESS", "KVSTORE_TOKEN"):
+        monkeypatch.delenv(var, raising=False)
+    args, message = INPROCESS_ERRORS[name]
+    rc = main(list(args) if "--address" in args else [*args, "--address", saved.address])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvstore: error: ") and message in lines[0], err
+
+
+def test_usage_errors_exit_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["evict", "cli", "chat-2"])  # --to is required
+    assert e.value.code == 2 and "--to" in capsys.readouterr().err

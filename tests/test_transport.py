@@ -1,0 +1,206 @@
+"""Stream framing (BlobAssembler, pack) and the same-host shared-memory files, without a daemon."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvstore import chunk, transport
+from kvstore.errors import InvalidArgument
+from kvstore.layout import get_layout
+
+TINY8 = get_layout("tiny-8")
+
+
+def small_chunk(tokens: int, fill: int) -> bytes:
+    """A real chunk of a few tokens (the smallest the codec makes: a few hundred bytes)."""
+    entries = {c.name: chunk.Entries(np.full((c.entries_for(tokens), c.code_bytes), fill, np.uint8),
+                                     np.full((c.entries_for(tokens), c.scale_bytes), fill, np.uint8))
+               for c in TINY8.caches}
+    return chunk.encode(TINY8, key=bytes([fill]) * 16, start=0, token_ids=list(range(tokens)), entries=entries)
+
+
+BLOBS = [small_chunk(0, 1), small_chunk(1, 2), small_chunk(0, 3)]
+STREAM = b"".join(BLOBS)
+
+
+def assemble(*messages: bytes) -> list[bytes]:
+    a = transport.BlobAssembler()
+    out = [bytes(b) for m in messages for b in a.feed(m)]
+    a.finish()
+    return out
+
+
+# -- BlobAssembler --------------------------------------------------------------------------------
+def test_every_split_into_two_or_three_messages() -> None:
+    """Cut the stream of 3 chunks at every pair of positions i <= j (i == j, i == 0 or j == end give
+    two messages, or one): the same 3 blobs come out every time."""
+    n = len(STREAM)
+    for i in range(n + 1):
+        for j in range(i, n + 1):
+            assert assemble(STREAM[:i], STREAM[i:j], STREAM[j:]) == BLOBS, (i, j)
+
+
+def test_a_blob_within_one_message_is_not_copied() -> None:
+    message = STREAM + BLOBS[0][:100]
+    a = transport.BlobAssembler()
+    out = a.feed(message)
+    assert [bytes(b) for b in out] == BLOBS
+    assert all(isinstance(b, memoryview) and b.obj is message for b in out)  # slices of the message
+    assert [bytes(b) for b in a.feed(BLOBS[0][100:])] == BLOBS[:1]  # the spanning one was assembled
+    a.finish()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 3 * len(STREAM)), max_size=8), st.integers(1, 3))
+def test_any_split_of_a_longer_stream(cuts: list[int], repeat: int) -> None:
+    stream = STREAM * repeat
+    bounds = [0, *sorted(min(c, len(stream)) for c in cuts), len(stream)]
+    assert assemble(*(stream[a:b] for a, b in itertools.pairwise(bounds))) == BLOBS * repeat
+
+
+@pytest.mark.parametrize("cut", [1, 5, 11, 12, 13, 200, len(BLOBS[0]) - 1, len(BLOBS[0]) + 3])
+def test_truncated_stream_fails_at_finish(cut: int) -> None:
+    a = transport.BlobAssembler()
+    a.feed(STREAM[:cut])
+    with pytest.raises(InvalidArgument, match="truncated"):
+        a.finish()
+
+
+def test_empty_stream_is_fine() -> None:
+    assert assemble() == [] and assemble(b"", b"") == []
+
+
+@pytest.mark.parametrize("garbage", [b"\x00" * 300, b"KVCX" + bytes(300), b"not a chunk at all"])
+def test_garbage_magic_is_refused(garbage: bytes) -> None:
+    with pytest.raises(InvalidArgument, match="does not start a chunk"):
+        assemble(garbage)
+    with pytest.raises(InvalidArgument, match="does not start a chunk"):
+        assemble(BLOBS[0] + garbage)  # after a good blob, too
+
+
+def test_declared_size_is_checked_before_buffering() -> None:
+    huge = bytearray(BLOBS[0])
+    struct.pack_into("<I", huge, 8, 1 << 30)
+    with pytest.raises(InvalidArgument, match="exceeds the 4096-byte limit"):
+        transport.BlobAssembler(max_blob=4096).feed(bytes(huge[:12]))  # before any payload arrives
+    tiny = bytearray(BLOBS[0])
+    struct.pack_into("<I", tiny, 8, 40)
+    with pytest.raises(InvalidArgument, match="less than a header"):
+        assemble(bytes(tiny))
+
+
+# -- pack -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("max_bytes", [1, 7, 12, 216, 217, 400, 10_000])
+def test_pack_respects_max_bytes_and_indices(max_bytes: int) -> None:
+    blobs = [*BLOBS, small_chunk(2, 4)]
+    messages = list(transport.pack(blobs, max_bytes))
+    assert all(0 < len(data) <= max_bytes for data, _ in messages)
+    assert b"".join(data for data, _ in messages) == b"".join(blobs)
+    # each blob's index is reported in the message holding its first byte, and only there
+    starts = np.cumsum([0, *map(len, blobs)])[:-1]
+    offsets = np.cumsum([0, *(len(d) for d, _ in messages)])
+    for i, start in enumerate(starts):
+        holder = int(np.searchsorted(offsets, start, side="right")) - 1
+        assert [m for m, (_, idx) in enumerate(messages) if i in idx] == [holder]
+    # the receiver pairs blobs with indices as the client does: a blob may complete messages later
+    a, pending, got = transport.BlobAssembler(), [], []
+    for data, idx in messages:
+        pending.extend(idx)
+        got += [(pending.pop(0), bytes(b)) for b in a.feed(data)]
+    a.finish()
+    assert got == list(enumerate(blobs)) and pending == []
+
+
+def test_pack_of_nothing_is_no_message() -> None:
+    assert list(transport.pack([], 100)) == []
+
+
+# -- shared memory ----------------------------------------------------------------------------------
+def test_shm_round_trip(tmp_path: Path) -> None:
+    path, offsets, sizes = transport.write_shm(tmp_path, BLOBS, "cli")
+    p = Path(path)
+    assert p.parent == tmp_path and p.name.startswith("kvstore-cli-")
+    assert stat.S_IMODE(p.stat().st_mode) == 0o600
+    assert sizes == [len(b) for b in BLOBS] and offsets == [0, len(BLOBS[0]), len(BLOBS[0]) + len(BLOBS[1])]
+    view = transport.open_shm(path, tmp_path, expect_size=sum(sizes))
+    assert not p.exists()  # the reader owns it now
+    assert [bytes(view[o : o + n]) for o, n in zip(offsets, sizes)] == BLOBS
+
+
+def test_shm_round_trip_in_dev_shm() -> None:
+    d = transport.default_shm_dir()
+    if d is None:
+        pytest.skip("no writable /dev/shm")
+    path, _, sizes = transport.write_shm(d, BLOBS, "srv")
+    assert bytes(transport.open_shm(path, d, sum(sizes))) == STREAM
+    assert not os.path.exists(path)
+
+
+def test_empty_shm_file(tmp_path: Path) -> None:
+    path, offsets, sizes = transport.write_shm(tmp_path, [], "cli")
+    assert (offsets, sizes) == ([], [])
+    assert bytes(transport.open_shm(path, tmp_path)) == b""
+
+
+def test_open_shm_checks_the_size(tmp_path: Path) -> None:
+    path, _, sizes = transport.write_shm(tmp_path, BLOBS, "cli")
+    with pytest.raises(InvalidArgument, match="expected"):
+        transport.open_shm(path, tmp_path, expect_size=sum(sizes) + 1)
+
+
+NAME = "kvstore-cli-" + "ab" * 16
+
+
+@pytest.mark.parametrize("name", ["other-file", "kvstore-cli-1234", "kvstore-xyz-" + "ab" * 16, NAME + "0",
+                                  "kvstore-cli-" + "AB" * 16])
+def test_open_shm_refuses_wrong_names(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_bytes(STREAM)
+    with pytest.raises(InvalidArgument, match="not a kvstore transfer file"):
+        transport.open_shm(str(tmp_path / name), tmp_path)
+    assert (tmp_path / name).exists()  # refused files are left alone
+
+
+def test_open_shm_refuses_paths_outside_the_directory(tmp_path: Path) -> None:
+    shm, elsewhere = tmp_path / "shm", tmp_path / "elsewhere"
+    shm.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / NAME).write_bytes(STREAM)
+    (shm / "sub").mkdir()
+    (shm / "sub" / NAME).write_bytes(STREAM)
+    (shm / "link").symlink_to(elsewhere)
+    for path in (elsewhere / NAME, shm / "sub" / NAME, shm / "link" / NAME, f"{shm}/../elsewhere/{NAME}"):
+        with pytest.raises(InvalidArgument, match="not a kvstore transfer file"):
+            transport.open_shm(str(path), shm)
+    assert (elsewhere / NAME).exists() and (shm / "sub" / NAME).exists()
+
+
+def test_open_shm_does_not_follow_symlinks(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not yours")
+    (shm / NAME).symlink_to(secret)
+    with pytest.raises(InvalidArgument, match="cannot open shared-memory file"):
+        transport.open_shm(str(shm / NAME), shm)
+    assert secret.read_bytes() == b"not yours"
+    with pytest.raises(InvalidArgument, match="cannot open shared-memory file"):
+        transport.open_shm(str(shm / ("kvstore-srv-" + "cd" * 16)), shm)  # missing
+
+
+def test_sweep_removes_only_stale_files_of_its_role(tmp_path: Path) -> None:
+    stale, fresh = transport.write_shm(tmp_path, BLOBS, "srv")[0], transport.write_shm(tmp_path, BLOBS, "srv")[0]
+    client_file = transport.write_shm(tmp_path, BLOBS, "cli")[0]
+    os.utime(stale, (0, 0))
+    os.utime(client_file, (0, 0))
+    now = os.stat(fresh).st_mtime + 1
+    assert transport.sweep_shm(tmp_path, "srv", 60.0, now) == 1
+    assert not os.path.exists(stale) and os.path.exists(fresh) and os.path.exists(client_file)
