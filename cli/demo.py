@@ -16,18 +16,17 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli.ui import console
-from kvstore.client import Client
 from kvstore.layout import get_layout
 from kvstore.server.process import DaemonProcess
-from replay.fidelity import compare, teacher_forced
-from replay.model import ModelArgs, Transformer
-from replay.session import AgentSession
+
+if TYPE_CHECKING:
+    from kvstore.client import Client
 
 NAMESPACE = "demo"
 
@@ -73,6 +72,13 @@ def daemon(address: str | None, restart: list[DaemonProcess]) -> Iterator[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch  # the model's imports stay out of every other command's start-up
+
+    from kvstore.client import Client
+    from replay.fidelity import compare, teacher_forced
+    from replay.model import ModelArgs, Transformer
+    from replay.session import AgentSession
+
     con = console()
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)

@@ -39,4 +39,8 @@ class CliError(Exception):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m cli.main` runs this file as __main__: call the importable module's main, so the
+    # commands' CliError (raised from cli.main) is the class caught there
+    from cli.main import main as _main
+
+    sys.exit(_main())

@@ -16,13 +16,16 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 import xxhash
 
 from kvstore.keys import KEY_BYTES, token_bytes
 from kvstore.layout import Layout
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"KVCK"
 VERSION = 1
@@ -78,7 +81,7 @@ class Entries:
     @classmethod
     def of(cls, codes: torch.Tensor | np.ndarray, scales: torch.Tensor | np.ndarray) -> Entries:
         def arr(t: torch.Tensor | np.ndarray) -> np.ndarray:
-            return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+            return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)  # type: ignore[union-attr]
 
         return cls(arr(codes), arr(scales))
 

@@ -36,6 +36,7 @@ from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 T = TypeVar("T")
 DEFAULT_ADDRESS = f"127.0.0.1:{DEFAULT_PORT}"
+ARENA_REATTACH_S = 240.0  # below the daemon's idle limit for arenas
 
 
 class Unauthenticated(KvstoreError):
@@ -176,6 +177,7 @@ class Client(_Base):
         self._stub = pb_grpc.KVStoreStub(self._channel)
         self._arena: transport.Arena | None = None
         self._arena_id = ""
+        self._arena_used = 0.0
 
     def close(self) -> None:
         if self._arena is not None:
@@ -185,6 +187,9 @@ class Client(_Base):
     def _ensure_arena(self) -> transport.Arena | None:
         """The same-host arena, attached on first use (None when the daemon is not local)."""
         self.info()
+        if self._arena is not None and time.monotonic() - self._arena_used > ARENA_REATTACH_S:
+            self._arena.close()  # the daemon unmaps arenas idle for 300 s: attach a fresh one
+            self._arena = None
         if self._arena is None and self._shm_dir is not None and self.config.arena_bytes > 0:
             arena = transport.Arena.create(self._shm_dir, self.config.arena_bytes)
             try:
@@ -192,6 +197,7 @@ class Client(_Base):
             finally:
                 os.unlink(arena.path)  # both sides have it mapped; no name left to leak
             self._arena, self._arena_id = arena, r.arena_id
+        self._arena_used = time.monotonic()
         return self._arena
 
     def __enter__(self) -> Client:
@@ -388,6 +394,29 @@ class AsyncClient(_Base):
             raise _domain_error(e) from None
         reader.assembler.finish()
 
+    async def load_session(self, namespace: str, session_id: str
+                           ) -> tuple[Manifest, AsyncIterator[tuple[int, transport.Blob]]]:
+        """The manifest, and an async iterator of (chunk index, blob) for the chunks still stored."""
+        await self.info()
+        req = pb.LoadSessionRequest(namespace=namespace, session_id=session_id, shared_memory=self.uses_shared_memory)
+        stream = self._stub.LoadSession(req, timeout=self.config.timeout_s, metadata=self._metadata)
+        try:
+            first = await stream.read()
+        except grpc.aio.AioRpcError as e:
+            raise _domain_error(e) from None
+        reader = _ChunkReader(self._shm_dir)
+
+        async def chunks() -> AsyncIterator[tuple[int, transport.Blob]]:
+            try:
+                async for msg in stream:
+                    for item in reader.feed(msg.chunks):
+                        yield item
+            except grpc.aio.AioRpcError as e:
+                raise _domain_error(e) from None
+            reader.assembler.finish()
+
+        return convert.session_from_pb(first.session), chunks()
+
     async def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         r = await self._call(self._stub.Lookup, pb.LookupRequest(namespace=namespace, layout_id=layout_id,
                                                                  token_ids=list(map(int, token_ids))))
@@ -409,5 +438,13 @@ class AsyncClient(_Base):
         req = pb.DeleteSessionRequest(namespace=namespace, session_id=session_id)
         return (await self._call(self._stub.DeleteSession, req)).freed_chunks
 
+    async def touch_session(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
+        req = pb.TouchSessionRequest(namespace=namespace, session_id=session_id, retention=_retention(retention))
+        return convert.session_from_pb((await self._call(self._stub.TouchSession, req)).session)
+
     async def stats(self) -> pb.StatsResponse:
         return await self._call(self._stub.Stats, pb.StatsRequest())
+
+    async def evict(self, namespace: str, session_id: str, tier: str) -> int:
+        req = pb.EvictSessionRequest(namespace=namespace, session_id=session_id, tier=tier)
+        return (await self._call(self._stub.EvictSession, req)).moved_chunks

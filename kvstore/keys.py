@@ -10,22 +10,24 @@ still verified against the token ids stored in the chunk: a collision is a miss,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 import xxhash
+
+if TYPE_CHECKING:
+    pass
 
 KEY_BYTES = 16
 ROOT = bytes(KEY_BYTES)  # the parent of a sequence's first chunk
 _DOMAIN = b"kvstore.chunk.v1\x00"
 
-TokenIds = Sequence[int] | np.ndarray | torch.Tensor
+TokenIds = "Sequence[int] | np.ndarray | torch.Tensor"
 
 
 def token_bytes(token_ids: TokenIds) -> bytes:
     """Token ids as little-endian uint32: the canonical form for hashing and storing."""
-    if isinstance(token_ids, torch.Tensor):
+    if hasattr(token_ids, "detach"):  # a torch tensor (torch is not imported here: CLI start-up stays fast)
         token_ids = token_ids.detach().cpu().numpy()
     arr = np.asarray(token_ids)
     if arr.ndim != 1:

@@ -64,8 +64,8 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
     opts = [("grpc.max_receive_message_length", transport.MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", transport.MAX_MESSAGE_BYTES)]
     server = grpc.aio.server(options=opts)
-    kvstore_pb2_grpc.add_KVStoreServicer_to_server(
-        KVStoreService(sessions, Auth.from_file(config.tokens_file), shm_dir), server)
+    service = KVStoreService(sessions, Auth.from_file(config.tokens_file), shm_dir)
+    kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
@@ -92,8 +92,10 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
             await asyncio.sleep(MAINTENANCE_S)
             expired = await asyncio.to_thread(sessions.expire)
             swept = transport.sweep_shm(shm_dir, "srv", 60.0, time.time()) if shm_dir else 0
-            if expired or swept:
-                log.info("maintenance: expired %d sessions, swept %d shm files", expired, swept)
+            idle = service.close_idle_arenas()
+            if expired or swept or idle:
+                log.info("maintenance: expired %d sessions, swept %d shm files, closed %d idle arenas",
+                         expired, swept, idle)
 
     task = asyncio.create_task(maintenance())
     await stop.wait()
@@ -103,5 +105,6 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
     task.cancel()
     if metrics is not None:
         metrics.shutdown()
-    await asyncio.to_thread(sessions.store.close)
+    await loop.shutdown_default_executor()  # store calls still running in worker threads finish first
+    sessions.close()
     log.info("kvstore stopped; store closed")

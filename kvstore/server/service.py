@@ -28,7 +28,8 @@ from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 log = logging.getLogger("kvstore.server")
-MAX_ARENAS = 64
+MAX_ARENAS = 16
+ARENA_IDLE_S = 300.0
 
 _STATUS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -86,6 +87,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.shm_dir = shm_dir
         self.max_message_bytes = max_message_bytes
         self.arenas: OrderedDict[str, transport.Arena] = OrderedDict()
+        self.arena_used: dict[str, float] = {}
         self.data_bytes = min(transport.DEFAULT_MESSAGE_BYTES, max_message_bytes // 2)
         # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
         # buffered, whatever size a stream's header declares
@@ -100,9 +102,20 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def _arena(self, arena_id: str) -> transport.Arena:
         arena = self.arenas.get(arena_id)
         if arena is None:
-            raise InvalidArgument(f"unknown arena {arena_id!r}: attach it first (AttachArena)")
+            raise InvalidArgument(f"unknown arena {arena_id!r}: attach it (again) with AttachArena")
         self.arenas.move_to_end(arena_id)
+        self.arena_used[arena_id] = time.monotonic()
         return arena
+
+    def close_idle_arenas(self, idle_s: float = ARENA_IDLE_S) -> int:
+        """Unmap arenas nobody used for ``idle_s`` (their clients are gone or idle; a client whose
+        arena was closed gets INVALID_ARGUMENT and attaches a new one)."""
+        now = time.monotonic()
+        idle = [a for a, t in self.arena_used.items() if now - t > idle_s]
+        for a in idle:
+            self.arenas.pop(a).close()
+            del self.arena_used[a]
+        return len(idle)
 
     async def _chunks(self, keys: list[bytes], shared_memory: bool, arena_id: str = ""
                       ) -> AsyncIterator[pb.ChunkData]:
@@ -162,7 +175,10 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                     arena = self._arena(header.arena_id)
                     if header.arena_bytes > arena.size:
                         raise InvalidArgument(f"arena_bytes {header.arena_bytes} exceeds the arena's {arena.size}")
-                    blobs.extend(assembler.feed(arena.view[: header.arena_bytes]))
+                    # copy out first: the client can still write to its arena, and what was
+                    # verified must be exactly what gets stored
+                    data = await asyncio.to_thread(bytes, arena.view[: header.arena_bytes])
+                    blobs.extend(assembler.feed(data))
                 elif header.shm_path:
                     if self.shm_dir is None:
                         raise InvalidArgument("shared memory is disabled on this daemon")
@@ -264,8 +280,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         arena = await asyncio.to_thread(transport.Arena.attach, request.path, self.shm_dir, request.size)
         arena_id = uuid.uuid4().hex
         self.arenas[arena_id] = arena
+        self.arena_used[arena_id] = time.monotonic()
         while len(self.arenas) > MAX_ARENAS:  # the least recently used arena goes
-            self.arenas.popitem(last=False)[1].close()
+            old, a = self.arenas.popitem(last=False)
+            self.arena_used.pop(old, None)
+            a.close()
         return pb.AttachArenaResponse(arena_id=arena_id)
 
     @rpc
