@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import machine, markdown_table, median_time, write_result  # noqa: E402
-from kvstore import quant  # noqa: E402
+from benchmarks.common import machine, markdown_table, median_time, write_result
+from kvstore import quant
 
 
 def main() -> None:
@@ -37,7 +37,9 @@ def main() -> None:
             quant._fp4 = kernel if path == "fused" else None
             reps = args.repeats if path == "fused" else 3
             codes, scales = q(x)
-            res[path] = (gb / median_time(lambda: q(x), reps), gb / median_time(lambda: dq(codes, scales), reps))
+            tq = median_time(lambda q=q: q(x), reps)
+            tdq = median_time(lambda dq=dq, c=codes, s=scales: dq(c, s), reps)
+            res[path] = (gb / tq, gb / tdq)
         quant._fp4 = kernel
         rows.append([fmt, f"{res['fused'][0]:.2f}", f"{res['fused'][1]:.2f}", f"{res['torch'][0]:.2f}",
                      f"{res['torch'][1]:.2f}", f"{res['fused'][0] / res['torch'][0]:.1f}x"])

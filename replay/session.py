@@ -7,14 +7,14 @@ trailing tokens and the last 128 token ids. The SWA state is never sent.
 Resume modes (../shared/PAPER.md, SWA Bounded Replay):
 - ``bounded``:   load the global KV, replay the last ``window`` (128) tokens through every layer;
 - ``exact``:     load the global KV, replay the last ``n_layers x window`` tokens (exact rebuild);
-- ``reprefill``: recompute everything from token 0 (ground truth; fetches only token ids).
+- ``reprefill``: recompute everything from token 0 (ground truth; fetches the chunks but uses only their token ids).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -49,7 +49,6 @@ class ResumeReport:
     install_s: float  # packed entries into the model's caches (incl. dequantize)
     replay_s: float
     bytes_fetched: int
-    chunk_tiers: dict[str, int] = field(default_factory=dict)  # where the daemon had the chunks
 
     @property
     def total_s(self) -> float:
@@ -187,9 +186,12 @@ class AgentSession:
         if mode == "reprefill":
             sess.last_logits = model.prefill(tokens, state, chunk_size=512)
         else:
-            decoder_from = int(manifest.metadata.get(DECODER_FROM, n - min(n, window)))
-            sess.last_logits = model.replay(state, tokens[n - r :], start_pos=n - r,
-                                            decoder_from=min(decoder_from, n - 1))
+            decoder_from = min(int(manifest.metadata.get(DECODER_FROM, n - min(n, window))), n - 1)
+            sess.last_logits = model.replay(state, tokens[n - r :], start_pos=n - r, decoder_from=decoder_from)
+            # The session's decoder run began at decoder_from whatever suffix was replayed (and replay leaves
+            # state.decoder_from unset when the decoder starts with the replay); a later save must say so, or
+            # the next exact resume would rebuild another decoder window than the never-evicted session had.
+            state.decoder_from = decoder_from
         t3 = time.perf_counter()
         return sess, ResumeReport(mode, n, r, fetch_s, t2 - t1, t3 - t2, fetched)
 

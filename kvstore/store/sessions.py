@@ -81,6 +81,9 @@ class SessionStore:
         self._lock = threading.RLock()
         self._manifests: dict[SessionRef, Manifest] = {}
         self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
+        #: The namespace each chunk was validated under (its key hashes it in): a commit may only
+        #: name chunks of its own namespace, so no session can read another namespace's chunks.
+        self._ns_of: dict[bytes, str] = {}
         self._load_manifests()
 
     # -- startup --------------------------------------------------------------------------------
@@ -108,6 +111,7 @@ class SessionStore:
         self._manifests[ref] = m
         for k in m.chunk_keys:
             self._refs[k].add(ref)
+            self._ns_of[k] = m.namespace
         if m.retention.pinned:  # a pinned session's chunks are never demoted or evicted
             self.store.pin(m.chunk_keys)
 
@@ -129,6 +133,7 @@ class SessionStore:
     def _free(self, keys: Sequence[bytes]) -> None:
         for k in keys:
             self.store.delete(k, local_only=True)
+            self._ns_of.pop(k, None)
 
     # -- saving ---------------------------------------------------------------------------------
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
@@ -166,6 +171,8 @@ class SessionStore:
             parent = want
         # everything was validated first: bad input changes nothing stored
         self.store.put_many(new)
+        with self._lock:
+            self._ns_of.update((k, namespace) for k in keys)
         return SaveResult(keys, len(new))
 
     def commit(self, m: Manifest) -> Manifest:
@@ -181,7 +188,12 @@ class SessionStore:
         if tail.token_count != m.tail_tokens or tail.start != len(m.chunk_keys) * m.chunk_tokens:
             raise InvalidArgument(f"trailing span holds tokens [{tail.start}, {tail.start + tail.token_count}); "
                                   f"the manifest needs {m.tail_tokens} from {len(m.chunk_keys) * m.chunk_tokens}")
-        missing = [k.hex() for k in m.chunk_keys if not self.store.holds_durably(k)]
+        foreign = [k.hex() for k in m.chunk_keys if self._ns_of.get(k) not in (None, m.namespace)]
+        if foreign:
+            raise FailedPrecondition(f"{len(foreign)} referenced chunks were not saved in namespace "
+                                     f"{m.namespace!r} (first: {foreign[0]})")
+        unknown = [k.hex() for k in m.chunk_keys if k not in self._ns_of]
+        missing = unknown or [k.hex() for k in m.chunk_keys if not self.store.holds_durably(k)]
         if missing:
             raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored (first: {missing[0]}); "
                                      f"save them before committing")

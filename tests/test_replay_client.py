@@ -1,0 +1,248 @@
+"""AgentSession against a real daemon: save, drop, resume (bounded / exact / reprefill), and the
+ways a resume must refuse to hand back a session it cannot rebuild intact.
+
+tiny-8 keeps it fast: its exact rebuild is 8 x 128 = 1,024 replayed tokens, so the long session
+(1,296 tokens) is the shortest one where exact replay starts past token 0. Tokens are bytes of the
+standard library's own sources. One daemon serves the module; sessions are saved once, by the
+``saved`` fixture, and every test resumes them afresh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvstore.client import Client
+from kvstore.errors import FailedPrecondition, NotFound
+from kvstore.server.process import DaemonProcess
+from replay.model import ModelArgs, Transformer
+from replay.session import AgentSession, ResumeError, SaveReport
+
+REPO = Path(__file__).resolve().parents[1]
+NS = "replay-test"
+ATOL = 1e-4
+
+
+def corpus(n: int) -> list[int]:
+    """``n`` byte tokens of real text: the standard library's .py sources, concatenated in sorted order."""
+    out = bytearray()
+    for path in sorted(Path(os.__file__).parent.glob("*.py")):
+        out += path.read_bytes()
+        if len(out) >= n:
+            break
+    return list(out[:n])
+
+
+@dataclass
+class Saved:
+    """A session as it was when it was saved and dropped: what a resume must give back."""
+
+    session_id: str
+    tokens: list[int]
+    logits: torch.Tensor  # next-token logits after the last token
+    reports: list[SaveReport]
+    probe: int = 0  # a token fed after the last one ...
+    next_logits: torch.Tensor | None = None  # ... and the logits it gave, never evicted
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> Iterator[None]:
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    proc = DaemonProcess(tmp_path_factory.mktemp("kvstore")).start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def client(daemon: DaemonProcess) -> Iterator[Client]:
+    c = Client(address=daemon.address)  # per test: the restart test moves the daemon to a new port
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def tiny8() -> Transformer:
+    return Transformer(ModelArgs.tiny8(), seed=0)
+
+
+def _finish(sess: AgentSession, reports: list[SaveReport], probe: int) -> Saved:
+    """Record what the live session would say next, then drop its local state."""
+    saved = Saved(sess.session_id, list(sess.tokens), sess.last_logits.clone(), reports, probe)  # type: ignore[union-attr]
+    saved.next_logits = sess.model.decode_one_token(probe, sess.state)  # type: ignore[arg-type]
+    sess.drop()
+    return saved
+
+
+@pytest.fixture(scope="module")
+def saved(daemon: DaemonProcess, tiny8: Transformer) -> dict[str, Saved]:
+    text = corpus(4096)
+    out = {}
+    with Client(address=daemon.address) as c:
+        # long: one agent turn (prefill), a reply (decode), a tool result (prefill); saved after each
+        s = AgentSession(tiny8, c, NS, "long")
+        logits = s.prefill(text[:1200])
+        first = s.save()
+        s.generate(logits, 16)
+        s.prefill(text[1200:1280])
+        out["long"] = _finish(s, [first, s.save()], probe=text[2000])
+        # prefill-only: the decoder ran over the last 128 tokens only, just as a re-prefill runs it
+        s = AgentSession(tiny8, c, NS, "prefill-only")
+        s.prefill(text[1300:2000])
+        out["prefill-only"] = _finish(s, [s.save()], probe=text[2001])
+        # short: shorter than the 128-token window, with a few decoded tokens
+        s = AgentSession(tiny8, c, NS, "short")
+        s.generate(s.prefill(text[2100:2190]), 6)
+        out["short"] = _finish(s, [s.save()], probe=text[2002])
+        # a tiny-16 session, which a tiny-8 model must refuse
+        s16 = AgentSession(Transformer(ModelArgs.tiny16(), seed=0), c, NS, "tiny16")
+        s16.prefill(text[:300])
+        out["tiny16"] = _finish(s16, [s16.save()], probe=text[2003])
+    return out
+
+
+def assert_resumed(model: Transformer, sess: AgentSession, want: Saved) -> None:
+    """Same tokens, same next-token logits, and the same logits one decoded token later."""
+    assert sess.tokens == want.tokens
+    assert sess.last_logits is not None
+    assert torch.allclose(sess.last_logits, want.logits, atol=ATOL), (sess.last_logits - want.logits).abs().max()
+    nxt = sess.step(want.probe)
+    assert torch.allclose(nxt, want.next_logits, atol=ATOL), (nxt - want.next_logits).abs().max()
+
+
+def test_save_sends_only_new_chunks(saved: dict[str, Saved], client: Client, tiny8: Transformer) -> None:
+    ct = client.info().chunk_tokens
+    assert ct == 256
+    first, second = saved["long"].reports
+    assert (first.tokens, first.new_chunks, first.written) == (1200, 1200 // ct, 1200 // ct)
+    assert (second.tokens, second.new_chunks, second.written) == (1296, 1, 1)  # tokens [1024, 1280) completed chunk 4
+    assert second.bytes_sent < first.bytes_sent
+    sess, _ = AgentSession.resume(tiny8, client, NS, "long", "bounded")
+    again = sess.save()  # a resumed session knows what the store holds
+    assert (again.new_chunks, again.written, again.tokens) == (0, 0, 1296)
+    # ... and saving it changes nothing an exact resume depends on (the decoder's run began at 1072, not 1168)
+    exact, _ = AgentSession.resume(tiny8, client, NS, "long", "exact")
+    assert_resumed(tiny8, exact, saved["long"])
+
+
+def test_exact_resume_reproduces_the_never_evicted_session(saved: dict[str, Saved], client: Client,
+                                                          tiny8: Transformer) -> None:
+    sess, rep = AgentSession.resume(tiny8, client, NS, "long", "exact")
+    assert (rep.mode, rep.tokens, rep.replayed) == ("exact", 1296, 8 * 128)  # replay starts at token 272
+    assert rep.bytes_fetched > 0
+    assert_resumed(tiny8, sess, saved["long"])
+
+
+def test_reprefill_reproduces_a_session_that_only_prefilled(saved: dict[str, Saved], client: Client,
+                                                           tiny8: Transformer) -> None:
+    for mode in ("reprefill", "exact"):
+        sess, rep = AgentSession.resume(tiny8, client, NS, "prefill-only", mode)
+        assert rep.replayed == 700
+        assert_resumed(tiny8, sess, saved["prefill-only"])
+
+
+def test_bounded_equals_exact_below_the_window(saved: dict[str, Saved], client: Client, tiny8: Transformer) -> None:
+    bounded, rb = AgentSession.resume(tiny8, client, NS, "short", "bounded")
+    exact, re = AgentSession.resume(tiny8, client, NS, "short", "exact")
+    assert rb.replayed == re.replayed == 96
+    assert torch.equal(bounded.last_logits, exact.last_logits)  # type: ignore[arg-type]
+    assert_resumed(tiny8, bounded, saved["short"])
+
+
+def test_bounded_replays_only_the_window(saved: dict[str, Saved], client: Client, tiny8: Transformer) -> None:
+    sess, rep = AgentSession.resume(tiny8, client, NS, "long", "bounded")
+    assert (rep.replayed, sess.tokens) == (128, saved["long"].tokens)
+    assert sess.state is not None
+    assert [(r.lo, r.hi) for r in sess.state.rings] == [(1296 - 128, 1296)] * 8
+    assert torch.isfinite(sess.last_logits).all()  # type: ignore[arg-type]
+
+
+def test_resume_after_daemon_restart(saved: dict[str, Saved], daemon: DaemonProcess, tiny8: Transformer) -> None:
+    assert daemon.stop() == 0
+    daemon.start()  # same data dir; the memory tier starts empty
+    with Client(address=daemon.address) as c:
+        assert {"long", "prefill-only", "short", "tiny16"} <= {x.session_id for x in c.list_sessions(NS)}
+        sess, _ = AgentSession.resume(tiny8, c, NS, "long", "exact")
+        assert_resumed(tiny8, sess, saved["long"])
+
+
+def test_resume_from_the_ssd_tier(saved: dict[str, Saved], client: Client, tiny8: Transformer) -> None:
+    client.evict(NS, "long", "ssd")
+    assert client.get_session(NS, "long")[1] == {"ssd": 5}
+    sess, _ = AgentSession.resume(tiny8, client, NS, "long", "exact")
+    assert_resumed(tiny8, sess, saved["long"])
+
+
+def test_resume_in_another_process(saved: dict[str, Saved], daemon: DaemonProcess) -> None:
+    script = (
+        "import json, sys, torch\n"
+        "torch.set_num_threads(1)\n"
+        "from kvstore.client import Client\n"
+        "from replay.model import ModelArgs, Transformer\n"
+        "from replay.session import AgentSession\n"
+        "with Client(address=sys.argv[1]) as c:\n"
+        "    s, _ = AgentSession.resume(Transformer(ModelArgs.tiny8(), seed=0), c, sys.argv[2], 'long', 'exact')\n"
+        "print(json.dumps({'argmax': int(s.last_logits.argmax()), 'logits': s.last_logits.tolist(),\n"
+        "                  'tokens': s.tokens}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, daemon.address, NS], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    want = saved["long"]
+    assert got["argmax"] == int(want.logits.argmax())
+    assert torch.allclose(torch.tensor(got["logits"]), want.logits, atol=ATOL)
+    assert got["tokens"] == want.tokens
+
+
+def test_a_session_of_another_layout_is_refused(saved: dict[str, Saved], client: Client, tiny8: Transformer) -> None:
+    with pytest.raises(ResumeError, match="layout"):
+        AgentSession.resume(tiny8, client, NS, "tiny16", "bounded")
+
+
+def test_a_manifest_naming_another_namespaces_chunks_is_refused_by_the_daemon(client: Client) -> None:
+    m, _ = client.get_session(NS, "long")
+    with pytest.raises(FailedPrecondition, match="not saved in namespace"):
+        client.commit(dataclasses.replace(m, namespace=NS + "-other"))
+    with pytest.raises(NotFound):
+        client.get_session(NS + "-other", "long")
+
+
+@pytest.mark.parametrize("tamper", ["reordered chunks", "last token ids"])
+def test_a_manifest_that_disagrees_with_its_chunks_is_refused(saved: dict[str, Saved], client: Client,
+                                                              tiny8: Transformer, tamper: str) -> None:
+    # The daemon accepts these (every chunk they name is stored); the client's key-chain check must not.
+    m, _ = client.get_session(NS, "long")
+    bad = {
+        "reordered chunks": dataclasses.replace(m, session_id="bad-order", chunk_keys=m.chunk_keys[::-1]),
+        "last token ids": dataclasses.replace(m, session_id="bad-last",
+                                              last_token_ids=((m.last_token_ids[0] + 1) % 256, *m.last_token_ids[1:])),
+    }[tamper]
+    client.commit(bad)
+    try:
+        with pytest.raises(ResumeError):
+            AgentSession.resume(tiny8, client, bad.namespace, bad.session_id, "exact")
+    finally:
+        client.delete_session(bad.namespace, bad.session_id)
+
+
+def test_an_unknown_session_is_not_found(client: Client, tiny8: Transformer) -> None:
+    with pytest.raises(NotFound):
+        AgentSession.resume(tiny8, client, NS, "never-saved", "bounded")
+    with pytest.raises(ValueError, match="mode"):
+        AgentSession.resume(tiny8, client, NS, "long", "approximate")
