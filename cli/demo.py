@@ -174,12 +174,12 @@ def run(args: argparse.Namespace) -> int:
         con.print("   exact replay rebuilds the never-evicted state bit for bit; bounded replay's error is what the "
                   "paper calls near zero for a trained model. With seeded random weights it is not "
                   "(benchmarks/results/fidelity.md: error vs replay length).")
-        _store_report(con, client, lay.name, sum(args.turns for _ in sessions))
+        _store_report(con, client, lay.name, sum(args.turns for _ in sessions), restarted=bool(procs))
         client.close()
     return 0
 
 
-def _store_report(con: object, client: Client, layout: str, turns: int) -> None:
+def _store_report(con: object, client: Client, layout: str, turns: int, restarted: bool) -> None:
     st = client.stats()
     t = Table("tier", "used", "items", "hits", "promotions", "evictions/demotions", "verify failures",
               title="5. store: where the resumed chunks came from")
@@ -204,5 +204,6 @@ def _store_report(con: object, client: Client, layout: str, turns: int) -> None:
     t.add_row("at the real geometry: V4.1-Flash formula vs V4-Flash global KV",
               f"890.0 vs {float(v4.bytes_per_token):,.2f} (+{v4.swa_state_bytes:,} B SWA per turn boundary)")
     con.print(t)  # type: ignore[attr-defined]
-    con.print(f"   since the restart: {st.loaded_chunks:,} chunk reads served, {st.missed_chunks} missed; the first "  # type: ignore[attr-defined]
-              f"read of each chunk came from the ssd tier and promoted it to host memory")
+    if restarted:
+        con.print(f"   since the restart: {st.loaded_chunks:,} chunk reads served, {st.missed_chunks} missed; the "  # type: ignore[attr-defined]
+                  f"first read of each chunk came from the ssd tier and promoted it to host memory")
