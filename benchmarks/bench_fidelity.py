@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import RESULTS, machine, markdown_table, write_result
+from replay.corpus import stdlib_tokens
 from replay.fidelity import Fidelity, compare, resumed_state, sweep, teacher_forced
 from replay.model import ModelArgs, SessionState, Transformer
 
@@ -31,14 +31,6 @@ BOUNDED, EXACT = 128, 16 * 128
 REPLAYS = (1, 16, 32, 64, BOUNDED, 256, 512, 1024, 1144, EXACT)
 
 
-def corpus(n: int) -> list[int]:
-    """``n`` byte tokens of real text: the standard library's .py sources, concatenated in sorted order."""
-    out = bytearray()
-    for path in sorted(Path(os.__file__).parent.glob("*.py")):
-        out += path.read_bytes()
-        if len(out) >= n:
-            break
-    return list(out[:n])
 
 
 class Reference:
@@ -145,7 +137,7 @@ def main() -> None:
     torch.set_grad_enabled(False)
     t0 = time.perf_counter()
     model = Transformer(ModelArgs.tiny16(), seed=0)
-    text = corpus(max([args.history, *args.other_histories]) + args.steps)
+    text = stdlib_tokens(max([args.history, *args.other_histories]) + args.steps)
     history, cont = text[: args.history], text[args.history : args.history + args.steps]
 
     grid = sweep(model, history, cont, [*REPLAYS, args.history])

@@ -16,7 +16,6 @@ Target: at 32K tokens, bounded resume >= 50x faster than re-prefill on this CPU.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import RESULTS, machine, markdown_table, write_result
 from kvstore.client import Client
 from kvstore.server.process import DaemonProcess
+from replay.corpus import stdlib_tokens
 from replay.model import ModelArgs, Transformer
 from replay.session import AgentSession, ResumeReport
 
@@ -37,14 +37,6 @@ MODES = ("bounded", "exact", "reprefill")
 TARGET = 50.0
 
 
-def corpus(n: int) -> list[int]:
-    """``n`` byte tokens of real text: the standard library's .py sources, concatenated in sorted order."""
-    out = bytearray()
-    for path in sorted(Path(os.__file__).parent.glob("*.py")):
-        out += path.read_bytes()
-        if len(out) >= n:
-            break
-    return list(out[:n])
 
 
 def label(n: int) -> str:
@@ -54,7 +46,7 @@ def label(n: int) -> str:
 def save_sessions(model: Transformer, client: Client, lengths: list[int]) -> dict[int, torch.Tensor]:
     """Prefill one conversation up to max(lengths), saving it as ``s<n>`` at each length; returns the
     live next-token logits at each length (what an exact resume must reproduce)."""
-    text = corpus(max(lengths))
+    text = stdlib_tokens(max(lengths))
     sess = AgentSession(model, client, NS, "s0")
     live = {}
     for n in sorted(lengths):

@@ -11,11 +11,9 @@ re-prefill time, and fidelity against exact replay.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -46,15 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(func=run)
 
 
-def corpus(n: int) -> list[int]:
-    """``n`` byte tokens of real text: the standard library's sources, in a fixed order."""
-    root = Path(os.__file__).parent
-    out = bytearray()
-    for path in sorted(root.glob("*.py")):
-        out += path.read_bytes()
-        if len(out) >= n:
-            break
-    return list(out[:n])
 
 
 @contextmanager
@@ -75,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     import torch  # the model's imports stay out of every other command's start-up
 
     from kvstore.client import Client
+    from replay.corpus import stdlib_tokens
     from replay.fidelity import compare, teacher_forced
     from replay.model import ModelArgs, Transformer
     from replay.session import AgentSession
@@ -85,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     margs = ModelArgs.tiny16() if args.model == "tiny-16" else ModelArgs.tiny8()
     model = (Transformer.load_checkpoint(args.checkpoint) if args.checkpoint else Transformer(margs, seed=0))
     lay = model.args.layout
-    text = corpus(args.system_tokens + args.agents * args.turns * (args.turn_tokens + 64))
+    text = stdlib_tokens(args.system_tokens + args.agents * args.turns * (args.turn_tokens + 64))
     system, rest = text[: args.system_tokens], text[args.system_tokens :]
     weights = "checkpoint " + args.checkpoint if args.checkpoint else "seeded random weights"
     con.print(f"[bold]kvstore demo[/]: {lay.name} ({float(lay.bytes_per_token):g} B/token persisted), {weights}; "

@@ -24,6 +24,7 @@ import torch
 from kvstore.client import Client
 from kvstore.errors import FailedPrecondition, NotFound
 from kvstore.server.process import DaemonProcess
+from replay.corpus import stdlib_tokens
 from replay.model import ModelArgs, Transformer
 from replay.session import AgentSession, ResumeError, SaveReport
 
@@ -32,14 +33,6 @@ NS = "replay-test"
 ATOL = 1e-4
 
 
-def corpus(n: int) -> list[int]:
-    """``n`` byte tokens of real text: the standard library's .py sources, concatenated in sorted order."""
-    out = bytearray()
-    for path in sorted(Path(os.__file__).parent.glob("*.py")):
-        out += path.read_bytes()
-        if len(out) >= n:
-            break
-    return list(out[:n])
 
 
 @dataclass
@@ -91,7 +84,7 @@ def _finish(sess: AgentSession, reports: list[SaveReport], probe: int) -> Saved:
 
 @pytest.fixture(scope="module")
 def saved(daemon: DaemonProcess, tiny8: Transformer) -> dict[str, Saved]:
-    text = corpus(4096)
+    text = stdlib_tokens(4096)
     out = {}
     with Client(address=daemon.address) as c:
         # long: one agent turn (prefill), a reply (decode), a tool result (prefill); saved after each
