@@ -70,6 +70,9 @@ def make_session(layout: Layout, tokens: int, seed: int = 0) -> tuple[list[bytes
     return keys, blobs, encode(bytes(16), start, ids[start:]), ids
 
 
+ZSTD = SsdTierConfig().zstd_level  # the default level
+
+
 def config(path: Path, zstd_level: int) -> StoreConfig:
     return StoreConfig(tiers=(HostTierConfig(pin_memory=False),
                               SsdTierConfig(path=str(path), zstd_level=zstd_level, sync=True)),
@@ -153,7 +156,7 @@ def bytes_per_token_rows(root: Path, sessions: dict[str, tuple]) -> list[list[st
     rows = []
     for name in LAYOUTS:
         lay = get_layout(name)
-        for level in (0, 3):
+        for level in (0, ZSTD):
             _, b = save_session(root / f"bpt-{name}-{level}", lay, sessions[name], level)
             n = b.tokens
             target = verdict = ""
@@ -180,8 +183,8 @@ def save_rows(root: Path, sessions: dict[str, tuple], repeats: int) -> list[list
         mb = sum(len(b) for b in blobs) / MB
         runs[name, "store, one save_chunks call (zstd off)"] = (mb, lambda p, lay=lay, s=session: save_session(
             p, lay, s, 0)[0])
-        runs[name, "store, one save_chunks call (zstd-3)"] = (mb, lambda p, lay=lay, s=session: save_session(
-            p, lay, s, 3)[0])
+        runs[name, f"store, one save_chunks call (zstd-{ZSTD})"] = (mb, lambda p, lay=lay, s=session: save_session(
+            p, lay, s, ZSTD)[0])
         runs[name, "store, one call per chunk (zstd off)"] = (mb, lambda p, lay=lay, s=session: save_session(
             p, lay, s, 0, per_chunk=True)[0])
         runs[name, "raw LMDB, one txn per chunk"] = (mb, lambda p, k=keys, b=blobs: lmdb_puts(p, k, b, False))

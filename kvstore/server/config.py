@@ -37,7 +37,7 @@ class DaemonConfig:
     data_dir: str = "kvstore-data"
     host_capacity_bytes: int = 1 << 30
     ssd_capacity_bytes: int = 0  # 0 = unlimited
-    zstd_level: int = 3  # 0 = off
+    zstd_level: int = 1  # 0 = off; level 1 beats 3 on scale bytes here, at twice the speed
     sync: bool = True  # fsync every acknowledged write
     redis_url: str = ""  # adds a shared Redis tier after the ssd tier
     redis_namespace: str = "kvstore"
