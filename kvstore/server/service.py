@@ -117,20 +117,38 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             del self.arena_used[a]
         return len(idle)
 
+    def _fill_arena(self, arena: transport.Arena, keys: list[bytes]) -> pb.ShmHandle | None:
+        """Verified chunks straight into the arena, each copied right after its checksum pass (while
+        it is still in cache); None if they do not fit."""
+        h = pb.ShmHandle()
+        off = 0
+        for i, (_, blob) in enumerate(self.sessions.load(keys)):
+            if blob is None:
+                continue
+            n = len(blob)
+            if off + n > arena.size:
+                return None
+            arena.view[off : off + n] = blob
+            h.indices.append(i)
+            h.offsets.append(off)
+            h.sizes.append(n)
+            off += n
+        h.size = off
+        return h
+
     async def _chunks(self, keys: list[bytes], shared_memory: bool, arena_id: str = ""
                       ) -> AsyncIterator[pb.ChunkData]:
         """Read chunks in worker threads and stream them (or hand them over in shared memory)."""
         arena = self._arena(arena_id) if arena_id else None
-        loaded = await asyncio.to_thread(lambda: [(i, b) for i, (_, b) in enumerate(self.sessions.load(keys))
-                                                   if b is not None])
         if arena is not None:
-            placed = await asyncio.to_thread(arena.write, [b for _, b in loaded])
-            if placed is not None:
-                yield pb.ChunkData(shm=pb.ShmHandle(arena_id=arena_id, size=sum(placed[1]),
-                                                    indices=[i for i, _ in loaded], offsets=placed[0],
-                                                    sizes=placed[1]))
+            handle = await asyncio.to_thread(self._fill_arena, arena, keys)
+            if handle is not None:
+                handle.arena_id = arena_id
+                yield pb.ChunkData(shm=handle)
                 return
             shared_memory = True  # too big for the arena: one transfer file instead
+        loaded = await asyncio.to_thread(lambda: [(i, b) for i, (_, b) in enumerate(self.sessions.load(keys))
+                                                   if b is not None])
         if shared_memory and self.shm_dir is not None:
             blobs = [b for _, b in loaded]
             path, offsets, sizes = await asyncio.to_thread(transport.write_shm, self.shm_dir, blobs, "srv")
