@@ -166,16 +166,24 @@ def write_shm(directory: Path, blobs: Sequence[Blob], role: str) -> tuple[str, l
     return str(path), offsets, sizes
 
 
-def open_shm(path: str, directory: Path, expect_size: int | None = None) -> memoryview:
-    """Map a transfer file read-only and delete it (the caller now owns it). Refuses anything but a
-    ``kvstore-*`` file directly inside ``directory``."""
+def _open_transfer(path: str, directory: Path, flags: int, what: str, client_only: bool = False) -> int:
+    """Open a ``kvstore-*`` file directly inside ``directory``, never following a link; anything
+    else is refused (a caller must not make the daemon open arbitrary files)."""
     p = Path(path)
-    if p.parent.resolve() != directory.resolve() or not _SHM_NAME.fullmatch(p.name):
-        raise InvalidArgument(f"shared-memory path {path!r} is not a kvstore transfer file in {directory}")
+    if (p.parent.resolve() != directory.resolve() or not _SHM_NAME.fullmatch(p.name)
+            or (client_only and "-cli-" not in p.name)):
+        raise InvalidArgument(f"{what} path {path!r} is not a kvstore {'client' if client_only else 'transfer'} "
+                              f"file in {directory}")
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
+        return os.open(p, flags | os.O_NOFOLLOW)
     except OSError as e:
-        raise InvalidArgument(f"cannot open shared-memory file {path!r}: {e.strerror}") from e
+        raise InvalidArgument(f"cannot open {what} {path!r}: {e.strerror}") from e
+
+
+def open_shm(path: str, directory: Path, expect_size: int | None = None) -> memoryview:
+    """Map a transfer file read-only and delete it (the caller now owns it)."""
+    p = Path(path)
+    fd = _open_transfer(path, directory, os.O_RDONLY, "shared-memory file")
     try:
         size = os.fstat(fd).st_size
         if expect_size is not None and size != expect_size:
@@ -238,15 +246,9 @@ class Arena:
 
     @classmethod
     def attach(cls, path: str, directory: Path, size: int) -> Arena:
-        p = Path(path)
-        if p.parent.resolve() != directory.resolve() or not _SHM_NAME.fullmatch(p.name) or "-cli-" not in p.name:
-            raise InvalidArgument(f"arena path {path!r} is not a kvstore client file in {directory}")
         if not 0 < size <= cls.MAX_BYTES:
             raise InvalidArgument(f"arena size must be 1 B to {cls.MAX_BYTES} B, got {size}")
-        try:
-            fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW)
-        except OSError as e:
-            raise InvalidArgument(f"cannot open arena {path!r}: {e.strerror}") from e
+        fd = _open_transfer(path, directory, os.O_RDWR, "arena", client_only=True)
         try:
             if os.fstat(fd).st_size != size:
                 raise InvalidArgument(f"arena {path!r} is {os.fstat(fd).st_size} bytes, not {size}")
