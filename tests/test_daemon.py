@@ -28,7 +28,8 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from kvstore import chunk, transport
-from kvstore.client import AsyncClient, Client, ClientConfig, Unauthenticated
+from kvstore.aio_client import AsyncClient
+from kvstore.client import Client, ClientConfig, Unauthenticated
 from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError, NotFound, PermissionDenied
 from kvstore.keys import ROOT
 from kvstore.layout import get_layout
