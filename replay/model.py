@@ -20,7 +20,8 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from kvstore import quant
-from kvstore.layout import EntryFormat, Layout, get_layout
+from kvstore.layout import Layout, get_layout
+from replay.cache import SessionState
 
 SWA, FULL, REUSE, REINDEX, DEC_FULL = "S", "F", "U", "X", "F*"
 _NONE = 1 << 62  # sorts after every real entry id
@@ -125,109 +126,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-class PackedCache:
-    """One persisted global cache ("main.L2", "index.L8", ...): entries [0, n) as packed codes and
-    scales (the source of truth, what the store saves) plus their dequantized copy for attention."""
-
-    def __init__(self, name: str, layout: Layout, device: torch.device, dtype: torch.dtype) -> None:
-        self.spec = layout.cache(name)
-        main = self.spec.fmt is EntryFormat.FP4_E4M3_16
-        self.dequantize = quant.dequantize_main if main else quant.dequantize_indexer
-        self.codes = torch.zeros(64, self.spec.code_bytes, dtype=torch.uint8, device=device)
-        self.scales = torch.zeros(64, self.spec.scale_bytes, dtype=torch.uint8, device=device)
-        self.values = torch.zeros(64, self.spec.channels, dtype=dtype, device=device)
-        self.n = 0
-
-    def write(self, start: int, codes: Tensor, scales: Tensor) -> None:
-        """Set entries [start, start + len(codes)); start <= n (no holes)."""
-        end = start + codes.shape[0]
-        if codes.dtype != torch.uint8 or scales.dtype != torch.uint8:
-            raise ValueError(f"{self.spec.name}: codes and scales must be uint8")
-        if not 0 <= start <= self.n:
-            raise ValueError(f"{self.spec.name}: writing from entry {start} would leave a hole after {self.n}")
-        if codes.shape[1:] != self.codes.shape[1:] or scales.shape != (codes.shape[0], self.scales.shape[1]):
-            raise ValueError(f"{self.spec.name}: expected codes [N, {self.spec.code_bytes}] and scales "
-                             f"[N, {self.spec.scale_bytes}], got {tuple(codes.shape)}, {tuple(scales.shape)}")
-        if end > self.codes.shape[0]:
-            cap = max(end, 2 * self.codes.shape[0])
-            self.codes, self.scales, self.values = (F.pad(t, (0, 0, 0, cap - t.shape[0]))
-                                                    for t in (self.codes, self.scales, self.values))
-        dev = self.codes.device
-        self.codes[start:end], self.scales[start:end] = codes.to(dev), scales.to(dev)
-        self.values[start:end] = self.dequantize(self.codes[start:end], self.scales[start:end], self.values.dtype)
-        self.n = max(self.n, end)
-
-
-class SwaRing:
-    """One layer's SWA KV of positions [lo, hi) (at most ``window``), FP8 packed, slot = pos % window."""
-
-    def __init__(self, window: int, dim: int, device: torch.device, dtype: torch.dtype) -> None:
-        self.window = window
-        self.codes = torch.zeros(window, dim, dtype=torch.uint8, device=device)
-        self.scales = torch.zeros(window, dim // 32, dtype=torch.uint8, device=device)
-        self.keys = torch.zeros(window, dim, dtype=dtype, device=device)  # FP8 round-tripped
-        self.lo = self.hi = 0
-
-    def reset(self, pos: int) -> None:
-        self.lo = self.hi = pos
-
-    def entries(self) -> tuple[Tensor, Tensor]:
-        """Packed (codes [hi-lo, D], scales [hi-lo, D/32]) in position order."""
-        slots = torch.arange(self.lo, self.hi, device=self.codes.device) % self.window
-        return self.codes[slots], self.scales[slots]
-
-    def push(self, k: Tensor, pos0: int) -> tuple[Tensor, int]:
-        """Append k: [T, D] at positions [pos0, pos0+T) (FP8 round trip); return the keys the chunk's
-        windows can see, ext: [E, D] at positions [e0, pos0+T), and e0."""
-        assert pos0 == self.hi, "SWA ring positions must be contiguous"
-        t, w, dev = k.shape[0], self.window, k.device
-        codes, scales = quant.quantize_swa(k)
-        k = quant.dequantize_swa(codes, scales, k.dtype)
-        e0 = max(self.lo, pos0 - w + 1)
-        ext = torch.cat([self.keys[torch.arange(e0, pos0, device=dev) % w], k])
-        keep = slice(max(0, t - w), t)
-        slots = torch.arange(pos0, pos0 + t, device=dev)[keep] % w
-        self.codes[slots], self.scales[slots], self.keys[slots] = codes[keep], scales[keep], k[keep]
-        self.hi, self.lo = pos0 + t, max(self.lo, pos0 + t - w)
-        return ext, e0
-
-
-class SessionState:
-    """One sequence's caches: the global caches (packed), the m>1 compressors' pending tokens, every
-    layer's SWA ring, and where the decoder's current contiguous run began (``decoder_from``)."""
-
-    def __init__(self, args: ModelArgs, device: torch.device, dtype: torch.dtype) -> None:
-        self.args, self.layout = args, args.layout
-        self.pos = 0  # tokens processed
-        self.decoder_from = 0  # the decoder ran over every position in [decoder_from, pos)
-        self.caches = {c.name: PackedCache(c.name, self.layout, device, dtype) for c in self.layout.caches}
-        self.pending: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer -> (kv, z, first position)
-        self.rings = [SwaRing(args.window, args.head_dim, device, dtype) for _ in range(args.n_layers)]
-
-    def n_entries(self, name: str) -> int:
-        return self._cache(name).n
-
-    def global_entries(self, name: str, start: int, end: int) -> tuple[Tensor, Tensor]:
-        """Packed entries [start, end) of one cache: (codes uint8 [N, code_bytes], scales uint8 [N, scale_bytes]).
-        Tokens [t0, t1) with t0, t1 multiples of m are entries [t0 // m, t1 // m)."""
-        cache = self._cache(name)
-        if not 0 <= start <= end <= cache.n:
-            raise ValueError(f"{name}: entries [{start}, {end}) are outside [0, {cache.n})")
-        return cache.codes[start:end].clone(), cache.scales[start:end].clone()
-
-    def load_global(self, name: str, codes: Tensor, scales: Tensor, start: int = 0) -> None:
-        """Install packed entries [start, start + N) as they are (no re-encoding); start <= n_entries."""
-        self._cache(name).write(start, codes, scales)
-
-    def global_nbytes(self) -> int:
-        return sum(c.n * c.spec.entry_bytes for c in self.caches.values())
-
-    def _cache(self, name: str) -> PackedCache:
-        if name not in self.caches:
-            raise ValueError(f"unknown cache {name!r}; this model has {sorted(self.caches)}")
-        return self.caches[name]
 
 
 class Compressor(nn.Module):
