@@ -173,7 +173,11 @@ class TieredStore:
         return None
 
     def _promote(self, key: bytes, blob: Stored, found: int) -> None:
-        with self._lock:
+        # Best effort: a read never waits behind a write (a save may hold the lock through an
+        # fsync); a chunk not promoted now is promoted by a later read.
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
             for i in range(found):
                 try:
                     self._make_room(i, len(blob), protect=key)
@@ -181,6 +185,8 @@ class TieredStore:
                     self.counters[self.tiers[i].name].promotions += 1
                 except TierError:
                     continue
+        finally:
+            self._lock.release()
 
     def where(self, key: bytes) -> list[str]:
         """Names of the tiers holding ``key`` (not verified; a lookup, not a read)."""
