@@ -19,7 +19,7 @@ from rich.table import Table
 from cli.ui import console
 from kvstore.layout import get_layout, layout_by_id
 
-if TYPE_CHECKING:  # kvstore.client pulls in torch (through the chunk codec): imported only when needed
+if TYPE_CHECKING:  # kvstore.client pulls in gRPC: imported only when a command runs
     from kvstore.client import Client
     from kvstore.v1 import kvstore_pb2 as pb
 
@@ -260,9 +260,13 @@ def cmd_sessions_rm(client: Client, args: argparse.Namespace) -> int:
 
 
 def bytes_per_token_view(b: pb.BytesPerToken) -> Group:
-    base = get_layout(BASELINE)
-    base_bpt = float(base.bytes_per_token)
-    swa = b.baseline_swa_snapshot or base.swa_state_bytes
+    base, v41 = get_layout(BASELINE), get_layout("deepseek-v4.1-flash")
+    # At the real geometry the baseline is V4-Flash itself; for a miniature (tiny-16, ...) it is the
+    # same design scaled to this model: V4-Flash's global-KV factor over V4.1 (3514.25 / 890), plus
+    # the model's own SWA state at every persisted turn boundary.
+    real = abs(b.formula - float(v41.bytes_per_token)) < 1e-6
+    base_bpt = float(base.bytes_per_token) / float(v41.bytes_per_token) * b.formula
+    swa = base.swa_state_bytes if real else b.baseline_swa_snapshot
     tok = b.tokens
     uncompressed = (b.payload + b.chunk_overhead + b.manifests) / tok
 
@@ -279,8 +283,10 @@ def bytes_per_token_view(b: pb.BytesPerToken) -> Group:
     t.add_row("  compression (raw / stored)", f"{b.raw:,} / {b.stored:,}",
               f"{b.raw / b.stored:.3f}x" if b.stored else "-")
 
-    v = Table("V4-Flash-style baseline", "value", title=f"baseline ({BASELINE})")
-    v.add_row("global KV", f"{base_bpt:,.2f} B/token")
+    v = Table("V4-Flash-style baseline", "value",
+              title=f"baseline ({BASELINE}{'' if real else ', scaled to this model'})")
+    v.add_row("global KV" if real else f"global KV (formula x {float(base.bytes_per_token) / 890:.2f})",
+              f"{base_bpt:,.2f} B/token")
     v.add_row("SWA snapshot per persisted turn boundary", f"{swa:,} B")
     with_swa = base_bpt + swa * b.sessions / tok
     v.add_row(f"with one snapshot per session ({b.sessions})", f"{with_swa:,.2f} B/token")

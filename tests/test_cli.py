@@ -127,8 +127,12 @@ def test_sessions_ls_show(reads: dict[str, subprocess.CompletedProcess[str]]) ->
 def test_bytes_per_token(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
     out = ok(reads["bytes-per-token"])
     for text in ("formula (layout)", "222.50", "measured on disk", "uncompressed", "payload", "chunk overhead",
-                 "manifests", "LMDB overhead", "compression (raw / stored)", "3,514.25", "baseline / measured"):
+                 "manifests", "LMDB overhead", "compression (raw / stored)", "baseline / measured",
+                 # a tiny-16 session: V4-Flash's design scaled to this model (222.5 x 3514.25 / 890),
+                 # with the model's own SWA state per turn boundary, not the real geometry's numbers
+                 "scaled to this model", "878.56 B/token", "270,336 B"):
         assert text in out, out
+    assert "3,514.25" not in out
 
 
 def test_sessions_ls_of_an_empty_namespace(saved: Daemon, capsys: pytest.CaptureFixture[str]) -> None:
