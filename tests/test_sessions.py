@@ -3,6 +3,7 @@ and persistent bytes per token, over a real host + LMDB store in a tmp dir."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
@@ -359,3 +360,17 @@ def test_bytes_per_token_counts_shared_chunks_once(sessions: SessionStore) -> No
     bpt = bytes_per_token(sessions)
     assert (bpt.tokens, bpt.unique_chunks, bpt.sessions) == (5 * CT, 5, 2)
     assert bpt.payload == 5 * CT * TINY8.bytes_per_token
+
+
+def test_a_commit_may_not_name_another_namespaces_chunks(sessions: SessionStore) -> None:
+    a = session("s", 2 * CT, seed=5)  # namespace "ns"
+    save(sessions, a)
+    theirs = sessions.get("ns", "s")
+    forged = dataclasses.replace(theirs, namespace="other")  # same chunk keys, another namespace
+    with pytest.raises(FailedPrecondition, match="not saved in namespace 'other'"):
+        sessions.commit(forged)
+    with pytest.raises(NotFound):
+        sessions.get("other", "s")
+    # and chunks nobody ever saved are refused as missing, whatever their namespace
+    with pytest.raises(FailedPrecondition, match="not stored"):
+        sessions.commit(dataclasses.replace(theirs, session_id="t", chunk_keys=(bytes(range(16)),) * 2))

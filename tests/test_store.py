@@ -332,3 +332,35 @@ def test_dead_redis_is_reported_and_the_store_keeps_serving(tmp_path: Path, redi
         assert counters(st, REDIS).degraded
     finally:
         st.close()
+
+
+# -- failures of the fast tier, pins under admin demotion --------------------------------------------
+def test_write_back_falls_back_to_write_through_when_the_fast_tier_fails(tmp_path: Path) -> None:
+    s = chunks(3)
+    cfg = store_config(tmp_path, write_mode="back")
+    st = make_tiered(cfg)
+    try:
+        st.tiers[HOST].close()  # every host call now raises TierError: the tier has failed
+        put_all(st, s)  # acknowledged: must be durable somewhere, not "dirty" in a dead tier
+        assert all(st.holds_durably(k) for k in s.keys)
+        assert all(st.tiers[SSD].contains(k) for k in s.keys)
+        assert counters(st, HOST).errors > 0 and counters(st, HOST).degraded
+        assert [bytes(st.get(k)) for k in s.keys] == list(s.blobs)
+    finally:
+        st.close()
+
+
+def test_admin_demotion_leaves_pinned_chunks_where_they_are(tmp_path: Path) -> None:
+    s = chunks(4)
+    st = make_tiered(store_config(tmp_path))
+    try:
+        put_all(st, s)
+        st.pin(s.keys[:2])
+        moved = [st.demote(k, SSD) for k in s.keys]
+        assert moved == [False, False, True, True]
+        assert all(st.tiers[HOST].contains(k) for k in s.keys[:2])
+        assert not any(st.tiers[HOST].contains(k) for k in s.keys[2:])
+        st.unpin(s.keys[:2])
+        assert st.demote(s.keys[0], SSD) and not st.tiers[HOST].contains(s.keys[0])
+    finally:
+        st.close()
