@@ -129,18 +129,25 @@ class HbmTier(Tier):
             self._entries[key] = (offset, n)
             self._used += n
 
-    def get(self, key: bytes) -> Stored | None:
+    def _touch(self, key: bytes) -> torch.Tensor | None:
+        """The value's device view, marked recently used; the caller holds the lock."""
         check_key(key)
+        self._check_open()
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        self._entries.move_to_end(key)
+        offset, size = entry
+        return self._arena[offset : offset + size]
+
+    def get(self, key: bytes) -> Stored | None:
         with self._lock:
-            self._check_open()
-            entry = self._entries.get(key)
-            if entry is None:
+            view = self._touch(key)
+            if view is None:
                 return None
-            self._entries.move_to_end(key)
-            offset, size = entry
-            if not size:
+            if not view.numel():
                 return b""
-            host = self._arena[offset : offset + size].cpu()  # copied under the lock: the block may be reused
+            host = view.cpu()  # copied under the lock: the block may be reused once it is released
         return memoryview(host.numpy()).toreadonly()
 
     def get_tensor(self, key: bytes) -> torch.Tensor | None:
@@ -149,15 +156,8 @@ class HbmTier(Tier):
         The view aliases the arena: it is valid only until the key is deleted or overwritten (the
         block is then reused). Clone it to keep it longer.
         """
-        check_key(key)
         with self._lock:
-            self._check_open()
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            self._entries.move_to_end(key)
-            offset, size = entry
-            return self._arena[offset : offset + size]
+            return self._touch(key)
 
     def delete(self, key: bytes) -> bool:
         check_key(key)
