@@ -188,18 +188,20 @@ class SessionStore:
         if tail.token_count != m.tail_tokens or tail.start != len(m.chunk_keys) * m.chunk_tokens:
             raise InvalidArgument(f"trailing span holds tokens [{tail.start}, {tail.start + tail.token_count}); "
                                   f"the manifest needs {m.tail_tokens} from {len(m.chunk_keys) * m.chunk_tokens}")
-        foreign = [k.hex() for k in m.chunk_keys if self._ns_of.get(k) not in (None, m.namespace)]
-        if foreign:
-            raise FailedPrecondition(f"{len(foreign)} referenced chunks were not saved in namespace "
-                                     f"{m.namespace!r} (first: {foreign[0]})")
-        unknown = [k.hex() for k in m.chunk_keys if k not in self._ns_of]
-        missing = unknown or [k.hex() for k in m.chunk_keys if not self.store.holds_durably(k)]
-        if missing:
-            raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored (first: {missing[0]}); "
-                                     f"save them before committing")
-        if self.config.write_mode == "back":
-            self.store.flush(m.chunk_keys)
+        # Checked under the lock: a concurrent delete of a session sharing these chunks cannot free
+        # one between this check and the new manifest joining the index.
         with self._lock:
+            foreign = [k.hex() for k in m.chunk_keys if self._ns_of.get(k) not in (None, m.namespace)]
+            if foreign:
+                raise FailedPrecondition(f"{len(foreign)} referenced chunks were not saved in namespace "
+                                         f"{m.namespace!r} (first: {foreign[0]})")
+            unknown = [k.hex() for k in m.chunk_keys if k not in self._ns_of]
+            missing = unknown or [k.hex() for k in m.chunk_keys if not self.store.holds_durably(k)]
+            if missing:
+                raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored (first: "
+                                         f"{missing[0]}); save them before committing")
+            if self.config.write_mode == "back":
+                self.store.flush(m.chunk_keys)
             ref = (m.namespace, m.session_id)
             old = self._manifests.get(ref)
             now = self.clock()  # the store's clock stamps versions: TTLs never trust a caller's times
