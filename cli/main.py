@@ -10,7 +10,10 @@ from cli import layout_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvstore", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="kvstore",
+        description="Tiered store for the FP4 global KV of DeepSeek-V4.1-Flash-style models: run the daemon, "
+                    "inspect it, and see the whole story with `kvstore demo`.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in _modules():
         module.register(sub)
