@@ -15,7 +15,8 @@ import pytest
 import zstandard
 
 from kvstore.tiers import SsdTierConfig, TierError
-from kvstore.tiers.ssd import DB_NAME, HEADER, RAW, ZSTD, SsdTier
+from kvstore.tiers.record import HEADER, RAW, ZSTD
+from kvstore.tiers.ssd import DB_NAME, SsdTier
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPRESSIBLE = bytes(range(256)) * 1024  # 256 KiB that zstd shrinks a lot

@@ -17,26 +17,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
 
 import lmdb
-import zstandard as zstd
 
-from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import SsdTierConfig
+from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
 
-HEADER = struct.Struct("<BII")
-RAW, ZSTD = 0, 1
 DB_NAME = b"chunks"  # our sub-database; others may add their own beside it (up to _MAX_DBS)
 _MAX_DBS = 8
 _MAX_READERS = 256  # py-lmdb uses MDB_NOTLS: one slot per open read transaction, not per thread
-
-CompressibleFrom = Callable[[bytes | memoryview], int]
-
 
 @contextlib.contextmanager
 def _lmdb_errors(what: str) -> Iterator[None]:
@@ -45,63 +38,6 @@ def _lmdb_errors(what: str) -> Iterator[None]:
         yield
     except lmdb.Error as exc:
         raise TierError(f"ssd tier: {what}: {exc}") from exc
-
-
-class _Codec:
-    """Frames values into records and back. zstd contexts are not thread-safe: one per thread."""
-
-    def __init__(self, level: int, compressible_from: CompressibleFrom | None) -> None:
-        self._level = level
-        self._from = compressible_from
-        self._local = threading.local()
-
-    def _ctx(self) -> Any:
-        local = self._local
-        if not hasattr(local, "dctx"):
-            local.cctx = zstd.ZstdCompressor(level=self._level) if self._level else None
-            local.dctx = zstd.ZstdDecompressor()
-        return local
-
-    def encode(self, view: memoryview) -> bytes:
-        raw_len = len(view)
-        if raw_len > 0xFFFFFFFF:
-            raise ValueError(f"ssd tier: values must be under 4 GiB, got {raw_len} bytes")
-        start = 0 if self._from is None else self._from(view)
-        if not 0 <= start <= raw_len:
-            raise ValueError(f"ssd tier: compressible_from gave offset {start} for a {raw_len}-byte value")
-        cctx = self._ctx().cctx
-        if cctx is not None and start < raw_len:
-            frame = cctx.compress(view[start:])
-            if start + len(frame) < raw_len:  # keep it only when it actually shrinks the value
-                return b"".join((HEADER.pack(ZSTD, raw_len, start), view[:start], frame))
-        return b"".join((HEADER.pack(RAW, raw_len, raw_len), view))
-
-    def decode(self, key: bytes, record: memoryview | bytes) -> bytes:
-        """The original value; TierError when the framing is invalid (bad flag, lengths, frame)."""
-        where = f"ssd tier: key {key.hex()}"
-        if len(record) < HEADER.size:
-            raise CorruptValue(f"{where}: record of {len(record)} bytes is shorter than its header")
-        flag, raw_len, prefix = HEADER.unpack_from(record)
-        body = memoryview(record)[HEADER.size :]
-        if flag == RAW:
-            if len(body) != raw_len or prefix != raw_len:
-                raise CorruptValue(f"{where}: raw record holds {len(body)} bytes, header says {raw_len}")
-            return bytes(body)
-        if flag != ZSTD:
-            raise CorruptValue(f"{where}: unknown codec flag {flag}")
-        if prefix >= raw_len or prefix > len(body):
-            raise CorruptValue(f"{where}: bad raw prefix {prefix} for a {raw_len}-byte value")
-        frame = body[prefix:]
-        try:
-            # Check the frame's declared size first: a corrupt one must not make us allocate GBs.
-            if zstd.frame_content_size(frame) != raw_len - prefix:
-                raise CorruptValue(f"{where}: zstd frame size does not match header length {raw_len}")
-            tail = self._ctx().dctx.decompress(frame)
-        except zstd.ZstdError as exc:
-            raise CorruptValue(f"{where}: cannot decompress: {exc}") from exc
-        if len(tail) != raw_len - prefix:
-            raise CorruptValue(f"{where}: decompressed {len(tail)} bytes, header says {raw_len - prefix}")
-        return b"".join((body[:prefix], tail))
 
 
 class _Gate:
@@ -152,7 +88,7 @@ class SsdTier(Tier):
 
     def __init__(self, config: SsdTierConfig, compressible_from: CompressibleFrom | None = None) -> None:
         self._config = config
-        self._codec = _Codec(config.zstd_level, compressible_from)
+        self._codec = RecordCodec(config.zstd_level, compressible_from)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = _Gate()  # no transaction may be open while the map is resized
         self._meta_lock = threading.Lock()
