@@ -15,19 +15,24 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import numpy as np
+import pytest
 import torch
 
-from kvstore import chunk, quant
-from kvstore.client import Client
+from kvstore import chunk, quant, transport
+from kvstore.client import Client, Unauthenticated
+from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError, NotFound, PermissionDenied
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import EntryFormat, Layout, get_layout
 from kvstore.store import Manifest, Retention
+from kvstore.v1 import kvstore_pb2 as pb
+from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parents[1]
 READY = "kvstore serving on "
@@ -198,3 +203,35 @@ def save_session(client: Client, s: SyntheticSession) -> Manifest:
     """Save every chunk of ``s`` and commit its manifest."""
     client.save_chunks(s.namespace, s.layout.layout_id, ROOT, 0, s.blobs)
     return client.commit(s.manifest)
+
+
+# -- calls that must fail, and same-host arenas ----------------------------------------------------
+CODE = {InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT, NotFound: grpc.StatusCode.NOT_FOUND,
+        FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+        PermissionDenied: grpc.StatusCode.PERMISSION_DENIED, Unauthenticated: grpc.StatusCode.UNAUTHENTICATED}
+
+
+def status_of(fn: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a call fails with (the client maps each code to one class)."""
+    try:
+        fn()
+    except grpc.RpcError as e:
+        return e.code(), e.details()  # type: ignore[attr-defined]
+    except KvstoreError as e:
+        return CODE[type(e)], str(e)
+    raise AssertionError("the call succeeded")
+
+
+def attach_arena(stub: pb_grpc.KVStoreStub, size: int = 64 << 10, claimed: int | None = None,
+            metadata: tuple[tuple[str, str], ...] = ()) -> str:
+    """Create a 64 KiB arena, attach it (claiming ``claimed`` bytes), drop our side; its id."""
+    directory = transport.default_shm_dir()
+    if directory is None:
+        pytest.skip("no writable /dev/shm on this host")
+    arena = transport.Arena.create(directory, size)
+    try:
+        req = pb.AttachArenaRequest(path=arena.path, size=claimed or size)
+        return stub.AttachArena(req, timeout=30, metadata=metadata).arena_id
+    finally:
+        Path(arena.path).unlink()
+        arena.close()

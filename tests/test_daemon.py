@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import struct
 import threading
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -17,20 +15,21 @@ import pytest
 from daemon_helpers import (
     Daemon,
     SyntheticSession,
+    attach_arena,
     clean_env,
-    free_port,
     make_session,
     running_daemon,
     save_session,
     start_daemon,
+    status_of,
 )
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
 from kvstore import chunk, transport
 from kvstore.aio_client import AsyncClient
-from kvstore.client import Client, ClientConfig, Unauthenticated
-from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError, NotFound, PermissionDenied
+from kvstore.client import Client, ClientConfig
+from kvstore.errors import KvstoreError, NotFound
 from kvstore.keys import ROOT
 from kvstore.layout import get_layout
 from kvstore.store import Retention
@@ -247,22 +246,6 @@ def test_server_reflection_lists_the_service(daemon: Daemon) -> None:
 
 
 # -- bad input: the right status, a useful message, nothing stored --------------------------------
-CODE = {InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT, NotFound: grpc.StatusCode.NOT_FOUND,
-        FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-        PermissionDenied: grpc.StatusCode.PERMISSION_DENIED, Unauthenticated: grpc.StatusCode.UNAUTHENTICATED}
-
-
-def status_of(fn: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
-    """The status code and message a call fails with (the client maps each code to one class)."""
-    try:
-        fn()
-    except grpc.RpcError as e:
-        return e.code(), e.details()  # type: ignore[attr-defined]
-    except KvstoreError as e:
-        return CODE[type(e)], str(e)
-    raise AssertionError("the call succeeded")
-
-
 def _patched(blob: bytes, offset: int, fmt: str, value: int) -> bytes:
     out = bytearray(blob)
     struct.pack_into(fmt, out, offset, value)
@@ -287,21 +270,6 @@ def _raw_save(stub: pb_grpc.KVStoreStub, *requests: pb.SaveChunksRequest) -> Non
 def _header(shm_path: str = "", **fields: object) -> pb.SaveChunksRequest:
     return pb.SaveChunksRequest(header=pb.SaveHeader(namespace="val", layout_id=TINY16.layout_id, shm_path=shm_path,
                                                      **fields))
-
-
-def _attach(stub: pb_grpc.KVStoreStub, size: int = 64 << 10, claimed: int | None = None,
-            metadata: tuple[tuple[str, str], ...] = ()) -> str:
-    """Create a 64 KiB arena, attach it (claiming ``claimed`` bytes), drop our side; its id."""
-    directory = transport.default_shm_dir()
-    if directory is None:
-        pytest.skip("no writable /dev/shm on this host")
-    arena = transport.Arena.create(directory, size)
-    try:
-        req = pb.AttachArenaRequest(path=arena.path, size=claimed or size)
-        return stub.AttachArena(req, timeout=30, metadata=metadata).arena_id
-    finally:
-        Path(arena.path).unlink()
-        arena.close()
 
 
 def _raw_load(stub: pb_grpc.KVStoreStub, s: SyntheticSession, **fields: object) -> list[pb.ChunkData]:
@@ -387,8 +355,9 @@ BAD: dict[str, tuple[Case, grpc.StatusCode, str]] = {
     "arena named like a daemon file": (lambda c, stub, s: stub.AttachArena(pb.AttachArenaRequest(
         path=f"/dev/shm/{SHM_FILE.replace('cli', 'srv')}", size=4096), timeout=30),
         INVALID, "is not a kvstore client file"),
-    "arena of another size": (lambda c, stub, s: _attach(stub, claimed=128 << 10), INVALID, "not 131072"),
-    "save beyond the arena": (lambda c, stub, s: _raw_save(stub, _header(arena_id=_attach(stub), arena_bytes=1 << 20)),
+    "arena of another size": (lambda c, stub, s: attach_arena(stub, claimed=128 << 10), INVALID, "not 131072"),
+    "save beyond the arena": (lambda c, stub, s: _raw_save(stub, _header(arena_id=attach_arena(stub),
+                                                                         arena_bytes=1 << 20)),
                               INVALID, "exceeds the arena's 65536"),
     "bad tier name in evict": (lambda c, _, s: c.evict("val", "s1", "nvme"),
                                INVALID, "unknown tier 'nvme'; this store has host, ssd"),
@@ -486,89 +455,3 @@ def test_sigterm_mid_save_then_restart(tmp_path: Path, grace_s: str) -> None:
             expected_items += 300 + 1
         assert tier_items(c)["ssd"][0] == expected_items  # leftovers were collected at start
     assert d.proc.returncode == 0
-
-
-# -- bearer tokens and metrics ---------------------------------------------------------------------------
-TOKENS = """
-[tokens]
-"tok-a" = ["team-a"]
-"tok-b" = ["team-b"]
-"tok-admin" = ["*"]
-"""
-
-
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, int]]:
-    """A daemon with bearer tokens and metrics; team-a and team-b each hold one session."""
-    tmp = tmp_path_factory.mktemp("secured")
-    (tmp / "tokens.toml").write_text(TOKENS)
-    metrics_port = free_port()
-    with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml"),
-                        "--metrics-port", str(metrics_port)) as d:
-        with Client(address=d.address, token="tok-admin", arena_bytes=4 << 20) as admin:  # shm with a token
-            save_session(admin, make_session(namespace="team-a", session_id="a1"))
-            save_session(admin, make_session(namespace="team-b", session_id="b1", seed=1))
-        yield d, metrics_port
-
-
-def _reads(c: Client) -> list[Callable[[], object]]:
-    return [lambda: c.list_sessions(""), lambda: c.get_session("team-a", "a1"), c.stats,
-            lambda: c.lookup("team-a", TINY16.layout_id, [1] * 256)]
-
-
-def test_missing_or_wrong_token_is_unauthenticated(secured: tuple[Daemon, int]) -> None:
-    d, _ = secured
-    for token, message in (("", "missing bearer token"), ("tok-nope", "unknown bearer token")):
-        with Client(address=d.address, token=token, shared_memory=False) as c:
-            for call in _reads(c):
-                code, got = status_of(call)
-                assert code == grpc.StatusCode.UNAUTHENTICATED and message in got
-
-
-def test_attaching_an_arena_needs_a_known_token(secured: tuple[Daemon, int]) -> None:
-    d, _ = secured
-    with grpc.insecure_channel(d.address) as channel:
-        stub = pb_grpc.KVStoreStub(channel)
-        for metadata, message in (((), "missing bearer token"),
-                                  ((("authorization", "Bearer tok-nope"),), "unknown bearer token")):
-            code, got = status_of(functools.partial(_attach, stub, metadata=metadata))
-            assert code == grpc.StatusCode.UNAUTHENTICATED and message in got
-        assert _attach(stub, metadata=(("authorization", "Bearer tok-a"),))  # any known token will do
-
-
-def test_a_token_covers_only_its_namespaces(secured: tuple[Daemon, int]) -> None:
-    d, _ = secured
-    with Client(address=d.address, token="tok-a", shared_memory=False) as c:
-        assert c.get_session("team-a", "a1")[0].token_count == 1000
-        assert [(x.namespace, x.session_id) for x in c.list_sessions("")] == [("team-a", "a1")]
-        denied: list[Callable[[], object]] = [
-            lambda: c.get_session("team-b", "b1"), lambda: c.list_sessions("team-b"),
-            lambda: c.delete_session("team-b", "b1"), lambda: c.load_session("team-b", "b1"),
-            lambda: c.lookup("team-b", TINY16.layout_id, [1] * 256),
-            lambda: c.touch_session("team-b", "b1", Retention(pinned=True)),
-            lambda: c.save_chunks("team-b", TINY16.layout_id, ROOT, 0, []),
-            lambda: c.get_session("team-b", "no-such-session"),  # no hint whether it exists
-        ]
-        for call in denied:
-            code, message = status_of(call)
-            assert code == grpc.StatusCode.PERMISSION_DENIED and "team-b" in message
-    with Client(address=d.address, token="tok-admin") as admin:
-        assert [x.session_id for x in admin.list_sessions("")] == ["a1", "b1"]  # nothing was deleted
-
-
-def test_admin_rpcs_need_the_admin_token(secured: tuple[Daemon, int]) -> None:
-    d, _ = secured
-    with Client(address=d.address, token="tok-admin") as admin:
-        assert admin.stats().sessions == 2
-    with Client(address=d.address, token="tok-a", shared_memory=False) as c:
-        for call in (c.stats, lambda: c.evict("team-a", "a1", "ssd")):
-            code, message = status_of(call)
-            assert code == grpc.StatusCode.PERMISSION_DENIED and "admin" in message
-
-
-def test_metrics_endpoint(secured: tuple[Daemon, int]) -> None:
-    _, port = secured
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    assert 'kvstore_tier_used_bytes{tier="ssd"}' in text
-    assert "kvstore_sessions 2.0" in text

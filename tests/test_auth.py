@@ -1,0 +1,113 @@
+"""Bearer tokens (per-namespace, admin scope) and the Prometheus endpoint, on a real daemon."""
+
+from __future__ import annotations
+
+import functools
+import urllib.request
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+from daemon_helpers import (
+    Daemon,
+    attach_arena,
+    free_port,
+    make_session,
+    running_daemon,
+    save_session,
+    status_of,
+)
+
+from kvstore.client import Client
+from kvstore.keys import ROOT
+from kvstore.layout import get_layout
+from kvstore.store import Retention
+from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+
+TINY16 = get_layout("tiny-16")
+
+
+# -- bearer tokens and metrics ---------------------------------------------------------------------------
+TOKENS = """
+[tokens]
+"tok-a" = ["team-a"]
+"tok-b" = ["team-b"]
+"tok-admin" = ["*"]
+"""
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, int]]:
+    """A daemon with bearer tokens and metrics; team-a and team-b each hold one session."""
+    tmp = tmp_path_factory.mktemp("secured")
+    (tmp / "tokens.toml").write_text(TOKENS)
+    metrics_port = free_port()
+    with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml"),
+                        "--metrics-port", str(metrics_port)) as d:
+        with Client(address=d.address, token="tok-admin", arena_bytes=4 << 20) as admin:  # shm with a token
+            save_session(admin, make_session(namespace="team-a", session_id="a1"))
+            save_session(admin, make_session(namespace="team-b", session_id="b1", seed=1))
+        yield d, metrics_port
+
+
+def _reads(c: Client) -> list[Callable[[], object]]:
+    return [lambda: c.list_sessions(""), lambda: c.get_session("team-a", "a1"), c.stats,
+            lambda: c.lookup("team-a", TINY16.layout_id, [1] * 256)]
+
+
+def test_missing_or_wrong_token_is_unauthenticated(secured: tuple[Daemon, int]) -> None:
+    d, _ = secured
+    for token, message in (("", "missing bearer token"), ("tok-nope", "unknown bearer token")):
+        with Client(address=d.address, token=token, shared_memory=False) as c:
+            for call in _reads(c):
+                code, got = status_of(call)
+                assert code == grpc.StatusCode.UNAUTHENTICATED and message in got
+
+
+def test_attaching_an_arena_needs_a_known_token(secured: tuple[Daemon, int]) -> None:
+    d, _ = secured
+    with grpc.insecure_channel(d.address) as channel:
+        stub = pb_grpc.KVStoreStub(channel)
+        for metadata, message in (((), "missing bearer token"),
+                                  ((("authorization", "Bearer tok-nope"),), "unknown bearer token")):
+            code, got = status_of(functools.partial(attach_arena, stub, metadata=metadata))
+            assert code == grpc.StatusCode.UNAUTHENTICATED and message in got
+        assert attach_arena(stub, metadata=(("authorization", "Bearer tok-a"),))  # any known token will do
+
+
+def test_a_token_covers_only_its_namespaces(secured: tuple[Daemon, int]) -> None:
+    d, _ = secured
+    with Client(address=d.address, token="tok-a", shared_memory=False) as c:
+        assert c.get_session("team-a", "a1")[0].token_count == 1000
+        assert [(x.namespace, x.session_id) for x in c.list_sessions("")] == [("team-a", "a1")]
+        denied: list[Callable[[], object]] = [
+            lambda: c.get_session("team-b", "b1"), lambda: c.list_sessions("team-b"),
+            lambda: c.delete_session("team-b", "b1"), lambda: c.load_session("team-b", "b1"),
+            lambda: c.lookup("team-b", TINY16.layout_id, [1] * 256),
+            lambda: c.touch_session("team-b", "b1", Retention(pinned=True)),
+            lambda: c.save_chunks("team-b", TINY16.layout_id, ROOT, 0, []),
+            lambda: c.get_session("team-b", "no-such-session"),  # no hint whether it exists
+        ]
+        for call in denied:
+            code, message = status_of(call)
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "team-b" in message
+    with Client(address=d.address, token="tok-admin") as admin:
+        assert [x.session_id for x in admin.list_sessions("")] == ["a1", "b1"]  # nothing was deleted
+
+
+def test_admin_rpcs_need_the_admin_token(secured: tuple[Daemon, int]) -> None:
+    d, _ = secured
+    with Client(address=d.address, token="tok-admin") as admin:
+        assert admin.stats().sessions == 2
+    with Client(address=d.address, token="tok-a", shared_memory=False) as c:
+        for call in (c.stats, lambda: c.evict("team-a", "a1", "ssd")):
+            code, message = status_of(call)
+            assert code == grpc.StatusCode.PERMISSION_DENIED and "admin" in message
+
+
+def test_metrics_endpoint(secured: tuple[Daemon, int]) -> None:
+    _, port = secured
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    assert 'kvstore_tier_used_bytes{tier="ssd"}' in text
+    assert "kvstore_sessions 2.0" in text
