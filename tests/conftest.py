@@ -145,3 +145,15 @@ def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tier]:
     tier = make_tier(config)
     yield tier
     tier.close()
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Run a module's model code on one torch thread: tiny per-token ops only add OpenMP contention
+    on a shared 2-core machine."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
