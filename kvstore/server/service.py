@@ -117,38 +117,42 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             del self.arena_used[a]
         return len(idle)
 
-    def _fill_arena(self, arena: transport.Arena, keys: list[bytes]) -> pb.ShmHandle | None:
-        """Verified chunks straight into the arena, each copied right after its checksum pass (while
-        it is still in cache); None if they do not fit."""
-        h = pb.ShmHandle()
+    def _load(self, keys: list[bytes], arena: transport.Arena | None
+              ) -> tuple[list[tuple[int, transport.Blob]], pb.ShmHandle | None]:
+        """Verified chunks (request index, blob), read once. With an arena, each is also copied into it
+        right after its checksum pass (while still in cache); the handle is None if they do not fit."""
+        loaded: list[tuple[int, transport.Blob]] = []
+        h: pb.ShmHandle | None = pb.ShmHandle() if arena is not None else None
         off = 0
         for i, (_, blob) in enumerate(self.sessions.load(keys)):
             if blob is None:
                 continue
-            n = len(blob)
-            if off + n > arena.size:
-                return None
-            arena.view[off : off + n] = blob
-            h.indices.append(i)
-            h.offsets.append(off)
-            h.sizes.append(n)
-            off += n
-        h.size = off
-        return h
+            loaded.append((i, blob))
+            if h is not None and arena is not None:
+                n = len(blob)
+                if off + n > arena.size:
+                    h = None  # too big for the arena: the caller falls back to a transfer file
+                    continue
+                arena.view[off : off + n] = blob
+                h.indices.append(i)
+                h.offsets.append(off)
+                h.sizes.append(n)
+                off += n
+        if h is not None:
+            h.size = off
+        return loaded, h
 
     async def _chunks(self, keys: list[bytes], shared_memory: bool, arena_id: str = ""
                       ) -> AsyncIterator[pb.ChunkData]:
         """Read chunks in worker threads and stream them (or hand them over in shared memory)."""
         arena = self._arena(arena_id) if arena_id else None
+        loaded, handle = await asyncio.to_thread(self._load, keys, arena)
+        if handle is not None:
+            handle.arena_id = arena_id
+            yield pb.ChunkData(shm=handle)
+            return
         if arena is not None:
-            handle = await asyncio.to_thread(self._fill_arena, arena, keys)
-            if handle is not None:
-                handle.arena_id = arena_id
-                yield pb.ChunkData(shm=handle)
-                return
             shared_memory = True  # too big for the arena: one transfer file instead
-        loaded = await asyncio.to_thread(lambda: [(i, b) for i, (_, b) in enumerate(self.sessions.load(keys))
-                                                   if b is not None])
         if shared_memory and self.shm_dir is not None:
             blobs = [b for _, b in loaded]
             path, offsets, sizes = await asyncio.to_thread(transport.write_shm, self.shm_dir, blobs, "srv")
@@ -252,11 +256,15 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def GetSession(self, request: pb.GetSessionRequest, context: Any) -> pb.GetSessionResponse:
         self._ns(context, request.namespace)
         m = self.sessions.get(request.namespace, request.session_id)
-        tiers: dict[str, int] = {}
-        for k in m.chunk_keys:
-            where = await asyncio.to_thread(self.sessions.store.where, k)
-            name = where[0] if where else "missing"
-            tiers[name] = tiers.get(name, 0) + 1
+        def count() -> dict[str, int]:  # one worker-thread hop for the whole session
+            tiers: dict[str, int] = {}
+            for k in m.chunk_keys:
+                where = self.sessions.store.where(k)
+                name = where[0] if where else "missing"
+                tiers[name] = tiers.get(name, 0) + 1
+            return tiers
+
+        tiers = await asyncio.to_thread(count)
         return pb.GetSessionResponse(session=convert.session_to_pb(m),
                                      tiers=[pb.TierCount(tier=t, chunks=n) for t, n in tiers.items()])
 
