@@ -26,4 +26,8 @@ if ! "$py" -c "import torch" 2>/dev/null; then
   fi
 fi
 "$py" -m pip install --quiet -e ".${extras}"
+# The test suite drives the daemon from a stock Node.js gRPC client too (tests/test_node_client.py).
+if [[ -n "$extras" ]] && command -v npm >/dev/null 2>&1; then
+  npm ci --prefix tests/node --no-audit --no-fund --loglevel=error >/dev/null
+fi
 echo "kvstore installed in $venv ($("$py" -c 'import torch; print("torch", torch.__version__)'))"
