@@ -29,3 +29,8 @@ class PermissionDenied(KvstoreError):
 
 class Unavailable(KvstoreError):
     """Every tier that could serve the request failed; retrying later may succeed."""
+
+
+class ResourceExhausted(KvstoreError):
+    """The store is out of space (a full disk, its configured size limit): nothing was written,
+    everything stored before is still served, and the same request may succeed once space returns."""

@@ -60,7 +60,15 @@ def chain_keys(layout_id: bytes, namespace: str, token_ids: TokenIds, chunk_toke
     return keys
 
 
-def _key_raw(layout_id: bytes, namespace: str, parent: bytes, raw: bytes) -> bytes:
+def chunk_key_raw(layout_id: bytes, namespace: str, parent: bytes, raw: bytes | memoryview) -> bytes:
+    """``chunk_key`` of token ids already in their canonical form (uint32 LE bytes, e.g. a stored
+    chunk's own): no conversion, so verifying a hit costs one xxh3 pass over them."""
+    if len(layout_id) != KEY_BYTES or len(parent) != KEY_BYTES:
+        raise ValueError("layout id and parent key must be 16 bytes")
+    return _key_raw(layout_id, namespace, parent, raw)
+
+
+def _key_raw(layout_id: bytes, namespace: str, parent: bytes, raw: bytes | memoryview) -> bytes:
     ns = namespace.encode()
     h = xxhash.xxh3_128()
     for part in (_DOMAIN, layout_id, len(ns).to_bytes(2, "little"), ns, parent, raw):

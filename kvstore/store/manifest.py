@@ -47,8 +47,14 @@ def check_namespace(namespace: str) -> str:
 
 
 def manifest_key(namespace: str, session_id: str) -> bytes:
-    """The tier key of a session's manifest (never 16 bytes long, so never mistaken for a chunk)."""
+    """The key of a session's manifest in the durable tier's meta keyspace (never among chunks)."""
     return KEY_PREFIX + f"{namespace}/{session_id}".encode()
+
+
+def is_legacy_manifest(key: bytes, value: bytes | memoryview) -> bool:
+    """Whether a value found among the chunks is a manifest the old format kept there (under a
+    manifest key). Decided by its magic, not its key's length: a manifest key can be 16 bytes."""
+    return key.startswith(KEY_PREFIX) and bytes(memoryview(value)[: len(MAGIC)]) == MAGIC
 
 
 @dataclass(frozen=True)

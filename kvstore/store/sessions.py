@@ -12,6 +12,7 @@ Invariants:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -23,6 +24,7 @@ from kvstore import chunk
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvstore.keys import ROOT, chain_keys, chunk_key
 from kvstore.layout import Layout, layout_by_id
+from kvstore.store.chunk_index import ChunkIndex, chunk_matches
 from kvstore.store.config import StoreConfig
 from kvstore.store.manifest import (
     KEY_PREFIX,
@@ -31,6 +33,7 @@ from kvstore.store.manifest import (
     Retention,
     check_namespace,
     check_session_id,
+    is_legacy_manifest,
     manifest_key,
 )
 from kvstore.store.tiered import TieredStore
@@ -81,13 +84,15 @@ class SessionStore:
         self._lock = threading.RLock()
         self._manifests: dict[SessionRef, Manifest] = {}
         self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
-        #: The namespace each chunk was validated under (its key hashes it in): a commit may only
-        #: name chunks of its own namespace, so no session can read another namespace's chunks.
-        self._ns_of: dict[bytes, str] = {}
+        #: Owner and place of every chunk saved or named by a manifest: reads, lookups and commits
+        #: see only their own namespace's chunks, and every hit is verified against it.
+        self._chunks = ChunkIndex()
         self._load_manifests()
 
     # -- startup --------------------------------------------------------------------------------
     def _load_manifests(self) -> None:
+        # Data dirs of the old format kept manifests among the chunks: move them out first, once.
+        self.store.migrate_meta(KEY_PREFIX, is_legacy_manifest)
         for key in list(self.store.meta_keys(KEY_PREFIX)):
             blob = self.store.get_meta(key)
             try:
@@ -111,7 +116,7 @@ class SessionStore:
         self._manifests[ref] = m
         for k in m.chunk_keys:
             self._refs[k].add(ref)
-            self._ns_of[k] = m.namespace
+        self._chunks.add_sequence(m.namespace, m.layout_id, m.chunk_keys)
         if m.retention.pinned:  # a pinned session's chunks are never demoted or evicted
             self.store.pin(m.chunk_keys)
 
@@ -133,7 +138,7 @@ class SessionStore:
     def _free(self, keys: Sequence[bytes]) -> None:
         for k in keys:
             self.store.delete(k, local_only=True)
-            self._ns_of.pop(k, None)
+            self._chunks.discard(k)
 
     # -- saving ---------------------------------------------------------------------------------
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
@@ -148,7 +153,8 @@ class SessionStore:
             raise InvalidArgument(f"chunk size {ct} is not a multiple of layout {lay.name}'s m")
         if first_index < 0 or (first_index == 0) != (parent == ROOT):
             raise InvalidArgument("the first chunk (index 0) and only it has the all-zero parent key")
-        keys = []
+        keys: list[bytes] = []
+        first_parent = parent
         new: list[tuple[bytes, bytes | memoryview]] = []
         seen: set[bytes] = set()
         for n, blob in enumerate(blobs):
@@ -169,10 +175,11 @@ class SessionStore:
                 seen.add(want)
             keys.append(want)
             parent = want
-        # everything was validated first: bad input changes nothing stored
+        # everything was validated first: bad input changes nothing stored; a failed write leaves
+        # nothing behind either (put_many is all or nothing), and the index learns only of success
         self.store.put_many(new)
         with self._lock:
-            self._ns_of.update((k, namespace) for k in keys)
+            self._chunks.add_sequence(namespace, lay.layout_id, keys, first_index, first_parent)
         return SaveResult(keys, len(new))
 
     def commit(self, m: Manifest) -> Manifest:
@@ -191,15 +198,7 @@ class SessionStore:
         # Checked under the lock: a concurrent delete of a session sharing these chunks cannot free
         # one between this check and the new manifest joining the index.
         with self._lock:
-            foreign = [k.hex() for k in m.chunk_keys if self._ns_of.get(k) not in (None, m.namespace)]
-            if foreign:
-                raise FailedPrecondition(f"{len(foreign)} referenced chunks were not saved in namespace "
-                                         f"{m.namespace!r} (first: {foreign[0]})")
-            unknown = [k.hex() for k in m.chunk_keys if k not in self._ns_of]
-            missing = unknown or [k.hex() for k in m.chunk_keys if not self.store.holds_durably(k)]
-            if missing:
-                raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored (first: "
-                                         f"{missing[0]}); save them before committing")
+            self._check_chunks(m)
             if self.config.write_mode == "back":
                 self.store.flush(m.chunk_keys)
             ref = (m.namespace, m.session_id)
@@ -211,6 +210,26 @@ class SessionStore:
             self._index(m)
             self._free([k for k in freed if not self._refs.get(k)])
         return m
+
+    def _check_chunks(self, m: Manifest) -> None:
+        """Every chunk ``m`` names is stored, owned by its namespace, and in its place."""
+        infos = [self._chunks.owned(m.namespace, k) for k in m.chunk_keys]
+        # Another namespace's chunk and an absent one are one case, answered with one message:
+        # a commit must not tell a tenant what another one holds.
+        missing = [k.hex() for k, info in zip(m.chunk_keys, infos)
+                   if info is None or not self.store.holds_durably(k)]
+        if missing:
+            raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored in namespace "
+                                     f"{m.namespace!r} (first: {missing[0]}); save them before committing")
+        for i, (k, info) in enumerate(zip(m.chunk_keys, infos)):
+            assert info is not None
+            if info.layout_id != m.layout_id:
+                raise InvalidArgument(f"chunk {i} ({k.hex()}) was saved under layout {info.layout_id.hex()}, "
+                                      f"the manifest's is {m.layout_id.hex()}")
+            parent = m.chunk_keys[i - 1] if i else ROOT
+            if info.index != i or info.parent != parent:
+                raise InvalidArgument(f"chunk {i} ({k.hex()}) is out of place: it is chunk {info.index} of its "
+                                      f"sequence and follows {info.parent.hex()}, not {parent.hex()}")
 
     # -- sessions -------------------------------------------------------------------------------
     def get(self, namespace: str, session_id: str) -> Manifest:
@@ -264,7 +283,10 @@ class SessionStore:
         tiers: dict[str, int] = defaultdict(int)
         n = 0
         for key in chain_keys(layout_id, namespace, token_ids, self.config.chunk_tokens):
-            where = self.store.where(key)
+            # Index and presence, not the bytes: a load verifies those (docs/FORMAT.md).
+            with self._lock:
+                known = self._chunks.owned(namespace, key) is not None
+            where = self.store.where(key) if known else []
             if not where:
                 break
             tiers[where[0]] += 1
@@ -276,18 +298,25 @@ class SessionStore:
             self.hits.hit_tokens += cached
         return LookupResult(cached, len(token_ids), n, dict(tiers))
 
-    def load(self, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
-        """Verified chunks in order (None for a miss), pinned while they are read."""
-        self.store.pin(keys)
+    def load(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
+        """Verified chunks in order (None for a miss), pinned while they are read. Only chunks
+        ``namespace`` owns are read at all: another namespace's is a miss, exactly like an absent
+        one, and nothing but an owned chunk's failing copy is ever deleted."""
+        check_namespace(namespace)
+        with self._lock:
+            infos = [self._chunks.owned(namespace, k) for k in keys]
+        owned = [k for k, info in zip(keys, infos) if info is not None]
+        ct = self.config.chunk_tokens
+        self.store.pin(owned)
         try:
-            for k in keys:
-                blob = self.store.get(k)
+            for k, info in zip(keys, infos):
+                blob = None if info is None else self.store.get(k, functools.partial(chunk_matches, k, info, ct))
                 with self._lock:
                     self.hits.loaded_chunks += blob is not None
                     self.hits.missed_chunks += blob is None
                 yield k, blob
         finally:
-            self.store.unpin(keys)
+            self.store.unpin(owned)
             with self._lock:
                 self.hits.loads += 1
 

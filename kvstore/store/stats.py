@@ -24,8 +24,8 @@ class BytesPerToken:
     payload: int
     chunk_overhead: int
     manifests: int
-    stored: int  # bytes the durable tier holds (compressed where compression helped)
-    raw: int  # the same values uncompressed
+    stored: int  # bytes the durable tier holds, chunks and manifests (compressed where it helped)
+    raw: int  # the same uncompressed
     lmdb_overhead: int  # LMDB pages in use minus stored bytes (0 for non-LMDB tiers)
     baseline_swa_per_turn: int  # what a V4-Flash-style store adds per persisted turn boundary (SWA snapshot)
 
@@ -66,16 +66,18 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     formula = formula_num / total_session_tokens if total_session_tokens else 0.0
     durable = store.tiers[store.durable]
     usage = durable.usage()
+    stored_manifests = sum(len(m.encode()) for m in manifests)  # kept raw in the meta keyspace
     lmdb_overhead = 0
     stats_fn = getattr(durable, "lmdb_stats", None)
     if stats_fn is not None:
         s = stats_fn()
         pages = s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
-        lmdb_overhead = max(0, pages * s["psize"] - usage.used_bytes)
+        lmdb_overhead = max(0, pages * s["psize"] - usage.used_bytes - stored_manifests)
     swa = max((known_layout(m.layout_id).swa_state_bytes for m in manifests), default=0)
     return BytesPerToken(tokens, len(manifests), len(live), formula, payload,
                          raw_chunks - sum(lay.chunk_payload_bytes(ct) for lay in live.values()),
-                         manifest_bytes, usage.used_bytes, usage.raw_bytes, lmdb_overhead, swa)
+                         manifest_bytes, usage.used_bytes + stored_manifests, usage.raw_bytes + stored_manifests,
+                         lmdb_overhead, swa)
 
 
 def store_stats(sessions: SessionStore) -> StoreStats:

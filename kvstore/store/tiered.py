@@ -13,19 +13,19 @@ The tiers never know about each other; this class moves data between them:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvstore import chunk
-from kvstore.errors import Unavailable
+from kvstore.errors import ResourceExhausted, Unavailable
 from kvstore.store.config import StoreConfig
-from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, Usage
+from kvstore.tiers.base import CorruptValue, OutOfSpace, Stored, Tier, TierError, Usage
 
 log = logging.getLogger(__name__)
-CHUNK_KEY_BYTES = 16
 
 
 @dataclass
@@ -102,26 +102,44 @@ class TieredStore:
         self.put_many([(key, blob)])
 
     def put_many(self, items: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
-        """Store chunks; the durable tier gets them in one batch (one transaction, one fsync)."""
+        """Store chunks; the durable tier gets them in one batch (one transaction, one fsync).
+        All or nothing: if the durable tier fails, what this call put in a faster tier is removed
+        again (a chunk a faster tier already held before is left alone)."""
         if not items:
             return
         with self._lock:
+            size = sum(len(b) for _, b in items)
             back = self.config.write_mode == "back" and self.durable != 0
             if back:
                 try:
-                    self._make_room(0, sum(len(b) for _, b in items))
+                    self._make_room(0, size)
                     self._call(0, "put_many", items)
                     self._dirty.update(k for k, _ in items)
                     return
                 except TierError:
                     pass  # the fast tier cannot take them: write them through instead
-            for i in sorted({0, self.durable}) if not back else [self.durable]:
+            fast: list[bytes] = []  # keys this call added to the fast tier
+            if not back and self.durable != 0:
+                had = {k for k, _ in items if self._try(0, "contains", k, default=False)}
                 try:
-                    self._make_room(i, sum(len(b) for _, b in items))
-                    self._call(i, "put_many", items)
-                except TierError as e:
-                    if i == self.durable:
-                        raise Unavailable(f"durable tier {self.tiers[i].name} failed: {e}") from e
+                    self._make_room(0, size)
+                    self._call(0, "put_many", items)
+                    fast = [k for k, _ in items if k not in had]
+                except TierError:
+                    pass  # a fast tier is a cache: the durable write below is what counts
+            try:
+                self._make_room(self.durable, size)
+                self._call(self.durable, "put_many", items)
+            except TierError as e:
+                for k in fast:
+                    self._try(0, "delete", k)
+                raise self._durable_error(e) from e
+
+    def _durable_error(self, e: TierError) -> Exception:
+        name = self.tiers[self.durable].name
+        if isinstance(e, OutOfSpace):
+            return ResourceExhausted(f"durable tier {name} is out of space: {e}")
+        return Unavailable(f"durable tier {name} failed: {e}")
 
     def flush(self, keys: Sequence[bytes] | None = None) -> None:
         """Write-back mode: make ``keys`` (default: every dirty chunk) durable now."""
@@ -137,7 +155,7 @@ class TieredStore:
                 try:
                     self._call(self.durable, "put", key, blob)
                 except TierError as e:
-                    raise Unavailable(f"durable tier {self.tiers[self.durable].name} failed: {e}") from e
+                    raise self._durable_error(e) from e
                 self._dirty.discard(key)
 
     def delete(self, key: bytes, local_only: bool = False) -> None:
@@ -149,8 +167,11 @@ class TieredStore:
             self._dirty.discard(key)
 
     # -- reads ----------------------------------------------------------------------------------
-    def get(self, key: bytes) -> Stored | None:
-        """The verified chunk, from the fastest tier holding it; None on a miss."""
+    def get(self, key: bytes, check: Callable[[Stored], bool] | None = None) -> Stored | None:
+        """The verified chunk, from the fastest tier holding it; None on a miss. ``check`` is the
+        verification (default: checksum and the key the chunk claims); a copy that fails it is
+        counted, deleted from that tier, and the next tier is tried."""
+        valid = check if check is not None else (lambda blob: chunk_is_valid(key, blob))
         for i in range(len(self.tiers)):
             name = self.tiers[i].name
             try:
@@ -161,7 +182,7 @@ class TieredStore:
                 continue
             if blob is None:
                 continue
-            if not chunk_is_valid(key, blob):  # type: ignore[arg-type]
+            if not valid(blob):  # type: ignore[arg-type]
                 self.counters[name].verify_failures += 1
                 log.error("chunk %s failed verification in tier %s: deleted there", key.hex(), name)
                 self._try(i, "delete", key)
@@ -200,31 +221,58 @@ class TieredStore:
         Tiers slower than the durable one do not count: they may be shared and expire by TTL."""
         return key in self._dirty or bool(self._try(self.durable, "contains", key, default=False))
 
-    # -- metadata (manifests) live on the durable tier -------------------------------------------
-    def put_meta(self, key: bytes, value: bytes) -> None:
+    # -- meta records (manifests) live in the durable tier's own meta keyspace --------------------
+    def _meta(self, op: str, *args: bytes) -> object:
+        tier = self.tiers[self.durable]
         try:
-            self._call(self.durable, "put", key, value)
+            return getattr(tier.meta(), op)(*args)
         except TierError as e:
-            raise Unavailable(f"durable tier {self.tiers[self.durable].name} failed: {e}") from e
+            c = self.counters[tier.name]
+            c.errors += 1
+            c.last_error, c.degraded = str(e), True
+            raise self._durable_error(e) from e
 
-    def get_meta(self, key: bytes) -> Stored | None:
-        try:
-            return self._call(self.durable, "get", key)  # type: ignore[return-value]
-        except TierError as e:
-            raise Unavailable(f"durable tier {self.tiers[self.durable].name} failed: {e}") from e
+    def put_meta(self, key: bytes, value: bytes) -> None:
+        self._meta("put", key, value)
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        return self._meta("get", key)  # type: ignore[return-value]
 
     def delete_meta(self, key: bytes) -> None:
-        self._try(self.durable, "delete", key)
+        with contextlib.suppress(Unavailable):
+            self._meta("delete", key)
 
     def meta_keys(self, prefix: bytes) -> Iterator[bytes]:
-        keys = self._try(self.durable, "keys", default=iter(()))
-        return (k for k in keys if k.startswith(prefix))  # type: ignore[union-attr]
+        try:
+            keys = self._meta("keys")
+        except Unavailable:
+            return iter(())
+        return (k for k in keys if k.startswith(prefix))  # type: ignore[attr-defined]
+
+    def migrate_meta(self, prefix: bytes, is_meta: Callable[[bytes, Stored], bool]) -> int:
+        """Move the meta records an older format kept among the durable tier's values (under keys
+        starting with ``prefix``, recognised by ``is_meta(key, value)``) into its meta keyspace,
+        all at once. Returns how many moved; 0 once migrated."""
+        i = self.durable
+        try:
+            candidates = [k for k in self._call(i, "keys") if k.startswith(prefix)]  # type: ignore[attr-defined]
+            values = self._call(i, "get_many", candidates) if candidates else []
+            found = [k for k, v in zip(candidates, values) if v is not None and is_meta(k, v)]  # type: ignore[arg-type]
+            if found:
+                self._call(i, "move_to_meta", found)
+        except TierError as e:  # CorruptValue included: a damaged old record stays where it is
+            log.error("cannot migrate old-format meta records in tier %s: %s", self.tiers[i].name, e)
+            return 0
+        if found:
+            log.warning("moved %d meta records of the old format out of tier %s's values",
+                        len(found), self.tiers[i].name)
+        return len(found)
 
     def chunk_keys(self, local_only: bool = False) -> set[bytes]:
         """Every chunk key held by any tier (``local_only``: by the durable tier or a faster one)."""
         out: set[bytes] = set()
         for i in range(self.durable + 1 if local_only else len(self.tiers)):
-            out.update(k for k in self._try(i, "keys", default=()) if len(k) == CHUNK_KEY_BYTES)  # type: ignore[union-attr]
+            out.update(self._try(i, "keys", default=()))  # type: ignore[arg-type]
         return out
 
     # -- movement between tiers -----------------------------------------------------------------
@@ -274,7 +322,7 @@ class TieredStore:
         for victim in list(self._try(i, "victims", default=())):  # type: ignore[call-overload]
             if used + incoming <= cap:
                 break
-            if len(victim) != CHUNK_KEY_BYTES or victim == protect or self._pins[victim] > 0:
+            if victim == protect or self._pins[victim] > 0:
                 continue
             size = self._try(i, "size_of", victim) or 0
             if self._evict_one(i, victim):
@@ -318,7 +366,7 @@ class TieredStore:
             if self._dirty:
                 try:
                     self.flush()
-                except Unavailable as e:
+                except (Unavailable, ResourceExhausted) as e:
                     log.error("closing with %d chunks not yet durable: %s", len(self._dirty), e)
             for t in self.tiers:
                 try:

@@ -1,15 +1,17 @@
 """The one interface every storage tier implements: put / get / delete / contains / usage / close.
 
 A tier is a flat key -> value map with an eviction order. Keys are opaque bytes (1 to 256 of
-them: usually a 16-byte chunk hash, sometimes e.g. ``b"m:" + session id``); values are opaque
+them: 16-byte chunk hashes in practice); values are opaque
 bytes (chunk blobs of ~10 KB to a few MB). Tiers never know about each other and never drop data
 on their own to respect a capacity: the tiered store reads ``usage()`` and ``victims()`` and
 demotes. Bad arguments raise ``ValueError``; infrastructure failures raise ``TierError``.
+Records that are not values (session manifests) live in the tier's separate ``meta()`` keyspace.
 """
 
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import NamedTuple, TypeVar
@@ -40,6 +42,11 @@ class TierFullError(TierError):
     """A put did not fit in the tier's free space; the store evicts and retries."""
 
 
+class OutOfSpace(TierError):
+    """The tier's storage is exhausted (a full disk, a configured size limit): the write was not
+    made, what was stored before is intact, and the same write may succeed once space returns."""
+
+
 class CorruptValue(TierError):
     """A stored value's framing is damaged: the value is unreadable, the tier is fine. The store
     deletes it there and serves another copy."""
@@ -62,6 +69,52 @@ def check_value(value: Value) -> memoryview:
     if not view.contiguous:
         raise ValueError("tier values must be contiguous buffers")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class MetaMap(abc.ABC):
+    """A tier's second keyspace, for small records that are not values (session manifests). Its
+    keys never mix with the tier's values, so nothing has to tell the two kinds apart."""
+
+    @abc.abstractmethod
+    def put(self, key: bytes, value: bytes) -> None:
+        """Store ``value`` under ``key`` atomically (a crash leaves the old value or the new one)."""
+
+    @abc.abstractmethod
+    def get(self, key: bytes) -> bytes | None:
+        """The record under ``key``, or None."""
+
+    @abc.abstractmethod
+    def delete(self, key: bytes) -> bool:
+        """Remove ``key``; True if it was present."""
+
+    @abc.abstractmethod
+    def keys(self) -> Iterator[bytes]:
+        """Every key held; a snapshot."""
+
+
+class MemoryMeta(MetaMap):
+    """Records in a dict: the meta keyspace of a tier that does not persist anyway."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._records: dict[bytes, bytes] = {}
+
+    def put(self, key: bytes, value: bytes) -> None:
+        value = bytes(value)
+        with self._lock:
+            self._records[check_key(key)] = value
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            return self._records.get(key)
+
+    def delete(self, key: bytes) -> bool:
+        with self._lock:
+            return self._records.pop(key, None) is not None
+
+    def keys(self) -> Iterator[bytes]:
+        with self._lock:
+            return iter(list(self._records))
 
 
 class Tier(abc.ABC):
@@ -106,6 +159,25 @@ class Tier(abc.ABC):
     @abc.abstractmethod
     def size_of(self, key: bytes) -> int | None:
         """Stored bytes of one value (what it counts for in ``usage().used_bytes``), None if absent."""
+
+    def meta(self) -> MetaMap:
+        """The tier's meta keyspace (see ``MetaMap``). This default keeps it in memory, which is
+        right for a tier that does not persist; persistent tiers override it."""
+        meta: MetaMap | None = getattr(self, "_memory_meta", None)
+        if meta is None:
+            meta = self._memory_meta = MemoryMeta()
+        return meta
+
+    def move_to_meta(self, keys: Sequence[bytes]) -> None:
+        """Move values into the meta keyspace (a format migration: older versions kept manifests
+        among the values). This default copies, then deletes: a crash in between leaves both
+        copies, and running the move again finishes it. Tiers with transactions do it in one."""
+        meta = self.meta()
+        for key in keys:
+            value = self.get(key)
+            if value is not None:
+                meta.put(key, bytes(value))
+                self.delete(key)
 
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
         """Store several values; a tier overrides this when it can batch (one transaction, one round trip)."""

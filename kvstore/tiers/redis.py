@@ -3,8 +3,10 @@
 Usage is O(1): a hash ``f"{namespace}#usage"`` (outside the key prefix, so no tier key can
 collide with it and SCAN over the prefix never sees it) holds byte and item counters, updated in
 the same Lua script as each write, so a write and its accounting are atomic and an overwrite
-knows the old size. Redis evicts by itself (``ttl_s``, maxmemory): the counters cannot see that,
-so with either in play ``usage()`` is an upper bound until ``recount()``.
+knows the old size. Meta records (manifests, when Redis is the durable tier) live under
+``f"{namespace}#meta:"``: also outside the value prefix, never expiring. Redis evicts by
+itself (``ttl_s``, maxmemory): the counters cannot see that, so with either in play ``usage()``
+is an upper bound until ``recount()``.
 
 Every Redis failure becomes a TierError. Timeouts are short, and a connection error is retried
 once at once, which is what makes the first command after a server restart succeed (the pooled
@@ -20,7 +22,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.base import MetaMap, Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import RedisTierConfig
 
 # KEYS: value key, usage hash. ARGV: value, TTL in ms (0 = none).
@@ -71,6 +73,7 @@ class RedisTier(Tier):
         self._put_script = self._client.register_script(_PUT)
         self._delete_script = self._client.register_script(_DELETE)
         self._closed = False
+        self._meta = _RedisMeta(self, f"{config.namespace}#meta:".encode())
 
     @contextlib.contextmanager
     def _errors(self, op: str) -> Iterator[None]:
@@ -132,6 +135,9 @@ class RedisTier(Tier):
                 self._delete_script(keys=[rkey, self._usage_key], client=pipe)
             return sum(pipe.execute())
 
+    def meta(self) -> MetaMap:
+        return self._meta
+
     def contains(self, key: bytes) -> bool:
         rkey = self._key(key)
         with self._errors("contains"):
@@ -180,3 +186,30 @@ class RedisTier(Tier):
             self._closed = True
             with contextlib.suppress(redis.RedisError):
                 self._client.close()
+
+
+class _RedisMeta(MetaMap):
+    """Meta records as plain strings under their own prefix (no TTL, no usage accounting)."""
+
+    def __init__(self, tier: RedisTier, prefix: bytes) -> None:
+        self._tier = tier
+        self._prefix = prefix
+
+    def put(self, key: bytes, value: bytes) -> None:
+        with self._tier._errors("meta put"):
+            self._tier._client.set(self._prefix + check_key(key), value)
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._tier._errors("meta get"):
+            return self._tier._client.get(self._prefix + check_key(key))  # type: ignore[return-value]
+
+    def delete(self, key: bytes) -> bool:
+        with self._tier._errors("meta delete"):
+            return bool(self._tier._client.delete(self._prefix + check_key(key)))
+
+    def keys(self) -> Iterator[bytes]:
+        start = len(self._prefix)
+        with self._tier._errors("meta keys"):
+            found = {bytes(k)[start:] for k in self._tier._client.scan_iter(match=self._prefix + b"*",
+                                                                             count=_SCAN_COUNT)}
+        return iter(found)

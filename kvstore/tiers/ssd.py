@@ -1,4 +1,5 @@
-"""SSD tier: values in one LMDB sub-database, each zstd-compressed on its own.
+"""SSD tier: values in one LMDB sub-database, each zstd-compressed on its own; meta records
+(session manifests) in a second one, so the two kinds never share a keyspace.
 
 A stored record is a 9-byte header and a payload::
 
@@ -23,11 +24,12 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import lmdb
 
-from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.base import MetaMap, Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
 
-DB_NAME = b"chunks"  # our sub-database; others may add their own beside it (up to _MAX_DBS)
+DB_NAME = b"chunks"  # the values' sub-database; others may be added beside it (up to _MAX_DBS)
+META_DB_NAME = b"meta"  # meta records (manifests): never in the values' keyspace
 _MAX_DBS = 8
 _MAX_READERS = 256  # py-lmdb uses MDB_NOTLS: one slot per open read transaction, not per thread
 
@@ -116,7 +118,9 @@ class SsdTier(Tier):
                 readahead=False,
             )
             self._db = self._env.open_db(DB_NAME)
+            self._meta_db = self._env.open_db(META_DB_NAME)
             self._scan()
+        self._meta = _LmdbMeta(self)
 
     def _scan(self) -> None:
         # Headers only: the first bytes of each record, no decompression. A record too short to
@@ -142,9 +146,11 @@ class SsdTier(Tier):
         if self._closed:
             raise TierError("ssd tier: used after close()")
 
-    def _commit(self, op: str, puts: Sequence[tuple[bytes, bytes]], deletes: Iterable[bytes] = ()) -> int:
-        """Write ``puts`` and ``deletes`` in one transaction, doubling the map whenever it fills,
-        then update the in-memory sizes. Returns how many deleted keys were present."""
+    def _commit(self, op: str, puts: Sequence[tuple[bytes, bytes]], deletes: Iterable[bytes] = (),
+                meta_puts: Sequence[tuple[bytes, bytes]] = (), meta_deletes: Sequence[bytes] = ()) -> int:
+        """Write ``puts`` and ``deletes`` (and the meta records') in one transaction, doubling the
+        map whenever it fills, then update the in-memory sizes. Returns how many deleted keys
+        (of the values and the meta records) were present."""
         deletes = list(deletes)
         with self._write_lock, _lmdb_errors(f"{op} failed"):
             self._check_open()
@@ -155,6 +161,9 @@ class SsdTier(Tier):
                     for key, record in puts:
                         txn.put(key, record)
                     gone = [key for key in deletes if txn.delete(key)]
+                    for key, record in meta_puts:
+                        txn.put(key, record, db=self._meta_db)
+                    meta_gone = sum(bool(txn.delete(key, db=self._meta_db)) for key in meta_deletes)
                     txn.commit()
                     break
                 except lmdb.MapFullError:
@@ -167,7 +176,7 @@ class SsdTier(Tier):
                     self._set(key, len(record), HEADER.unpack_from(record)[1])
                 for key in gone:
                     self._drop(key)
-            return len(gone)
+            return len(gone) + meta_gone
 
     def _abort(self, txn: lmdb.Transaction, grow: bool = False) -> None:
         # Readers are drained first: py-lmdb 3.0's abort waits until no call is in flight on the
@@ -212,6 +221,25 @@ class SsdTier(Tier):
     def delete_many(self, keys: Iterable[bytes]) -> int:
         return self._commit("delete_many", [], [check_key(key) for key in keys])
 
+    def meta(self) -> MetaMap:
+        return self._meta
+
+    def move_to_meta(self, keys: Sequence[bytes]) -> None:
+        """Move values into the meta sub-database in one transaction: all of them or none."""
+        moved = [(key, value) for key, value in zip(keys, self.get_many(keys)) if value is not None]
+        self._commit("move_to_meta", [], [key for key, _ in moved], meta_puts=[(k, bytes(v)) for k, v in moved])
+
+    def _read_meta(self, key: bytes) -> bytes | None:
+        self._check_open()
+        with _lmdb_errors("meta get failed"), self._gate.shared(), self._env.begin(db=self._meta_db) as txn:
+            value = txn.get(key)
+        return None if value is None else bytes(value)
+
+    def _meta_keys(self) -> list[bytes]:
+        self._check_open()
+        with _lmdb_errors("meta keys failed"), self._gate.shared(), self._env.begin(db=self._meta_db) as txn:
+            return [bytes(key) for key in txn.cursor().iternext(keys=True, values=False)]
+
     def contains(self, key: bytes) -> bool:
         check_key(key)
         with self._meta_lock:
@@ -240,14 +268,17 @@ class SsdTier(Tier):
         return iter(snapshot)
 
     def lmdb_stats(self) -> dict[str, int]:
-        """LMDB's own page statistics for the values sub-database, to report storage overhead."""
+        """LMDB's own page statistics for the values and meta sub-databases together, to report
+        storage overhead."""
         self._check_open()
         with _lmdb_errors("lmdb_stats failed"), self._gate.shared(), self._env.begin(db=self._db) as txn:
-            stat, info = txn.stat(self._db), self._env.info()
-        names = ("psize", "depth", "branch_pages", "leaf_pages", "overflow_pages", "entries")
-        pages = {name: stat[name] for name in names}
-        file_bytes = (info["last_pgno"] + 1) * stat["psize"]
-        return {**pages, "map_size": info["map_size"], "last_pgno": info["last_pgno"], "file_bytes": file_bytes}
+            stats, info = [txn.stat(self._db), txn.stat(self._meta_db)], self._env.info()
+        pages = {name: sum(s[name] for s in stats) for name in ("branch_pages", "leaf_pages", "overflow_pages",
+                                                                   "entries")}
+        psize = stats[0]["psize"]
+        file_bytes = (info["last_pgno"] + 1) * psize
+        return {"psize": psize, "depth": stats[0]["depth"], **pages, "map_size": info["map_size"],
+                "last_pgno": info["last_pgno"], "file_bytes": file_bytes}
 
     def flush(self) -> None:
         """Force everything written so far to disk (a no-op cost-wise with ``sync=True``)."""
@@ -266,3 +297,22 @@ class SsdTier(Tier):
             with self._gate.exclusive(), _lmdb_errors("close failed"):
                 self._env.sync(True)
                 self._env.close()
+
+
+class _LmdbMeta(MetaMap):
+    """The ssd tier's meta sub-database: raw records, written through the tier's one writer."""
+
+    def __init__(self, tier: SsdTier) -> None:
+        self._tier = tier
+
+    def put(self, key: bytes, value: bytes) -> None:
+        self._tier._commit("meta put", [], meta_puts=[(check_key(key), bytes(value))])
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._tier._read_meta(check_key(key))
+
+    def delete(self, key: bytes) -> bool:
+        return self._tier._commit("meta delete", [], meta_deletes=[check_key(key)]) == 1
+
+    def keys(self) -> Iterator[bytes]:
+        return iter(self._tier._meta_keys())

@@ -1,0 +1,81 @@
+"""Which namespace owns each stored chunk, and where the chunk sits in its sequence.
+
+A chunk's key hashes its layout, namespace, parent key and token ids, so the save that validated
+it (or the manifest that names it) tells exactly who owns it and where it belongs. The index is
+filled at save and rebuilt at open from the manifests. It serves three rules:
+
+- ownership: a request sees only chunks its namespace owns; another namespace's chunk answers
+  exactly as an absent one (same result, same counters, no tier touched);
+- a hit is verified against it: the stored chunk's own token ids, hashed with the owner, parent
+  and layout recorded here, must give the key it was found under (a collision, or a chunk
+  planted under another's key, is a miss, never served);
+- a manifest is consistent with it: chunk i holds tokens [i*C, (i+1)*C), follows chunk i-1, and
+  is of the manifest's layout.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from kvstore import chunk
+from kvstore.keys import ROOT, chunk_key_raw
+from kvstore.tiers.base import Stored
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """What the store knows of one chunk: its owner and its place (all hashed into its key)."""
+
+    namespace: str
+    layout_id: bytes
+    parent: bytes  # the previous chunk's key; ROOT for a sequence's first chunk
+    index: int  # position in its sequence: the chunk holds tokens [index * C, (index + 1) * C)
+
+
+class ChunkIndex:
+    """key -> ChunkInfo. Not locked: the session store's lock guards it."""
+
+    def __init__(self) -> None:
+        self._info: dict[bytes, ChunkInfo] = {}
+
+    def __len__(self) -> int:
+        return len(self._info)
+
+    def add(self, key: bytes, info: ChunkInfo) -> None:
+        old = self._info.setdefault(key, info)
+        if old != info:  # only an inconsistent manifest of an older version can disagree
+            log.error("chunk %s is recorded as %s; ignoring a conflicting %s", key.hex(), old, info)
+
+    def add_sequence(self, namespace: str, layout_id: bytes, keys: tuple[bytes, ...] | list[bytes],
+                     first_index: int = 0, parent: bytes = ROOT) -> None:
+        """Record consecutive chunks of one sequence, the first at ``first_index`` after ``parent``."""
+        for n, key in enumerate(keys):
+            self.add(key, ChunkInfo(namespace, layout_id, parent, first_index + n))
+            parent = key
+
+    def owned(self, namespace: str, key: bytes) -> ChunkInfo | None:
+        """The chunk's info if ``namespace`` owns it; None if it is absent or someone else's (one
+        answer for both, by design)."""
+        info = self._info.get(key)
+        return info if info is not None and info.namespace == namespace else None
+
+    def discard(self, key: bytes) -> None:
+        self._info.pop(key, None)
+
+
+def chunk_matches(key: bytes, info: ChunkInfo, chunk_tokens: int, blob: Stored) -> bool:
+    """Whether ``blob`` is the chunk ``key`` names: checksum, header (key, layout, span), and the
+    key recomputed from its own token ids (xxh3 over C x 4 bytes: cheap next to the checksum)."""
+    try:
+        h = chunk.read_header(blob)
+        chunk.verify_checksum(blob)
+    except chunk.ChunkError:
+        return False
+    if (h.key, h.layout_id, h.start, h.token_count) != (key, info.layout_id, info.index * chunk_tokens,
+                                                        chunk_tokens):
+        return False
+    ids = memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
+    return chunk_key_raw(info.layout_id, info.namespace, info.parent, ids) == key
