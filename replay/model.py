@@ -345,6 +345,12 @@ class Transformer(nn.Module):
         """One token through every layer -> logits [V]."""
         return self._run([int(token)], state, state.pos, 1, False)
 
+    def decode_tokens(self, tokens: Tensor | list[int], state: SessionState, decoder_from: int | None = None,
+                      chunk_size: int = 256) -> Tensor:
+        """Teacher-forced decode: append tokens with the decoder over every one of them, continuing its run
+        (or starting one at ``decoder_from``). Equals decode_one_token in a loop; logits [n_decoder, V]."""
+        return self._run(tokens, state, state.pos if decoder_from is None else decoder_from, chunk_size, True)
+
     def replay(self, state: SessionState, tokens: Tensor | list[int], start_pos: int,
                decoder_from: int | None = None, chunk_size: int = 256) -> Tensor:
         """Rebuild every SWA ring (and the compressors' pending tokens) from tokens [start_pos, end) over
