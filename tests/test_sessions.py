@@ -3,7 +3,6 @@ and persistent bytes per token, over a real host + LMDB store in a tmp dir."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
