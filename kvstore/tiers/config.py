@@ -37,6 +37,7 @@ class SsdTierConfig:
     zstd_level: int = 1  # 0 = store raw; 1..22 = zstd level (1 compresses E4M3 scales best per second)
     sync: bool = True  # True: a put that returned is on disk; False: flushed on flush()/close()
     map_size: int = 1 << 30  # initial LMDB map size; doubled whenever it fills
+    max_map_size: int = 0  # the map never grows past this (saves then fail: ResourceExhausted); 0 = no limit
 
     def __post_init__(self) -> None:
         _check_capacity("ssd", self.capacity_bytes)
@@ -46,6 +47,8 @@ class SsdTierConfig:
             raise ValueError(f"ssd tier: zstd_level must be 0 (off) to 22, got {self.zstd_level}")
         if self.map_size <= 0:
             raise ValueError(f"ssd tier: map_size must be > 0, got {self.map_size}")
+        if self.max_map_size and self.max_map_size < self.map_size:
+            raise ValueError(f"ssd tier: max_map_size must be 0 (no limit) or >= map_size, got {self.max_map_size}")
 
 
 @dataclass(frozen=True)

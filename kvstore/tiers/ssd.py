@@ -27,11 +27,13 @@ import lmdb
 from kvstore.tiers.base import MetaMap, Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
+from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, grown_map_size
 
 DB_NAME = b"chunks"  # the values' sub-database; others may be added beside it (up to _MAX_DBS)
 META_DB_NAME = b"meta"  # meta records (manifests): never in the values' keyspace
 _MAX_DBS = 8
 _MAX_READERS = 256  # py-lmdb uses MDB_NOTLS: one slot per open read transaction, not per thread
+_SLACK = 64 * 4096  # pages a transaction writes besides its values (B-tree path, free list)
 
 @contextlib.contextmanager
 def _lmdb_errors(what: str) -> Iterator[None]:
@@ -109,16 +111,20 @@ class SsdTier(Tier):
                 max_readers=_MAX_READERS,
                 sync=config.sync,
                 metasync=config.sync,
-                # Dirty pages are written in place in the map instead of being malloc'd and copied:
-                # measured here, steady-state durable writes of 229 KB values went 0.6 -> 1.2 GB/s.
-                # Commits stay atomic and durable (the meta pages are still written last, synced).
-                writemap=True,
+                # Never writemap: on a full disk its writes through a sparse map die of SIGBUS
+                # (see ssd_space.py); pwrite returns an error instead.
+                writemap=False,
                 # Lookups are random (keys are hashes) and the file can outgrow RAM: reading ahead
                 # would only fill the page cache with neighbours nobody asked for.
                 readahead=False,
             )
             self._db = self._env.open_db(DB_NAME)
             self._meta_db = self._env.open_db(META_DB_NAME)
+            try:
+                check_data_file(config.path, self._env)
+            except TierError:
+                self._env.close()
+                raise
             self._scan()
         self._meta = _LmdbMeta(self)
 
@@ -152,6 +158,7 @@ class SsdTier(Tier):
         map whenever it fills, then update the in-memory sizes. Returns how many deleted keys
         (of the values and the meta records) were present."""
         deletes = list(deletes)
+        needed = sum(len(r) for _, r in puts) + sum(len(r) for _, r in meta_puts)
         with self._write_lock, _lmdb_errors(f"{op} failed"):
             self._check_open()
             while True:
@@ -167,7 +174,13 @@ class SsdTier(Tier):
                     txn.commit()
                     break
                 except lmdb.MapFullError:
-                    self._abort(txn, grow=True)
+                    self._abort(txn, grow_for=needed)
+                except lmdb.Error as exc:
+                    self._abort(txn)
+                    full = as_out_of_space(self._config.path, needed + _SLACK, exc)
+                    if full is not None:
+                        raise full from exc
+                    raise
                 except BaseException:
                     self._abort(txn)
                     raise
@@ -178,14 +191,15 @@ class SsdTier(Tier):
                     self._drop(key)
             return len(gone) + meta_gone
 
-    def _abort(self, txn: lmdb.Transaction, grow: bool = False) -> None:
+    def _abort(self, txn: lmdb.Transaction, grow_for: int | None = None) -> None:
         # Readers are drained first: py-lmdb 3.0's abort waits until no call is in flight on the
         # environment, which a steady stream of readers can put off for minutes; and set_mapsize
         # needs no transaction open at all. (Aborting after a failed commit is a no-op.)
         with self._gate.exclusive():
             txn.abort()
-            if grow:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+            if grow_for is not None:  # OutOfSpace at the configured limit
+                current = self._env.info()["map_size"]
+                self._env.set_mapsize(grown_map_size(self._config.path, current, grow_for, self._config.max_map_size))
 
     def _read(self, keys: Sequence[bytes]) -> list[Stored | None]:
         self._check_open()
