@@ -27,6 +27,7 @@ from kvstore.errors import (
     KvstoreError,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unavailable,
 )
 from kvstore.server.config import DEFAULT_PORT
@@ -50,6 +51,7 @@ _ERRORS: dict[grpc.StatusCode, type[Exception]] = {
     grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
     grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
 }
 
 

@@ -19,7 +19,14 @@ from typing import Any
 import grpc
 
 from kvstore import __version__, chunk, convert, transport
-from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied, Unavailable
+from kvstore.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PermissionDenied,
+    ResourceExhausted,
+    Unavailable,
+)
 from kvstore.layout import PRESETS
 from kvstore.server.auth import Auth, Unauthenticated
 from kvstore.store import SessionStore, store_stats
@@ -38,6 +45,7 @@ _STATUS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED),
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
 
 
@@ -117,14 +125,14 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             del self.arena_used[a]
         return len(idle)
 
-    def _load(self, keys: list[bytes], arena: transport.Arena | None
+    def _load(self, namespace: str, keys: list[bytes], arena: transport.Arena | None
               ) -> tuple[list[tuple[int, transport.Blob]], pb.ShmHandle | None]:
         """Verified chunks (request index, blob), read once. With an arena, each is also copied into it
         right after its checksum pass (while still in cache); the handle is None if they do not fit."""
         loaded: list[tuple[int, transport.Blob]] = []
         h: pb.ShmHandle | None = pb.ShmHandle() if arena is not None else None
         off = 0
-        for i, (_, blob) in enumerate(self.sessions.load(keys)):
+        for i, (_, blob) in enumerate(self.sessions.load(namespace, keys)):
             if blob is None:
                 continue
             loaded.append((i, blob))
@@ -142,11 +150,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             h.size = off
         return loaded, h
 
-    async def _chunks(self, keys: list[bytes], shared_memory: bool, arena_id: str = ""
+    async def _chunks(self, namespace: str, keys: list[bytes], shared_memory: bool, arena_id: str = ""
                       ) -> AsyncIterator[pb.ChunkData]:
         """Read chunks in worker threads and stream them (or hand them over in shared memory)."""
         arena = self._arena(arena_id) if arena_id else None
-        loaded, handle = await asyncio.to_thread(self._load, keys, arena)
+        loaded, handle = await asyncio.to_thread(self._load, namespace, keys, arena)
         if handle is not None:
             handle.arena_id = arena_id
             yield pb.ChunkData(shm=handle)
@@ -222,7 +230,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._ns(context, request.namespace)
         if any(len(k) != 16 for k in request.keys):
             raise InvalidArgument("chunk keys must be 16 bytes")
-        async for msg in self._chunks([bytes(k) for k in request.keys], request.shared_memory,
+        async for msg in self._chunks(request.namespace, [bytes(k) for k in request.keys], request.shared_memory,
                                       request.arena_id):
             yield msg
 
@@ -231,7 +239,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._ns(context, request.namespace)
         m = self.sessions.get(request.namespace, request.session_id)
         yield pb.LoadSessionResponse(session=convert.session_to_pb(m))
-        async for msg in self._chunks(list(m.chunk_keys), request.shared_memory, request.arena_id):
+        async for msg in self._chunks(request.namespace, list(m.chunk_keys), request.shared_memory, request.arena_id):
             yield pb.LoadSessionResponse(chunks=msg)
 
     @rpc
