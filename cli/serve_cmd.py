@@ -42,6 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     from cli.main import CliError
     from kvstore.server.daemon import serve, setup_logging
+    from kvstore.server.startup import CannotStart
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
     try:
@@ -55,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(config, on_ready=ready))
+    except CannotStart as e:
+        raise CliError(str(e)) from None
     except OSError as e:
         raise CliError(f"cannot start: {e}") from e
     sys.stdout.flush()

@@ -1,10 +1,10 @@
 """asyncio client for the kvstore daemon, over grpc.aio, built on the same wire helpers as
-:class:`kvstore.client.Client` (same methods, awaitable; no same-host arena)."""
+:class:`kvstore.client.Client` (same methods, awaitable; no same-host arena: saves stream, loads
+from the same host come back in a shared-memory file the daemon writes)."""
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
@@ -62,21 +62,15 @@ class AsyncClient(_Base):
 
     async def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
                           blobs: Iterable[transport.Blob]) -> SaveResult:
+        """Saves take the stream: the daemon no longer opens per-call shared-memory files a request
+        names (one tenant could name another's), and this client keeps no arena."""
         info = await self.info()
         header = pb.SaveHeader(namespace=namespace, layout_id=layout_id, parent_key=parent, first_index=first_index)
-        shm_path = ""
-        if self._shm_dir is not None:
-            shm_path, _, _ = await asyncio.to_thread(transport.write_shm, self._shm_dir, list(blobs), "cli")
-            header.shm_path = shm_path
-            blobs = ()
         try:
             reqs = _save_requests(header, blobs, min(transport.DEFAULT_MESSAGE_BYTES, info.max_message_bytes // 2))
             r = await self._stub.SaveChunks(reqs, timeout=self.config.timeout_s, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
             raise _domain_error(e) from None
-        finally:
-            if shm_path and os.path.exists(shm_path):
-                os.unlink(shm_path)
         return SaveResult(list(r.keys), r.written)
 
     async def load_chunks(self, namespace: str, keys: Sequence[bytes]) -> AsyncIterator[tuple[int, transport.Blob]]:

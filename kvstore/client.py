@@ -55,6 +55,12 @@ _ERRORS: dict[grpc.StatusCode, type[Exception]] = {
 }
 
 
+def _unknown_arena(e: grpc.RpcError) -> bool:
+    """The daemon does not know the arena we named: it restarted, or unmapped it when idle."""
+    return (e.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+            and (e.details() or "").startswith(transport.UNKNOWN_ARENA))  # type: ignore[attr-defined]
+
+
 def _domain_error(e: grpc.RpcError) -> Exception:
     code = e.code()  # type: ignore[attr-defined]
     cls = _ERRORS.get(code, KvstoreError)
@@ -180,22 +186,33 @@ class Client(_Base):
         self._arena: transport.Arena | None = None
         self._arena_id = ""
         self._arena_used = 0.0
+        self._arena_refused = False  # the daemon would not map our arena (another user): stream instead
 
     def close(self) -> None:
-        if self._arena is not None:
-            self._arena.close()
+        self._drop_arena()
         self._channel.close()
 
+    def _drop_arena(self) -> None:
+        if self._arena is not None:
+            self._arena.close()
+        self._arena, self._arena_id = None, ""
+
     def _ensure_arena(self) -> transport.Arena | None:
-        """The same-host arena, attached on first use (None when the daemon is not local)."""
+        """The same-host arena, attached on first use (None when the daemon is not local, or
+        refused to map our file: then chunk data takes the stream)."""
         self.info()
         if self._arena is not None and time.monotonic() - self._arena_used > ARENA_REATTACH_S:
-            self._arena.close()  # the daemon unmaps arenas idle for 300 s: attach a fresh one
-            self._arena = None
-        if self._arena is None and self._shm_dir is not None and self.config.arena_bytes > 0:
+            self._drop_arena()  # the daemon unmaps arenas idle for 300 s: attach a fresh one
+        if (self._arena is None and self._shm_dir is not None and self.config.arena_bytes > 0
+                and not self._arena_refused):
             arena = transport.Arena.create(self._shm_dir, self.config.arena_bytes)
             try:
-                r = self._call(self._stub.AttachArena, pb.AttachArenaRequest(path=arena.path, size=arena.size))
+                r = self._call(self._stub.AttachArena,
+                               pb.AttachArenaRequest(path=arena.path, size=arena.size, nonce=arena.nonce))
+            except InvalidArgument:
+                arena.close()
+                self._arena_refused = True
+                return None
             finally:
                 os.unlink(arena.path)  # both sides have it mapped; no name left to leak
             self._arena, self._arena_id = arena, r.arena_id
@@ -233,58 +250,72 @@ class Client(_Base):
     # -- chunks -----------------------------------------------------------------------------------
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
                     blobs: Iterable[transport.Blob]) -> SaveResult:
+        """Same host: through the arena when the chunks fit in it, else the stream. An arena the
+        daemon no longer knows (it restarted) is attached afresh, once, and the save retried."""
         info = self.info()
-        header = pb.SaveHeader(namespace=namespace, layout_id=layout_id, parent_key=parent, first_index=first_index)
-        shm_path = ""
-        arena = self._ensure_arena()
-        if self._shm_dir is not None:
-            blobs = list(blobs)
-            placed = arena.write(blobs) if arena is not None else None
-            if placed is not None:
-                header.arena_id, header.arena_bytes = self._arena_id, sum(placed[1])
-            else:
-                shm_path, _, _ = transport.write_shm(self._shm_dir, blobs, "cli")
-                header.shm_path = shm_path
-            blobs = ()
-        try:
-            reqs = _save_requests(header, blobs, min(transport.DEFAULT_MESSAGE_BYTES, info.max_message_bytes // 2))
+        data_bytes = min(transport.DEFAULT_MESSAGE_BYTES, info.max_message_bytes // 2)
+        for attempt in range(2):
+            header = pb.SaveHeader(namespace=namespace, layout_id=layout_id, parent_key=parent,
+                                   first_index=first_index)
+            arena = self._ensure_arena()
+            stream: Iterable[transport.Blob] = blobs
+            if arena is not None:
+                blobs = list(blobs)  # kept: a retry or the stream may need them again
+                placed = arena.write(blobs)
+                if placed is not None:
+                    header.arena_id, header.arena_bytes = self._arena_id, sum(placed[1])
+                    stream = ()
             try:
-                r = self._stub.SaveChunks(reqs, timeout=self.config.timeout_s, metadata=self._metadata)
+                r = self._stub.SaveChunks(_save_requests(header, stream, data_bytes),
+                                          timeout=self.config.timeout_s, metadata=self._metadata)
+                return SaveResult(list(r.keys), r.written)
             except grpc.RpcError as e:
+                if attempt == 0 and header.arena_id and _unknown_arena(e):
+                    self._drop_arena()
+                    continue
                 raise _domain_error(e) from None
-        finally:
-            if shm_path and os.path.exists(shm_path):
-                os.unlink(shm_path)
-        return SaveResult(list(r.keys), r.written)
+        raise AssertionError("unreachable")
 
     def load_chunks(self, namespace: str, keys: Sequence[bytes], zero_copy: bool = False
                     ) -> Iterator[tuple[int, transport.Blob]]:
         """(index into ``keys``, verified-by-daemon blob) for each hit, in order; misses are skipped.
         ``zero_copy`` (same host): blobs are views into this client's arena, valid only until its
         next load or save; copy what you keep."""
-        arena = self._ensure_arena() if zero_copy else None
-        req = pb.LoadChunksRequest(namespace=namespace, keys=list(keys), shared_memory=self.uses_shared_memory,
-                                   arena_id=self._arena_id if arena else "")
-        reader = _ChunkReader(self._shm_dir, arena)
-        try:
-            for msg in self._stub.LoadChunks(req, timeout=self.config.timeout_s, metadata=self._metadata):
-                yield from reader.feed(msg)
-        except grpc.RpcError as e:
-            raise _domain_error(e) from None
-        reader.assembler.finish()
+        for attempt in range(2):
+            arena = self._ensure_arena() if zero_copy else None
+            req = pb.LoadChunksRequest(namespace=namespace, keys=list(keys), shared_memory=self.uses_shared_memory,
+                                       arena_id=self._arena_id if arena else "")
+            reader = _ChunkReader(self._shm_dir, arena)
+            answered = False
+            try:
+                for msg in self._stub.LoadChunks(req, timeout=self.config.timeout_s, metadata=self._metadata):
+                    answered = True
+                    yield from reader.feed(msg)
+            except grpc.RpcError as e:
+                if attempt == 0 and arena is not None and not answered and _unknown_arena(e):
+                    self._drop_arena()  # the daemon restarted: attach afresh, once
+                    continue
+                raise _domain_error(e) from None
+            reader.assembler.finish()
+            return
 
     def load_session(self, namespace: str, session_id: str, zero_copy: bool = False
                      ) -> tuple[Manifest, Iterator[tuple[int, transport.Blob]]]:
         """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has.
         ``zero_copy``: as in :meth:`load_chunks`."""
-        arena = self._ensure_arena() if zero_copy else None
-        req = pb.LoadSessionRequest(namespace=namespace, session_id=session_id, shared_memory=self.uses_shared_memory,
-                                    arena_id=self._arena_id if arena else "")
-        stream = self._stub.LoadSession(req, timeout=self.config.timeout_s, metadata=self._metadata)
-        try:
-            first = next(stream)
-        except grpc.RpcError as e:
-            raise _domain_error(e) from None
+        for attempt in range(2):
+            arena = self._ensure_arena() if zero_copy else None
+            req = pb.LoadSessionRequest(namespace=namespace, session_id=session_id,
+                                        shared_memory=self.uses_shared_memory, arena_id=self._arena_id if arena else "")
+            stream = self._stub.LoadSession(req, timeout=self.config.timeout_s, metadata=self._metadata)
+            try:
+                first = next(stream)  # the daemon checks the arena before it answers the manifest
+                break
+            except grpc.RpcError as e:
+                if attempt == 0 and arena is not None and _unknown_arena(e):
+                    self._drop_arena()
+                    continue
+                raise _domain_error(e) from None
         manifest = convert.session_from_pb(first.session)
         reader = _ChunkReader(self._shm_dir, arena)
 

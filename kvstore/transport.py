@@ -7,15 +7,20 @@ blob spans messages.
 
 Shared-memory form: one file in ``/dev/shm`` (mode 0600) holding the blobs back to back; the
 receiver maps it and deletes it. Only files named ``kvstore-*`` directly inside the shm
-directory are ever opened, without following links.
+directory are ever opened: never through a link, never a FIFO or anything but a regular file
+with one name, owned by this process's user (see ``_open_transfer``). The daemon only writes such
+files (load answers); it never opens a file a request names, except an arena, whose creator
+proves it by the nonce written inside (``Arena.attach``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import mmap
 import os
 import re
+import stat
 import struct
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -31,6 +36,10 @@ MAX_MESSAGE_BYTES = 16 << 20
 _TOTAL = struct.Struct("<I")
 _IOV_MAX = 512
 _SHM_NAME = re.compile(r"kvstore-(cli|srv)-[0-9a-f]{32}")
+NONCE_BYTES = 16
+# the start of the daemon's answer to an arena id it does not know, or that another identity
+# attached: a client that sees it attaches a fresh arena (the daemon restarted, or dropped it)
+UNKNOWN_ARENA = "unknown arena"
 
 Blob = bytes | memoryview
 
@@ -167,17 +176,31 @@ def write_shm(directory: Path, blobs: Sequence[Blob], role: str) -> tuple[str, l
 
 
 def _open_transfer(path: str, directory: Path, flags: int, what: str, client_only: bool = False) -> int:
-    """Open a ``kvstore-*`` file directly inside ``directory``, never following a link; anything
-    else is refused (a caller must not make the daemon open arbitrary files)."""
+    """Open a ``kvstore-*`` file directly inside ``directory``; anything else is refused (a caller
+    must not make this process open arbitrary files). The file must be a regular file with one
+    name (a hard link could name another user's file), owned by this process's user. O_NONBLOCK:
+    opening a FIFO must not block a worker thread until someone writes to it."""
     p = Path(path)
     if (p.parent.resolve() != directory.resolve() or not _SHM_NAME.fullmatch(p.name)
             or (client_only and "-cli-" not in p.name)):
         raise InvalidArgument(f"{what} path {path!r} is not a kvstore {'client' if client_only else 'transfer'} "
                               f"file in {directory}")
     try:
-        return os.open(p, flags | os.O_NOFOLLOW)
+        fd = os.open(p, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         raise InvalidArgument(f"cannot open {what} {path!r}: {e.strerror}") from e
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgument(f"{what} {path!r} is not a regular file")
+        if st.st_nlink != 1:
+            raise InvalidArgument(f"{what} {path!r} has {st.st_nlink} names: a hard link is refused")
+        if st.st_uid != os.geteuid():
+            raise InvalidArgument(f"{what} {path!r} is not owned by this process's user (uid {os.geteuid()})")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_shm(path: str, directory: Path, expect_size: int | None = None) -> memoryview:
@@ -217,11 +240,12 @@ class Arena:
 
     MAX_BYTES = 4 << 30
 
-    def __init__(self, mm: mmap.mmap, path: str) -> None:
+    def __init__(self, mm: mmap.mmap, path: str, nonce: bytes = b"") -> None:
         self._mm = mm
         self.view = memoryview(mm)
         self.size = len(mm)
         self.path = path
+        self.nonce = nonce  # written at offset 0 by its creator; proves who created it
 
     @staticmethod
     def _map(fd: int, size: int) -> mmap.mmap:
@@ -231,13 +255,16 @@ class Arena:
 
     @classmethod
     def create(cls, directory: Path, size: int) -> Arena:
-        if not 0 < size <= cls.MAX_BYTES:
-            raise ValueError(f"arena size must be 1 B to {cls.MAX_BYTES} B, got {size}")
+        """A new arena holding a random nonce at offset 0 (send it with AttachArena)."""
+        if not NONCE_BYTES <= size <= cls.MAX_BYTES:
+            raise ValueError(f"arena size must be {NONCE_BYTES} B to {cls.MAX_BYTES} B, got {size}")
         path = directory / f"kvstore-cli-{uuid.uuid4().hex}"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, size)
-            return cls(cls._map(fd, size), str(path))
+            arena = cls(cls._map(fd, size), str(path), os.urandom(NONCE_BYTES))
+            arena.view[:NONCE_BYTES] = arena.nonce
+            return arena
         except BaseException:
             os.unlink(path)
             raise
@@ -245,13 +272,21 @@ class Arena:
             os.close(fd)
 
     @classmethod
-    def attach(cls, path: str, directory: Path, size: int) -> Arena:
-        if not 0 < size <= cls.MAX_BYTES:
-            raise InvalidArgument(f"arena size must be 1 B to {cls.MAX_BYTES} B, got {size}")
+    def attach(cls, path: str, directory: Path, size: int, nonce: bytes) -> Arena:
+        """Map a client's arena, if it holds ``nonce`` at offset 0. The nonce is what binds the file
+        to the caller: /dev/shm is listable, so a name proves nothing, but only a process that can
+        read or write the file knows what its creator wrote in it."""
+        if not NONCE_BYTES <= size <= cls.MAX_BYTES:
+            raise InvalidArgument(f"arena size must be {NONCE_BYTES} B to {cls.MAX_BYTES} B, got {size}")
         fd = _open_transfer(path, directory, os.O_RDWR, "arena", client_only=True)
         try:
+            if len(nonce) != NONCE_BYTES:
+                raise InvalidArgument(f"arena nonce must be {NONCE_BYTES} bytes, got {len(nonce)}")
             if os.fstat(fd).st_size != size:
                 raise InvalidArgument(f"arena {path!r} is {os.fstat(fd).st_size} bytes, not {size}")
+            with mmap.mmap(fd, NONCE_BYTES, prot=mmap.PROT_READ) as head:
+                if not hmac.compare_digest(head[:NONCE_BYTES], nonce):
+                    raise InvalidArgument(f"arena {path!r} does not hold the nonce its creator wrote")
             return cls(cls._map(fd, size), path)
         finally:
             os.close(fd)

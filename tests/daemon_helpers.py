@@ -223,14 +223,16 @@ def status_of(fn: Callable[[], object]) -> tuple[grpc.StatusCode, str]:
 
 
 def attach_arena(stub: pb_grpc.KVStoreStub, size: int = 64 << 10, claimed: int | None = None,
-            metadata: tuple[tuple[str, str], ...] = ()) -> str:
-    """Create a 64 KiB arena, attach it (claiming ``claimed`` bytes), drop our side; its id."""
+                 metadata: tuple[tuple[str, str], ...] = (), nonce: bytes | None = None) -> str:
+    """Create a 64 KiB arena, attach it (claiming ``claimed`` bytes, proving it with ``nonce``,
+    by default the one written in it), drop our side; its id."""
     directory = transport.default_shm_dir()
     if directory is None:
         pytest.skip("no writable /dev/shm on this host")
     arena = transport.Arena.create(directory, size)
     try:
-        req = pb.AttachArenaRequest(path=arena.path, size=claimed or size)
+        req = pb.AttachArenaRequest(path=arena.path, size=claimed or size,
+                                    nonce=arena.nonce if nonce is None else nonce)
         return stub.AttachArena(req, timeout=30, metadata=metadata).arena_id
     finally:
         Path(arena.path).unlink()

@@ -111,7 +111,7 @@ def test_stats_json(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
     stats = json.loads(ok(reads["stats --json"]))
     tiers = {t["name"]: t for t in stats["tiers"]}
     assert set(tiers) == {"host", "ssd"}
-    assert tiers["ssd"]["persistent"] is True and tiers["ssd"]["items"] == 3 + 2  # chunks + manifests
+    assert tiers["ssd"]["persistent"] is True and tiers["ssd"]["items"] == 3  # chunks (manifests: own keyspace)
     assert stats["sessions"] == 2
     assert stats["bytes_per_token"]["tokens"] == 3 * 256 + 232 + 88  # shared chunks counted once
 

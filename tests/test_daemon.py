@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
+import os
 import struct
 import threading
 import time
@@ -195,7 +197,7 @@ def test_stats_counters_move(client: Client, ns: str) -> None:
     assert after.missed_chunks == before.missed_chunks + 1
     assert after.sessions == before.sessions + 1
     old, new = ({t.name: t for t in r.tiers} for r in (before, after))
-    assert new["ssd"].items == old["ssd"].items + 4  # 3 chunks + the manifest
+    assert new["ssd"].items == old["ssd"].items + 3  # 3 chunks (manifests are in their own keyspace)
     assert new["ssd"].used_bytes > old["ssd"].used_bytes and new["ssd"].persistent
     assert sum(t.hits for t in new.values()) == sum(t.hits for t in old.values()) + 3
     bpt = after.bytes_per_token
@@ -293,6 +295,14 @@ def _rekeyed(s: SyntheticSession) -> bytes:
     return chunk.encode(TINY16, key=bytes(range(16)), start=0, token_ids=s.token_ids[:256], entries=entries)
 
 
+def _shm_dir_entry(make: Callable[[str], object]) -> str:
+    """A new kvstore-cli-* name in /dev/shm, made by ``make`` (mkdir, mkfifo); removed at exit."""
+    path = f"/dev/shm/kvstore-cli-{uuid.uuid4().hex}"
+    make(path)
+    atexit.register(lambda: os.rmdir(path) if os.path.isdir(path) else os.unlink(path))
+    return path
+
+
 Case = Callable[[Client, pb_grpc.KVStoreStub, SyntheticSession], object]
 INVALID, NOT_FOUND, PRECONDITION = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                                     grpc.StatusCode.FAILED_PRECONDITION)
@@ -339,14 +349,20 @@ BAD: dict[str, tuple[Case, grpc.StatusCode, str]] = {
                                NOT_FOUND, "no session"),
     "unknown session: evict": (lambda c, _, s: c.evict("val", "nope", "ssd"), NOT_FOUND, "no session"),
     "negative ttl": (lambda c, _, s: c.touch_session("val", "s1", Retention(ttl_s=-1)), INVALID, "ttl_s must be >= 0"),
+    # the daemon opens no file a save names: whatever the path, it is refused before any open
     "shm path outside /dev/shm": (lambda c, stub, s: _raw_save(stub, _header(f"/tmp/{SHM_FILE}")),
-                                  INVALID, "is not a kvstore transfer file"),
+                                  INVALID, "shm_path is not accepted"),
     "shm path escaping /dev/shm": (lambda c, stub, s: _raw_save(stub, _header("/dev/shm/../../etc/passwd")),
-                                   INVALID, "is not a kvstore transfer file"),
-    "shm file that is not a kvstore file": (lambda c, stub, s: _raw_save(stub, _header("/dev/shm/other-program")),
-                                            INVALID, "is not a kvstore transfer file"),
+                                   INVALID, "shm_path is not accepted"),
     "shm file that does not exist": (lambda c, stub, s: _raw_save(stub, _header(f"/dev/shm/{SHM_FILE}")),
-                                     INVALID, "cannot open shared-memory file"),
+                                     INVALID, "shm_path is not accepted"),
+    "shm path that is a directory": (lambda c, stub, s: _raw_save(stub, _header("/dev/shm")),
+                                     INVALID, "shm_path is not accepted"),
+    "parent key of 5 bytes": (lambda c, stub, s: _raw_save(stub, _header(parent_key=b"12345", first_index=1),
+                                                           _data(s.blobs[1])),
+                              INVALID, "parent_key must be 16 bytes"),
+    "chunk key of 5 bytes in a load": (lambda c, _, s: list(c.load_chunks("val", [b"12345"])),
+                                       INVALID, "chunk keys must be 16 bytes"),
     "unknown arena in save": (lambda c, stub, s: _raw_save(stub, _header(arena_id="nope", arena_bytes=10)),
                               INVALID, "unknown arena 'nope'"),
     "unknown arena in load": (lambda c, stub, s: _raw_load(stub, s, arena_id="nope"), INVALID, "unknown arena"),
@@ -356,6 +372,13 @@ BAD: dict[str, tuple[Case, grpc.StatusCode, str]] = {
         path=f"/dev/shm/{SHM_FILE.replace('cli', 'srv')}", size=4096), timeout=30),
         INVALID, "is not a kvstore client file"),
     "arena of another size": (lambda c, stub, s: attach_arena(stub, claimed=128 << 10), INVALID, "not 131072"),
+    "arena without its nonce": (lambda c, stub, s: attach_arena(stub, nonce=bytes(16)),
+                                INVALID, "does not hold the nonce"),
+    "arena nonce of 5 bytes": (lambda c, stub, s: attach_arena(stub, nonce=b"12345"), INVALID, "nonce must be 16"),
+    "arena that is a directory": (lambda c, stub, s: stub.AttachArena(pb.AttachArenaRequest(
+        path=_shm_dir_entry(os.mkdir), size=4096, nonce=bytes(16)), timeout=30), INVALID, "Is a directory"),
+    "arena that is a FIFO": (lambda c, stub, s: stub.AttachArena(pb.AttachArenaRequest(
+        path=_shm_dir_entry(os.mkfifo), size=4096, nonce=bytes(16)), timeout=30), INVALID, "not a regular file"),
     "save beyond the arena": (lambda c, stub, s: _raw_save(stub, _header(arena_id=attach_arena(stub),
                                                                          arena_bytes=1 << 20)),
                               INVALID, "exceeds the arena's 65536"),
@@ -447,11 +470,11 @@ def test_sigterm_mid_save_then_restart(tmp_path: Path, grace_s: str) -> None:
         assert m.retention.pinned and m.metadata == {"k": "v"} and m.tail == a.manifest.tail
         assert blobs_of(chunks) == dict(enumerate(a.blobs))
         assert c.lookup("other", TINY16.layout_id, [int(t) for t in b.token_ids]).cached_tokens == 256
-        expected_items = (3 + 1) + (1 + 1)  # a's and b's chunks and manifests
+        expected_items = 3 + 1  # a's and b's chunks (manifests are in their own keyspace)
         if ("ns", "big") in listed:  # committed before the shutdown: then it must be whole
             m, chunks = c.load_session("ns", "big")
             assert m.chunk_keys == tuple(big.keys)
             assert blobs_of(chunks) == dict(enumerate(big.blobs))
-            expected_items += 300 + 1
+            expected_items += 300
         assert tier_items(c)["ssd"][0] == expected_items  # leftovers were collected at start
     assert d.proc.returncode == 0

@@ -3,6 +3,7 @@ then binds only to loopback unless told otherwise)."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -37,7 +38,7 @@ class Auth:
     def enabled(self) -> bool:
         return bool(self._tokens)
 
-    def _scopes(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> frozenset[str]:
+    def _match(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> tuple[str, frozenset[str]]:
         header = next((v for k, v in metadata or () if k == "authorization"), None)
         if isinstance(header, bytes):
             header = header.decode(errors="replace")
@@ -47,10 +48,21 @@ class Auth:
         found = None
         for token, scopes in self._tokens.items():  # compare against every token: no timing hint
             if hmac.compare_digest(token.encode(), given):
-                found = scopes
+                found = token, scopes
         if found is None:
             raise Unauthenticated("unknown bearer token")
         return found
+
+    def _scopes(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> frozenset[str]:
+        return self._match(metadata)[1]
+
+    def identity(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> str:
+        """Who is calling, to bind what a call creates (an arena) to its caller: a digest of the
+        bearer token (the token itself is kept out of memory dumps of that state and out of logs).
+        With no tokens configured every caller is the one identity ""."""
+        if not self.enabled:
+            return ""
+        return hashlib.sha256(self._match(metadata)[0].encode()).hexdigest()
 
     def namespaces(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> frozenset[str] | None:
         """The namespaces the caller may use; None = all of them."""

@@ -19,10 +19,12 @@ from grpc_reflection.v1alpha import reflection
 from kvstore import transport
 from kvstore.server.auth import Auth
 from kvstore.server.config import DaemonConfig
+from kvstore.server.handlers import add_service
 from kvstore.server.metrics import start_metrics
 from kvstore.server.service import KVStoreService
-from kvstore.store import open_store
-from kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+from kvstore.server.startup import SERVER_OPTIONS, bind, data_dir_lock
+from kvstore.store import SessionStore, open_store
+from kvstore.v1 import kvstore_pb2
 
 log = logging.getLogger("kvstore.server")
 SERVICE = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name
@@ -58,20 +60,31 @@ def _credentials(config: DaemonConfig) -> grpc.ServerCredentials | None:
 
 async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = None) -> None:
     """Run the daemon until SIGTERM/SIGINT; in-flight RPCs get ``grace_s`` to finish, then the
-    store (LMDB) is closed."""
-    sessions = await asyncio.to_thread(open_store, config.store_config())
+    store (LMDB) is closed. Raises ``startup.CannotStart`` when another daemon holds the data dir
+    or the port."""
+    with data_dir_lock(Path(config.data_dir)):  # before opening the store: its startup GC writes
+        sessions = await asyncio.to_thread(open_store, config.store_config())
+        try:
+            await _serve(config, sessions, on_ready)
+        finally:
+            # store calls still running in worker threads finish before the store closes
+            await asyncio.get_running_loop().shutdown_default_executor()
+            sessions.close()
+    log.info("kvstore stopped; store closed")
+
+
+async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callable[[int], None] | None) -> None:
     shm_dir = transport.default_shm_dir() if config.shared_memory else None
     opts = [("grpc.max_receive_message_length", transport.MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", transport.MAX_MESSAGE_BYTES)]
+            ("grpc.max_send_message_length", transport.MAX_MESSAGE_BYTES), *SERVER_OPTIONS]
     server = grpc.aio.server(options=opts)
     service = KVStoreService(sessions, Auth.from_file(config.tokens_file), shm_dir)
-    kvstore_pb2_grpc.add_KVStoreServicer_to_server(service, server)
+    add_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     addr = f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
-    creds = _credentials(config)
-    port = server.add_secure_port(addr, creds) if creds else server.add_insecure_port(addr)
+    port = bind(server, addr, _credentials(config))
     metrics = start_metrics(sessions, config.host, config.metrics_port) if config.metrics_port else None
     await server.start()
     for name in ("", SERVICE):
@@ -92,7 +105,7 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
             await asyncio.sleep(MAINTENANCE_S)
             expired = await asyncio.to_thread(sessions.expire)
             swept = transport.sweep_shm(shm_dir, "srv", 60.0, time.time()) if shm_dir else 0
-            idle = service.close_idle_arenas()
+            idle = service.arenas.close_idle()
             if expired or swept or idle:
                 log.info("maintenance: expired %d sessions, swept %d shm files, closed %d idle arenas",
                          expired, swept, idle)
@@ -105,6 +118,4 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
     task.cancel()
     if metrics is not None:
         metrics.shutdown()
-    await loop.shutdown_default_executor()  # store calls still running in worker threads finish first
-    sessions.close()
-    log.info("kvstore stopped; store closed")
+    service.arenas.close_all()

@@ -6,13 +6,13 @@ Store calls block (LMDB fsyncs), so they run in worker threads; the event loop o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
+import struct
 import time
-import uuid
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +28,15 @@ from kvstore.errors import (
     Unavailable,
 )
 from kvstore.layout import PRESETS
+from kvstore.server.arenas import Arenas
 from kvstore.server.auth import Auth, Unauthenticated
+from kvstore.server.handlers import Undecodable
 from kvstore.store import SessionStore, store_stats
 from kvstore.store.manifest import check_namespace
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 log = logging.getLogger("kvstore.server")
-MAX_ARENAS = 16
-ARENA_IDLE_S = 300.0
 
 _STATUS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -62,13 +62,30 @@ async def _abort(context: grpc.aio.ServicerContext, method: str, e: Exception) -
     await context.abort(code, str(e))  # type: ignore[arg-type]
 
 
+def _parsed(request: Any) -> Any:
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(request.reason)
+    return request
+
+
+@contextlib.contextmanager
+def _client_bytes(what: str) -> Iterator[None]:
+    """Around code that parses bytes a client sent (chunks, a trailing span): a parse failure that
+    is not already a domain error is still the client's, never an internal error."""
+    try:
+        yield
+    except (struct.error, OverflowError) as e:
+        raise InvalidArgument(f"{what} do not parse: {e}") from e
+
+
 def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map domain exceptions to gRPC status codes (unary and server-streaming handlers)."""
+    """Map domain exceptions to gRPC status codes (unary and server-streaming handlers); a request
+    whose bytes did not parse is INVALID_ARGUMENT before the handler runs."""
     if inspect.isasyncgenfunction(fn):
         @functools.wraps(fn)
         async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             try:
-                async for item in fn(self, request, context):
+                async for item in fn(self, _parsed(request), context):
                     yield item
             except (grpc.aio.AbortError, asyncio.CancelledError):
                 raise
@@ -79,7 +96,7 @@ def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await fn(self, request, context)
+            return await fn(self, _parsed(request), context)
         except (grpc.aio.AbortError, asyncio.CancelledError):
             raise
         except Exception as e:
@@ -94,8 +111,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth = auth
         self.shm_dir = shm_dir
         self.max_message_bytes = max_message_bytes
-        self.arenas: OrderedDict[str, transport.Arena] = OrderedDict()
-        self.arena_used: dict[str, float] = {}
+        self.arenas = Arenas()
         self.data_bytes = min(transport.DEFAULT_MESSAGE_BYTES, max_message_bytes // 2)
         # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
         # buffered, whatever size a stream's header declares
@@ -107,23 +123,9 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth.check(context.invocation_metadata(), namespace)
         return namespace
 
-    def _arena(self, arena_id: str) -> transport.Arena:
-        arena = self.arenas.get(arena_id)
-        if arena is None:
-            raise InvalidArgument(f"unknown arena {arena_id!r}: attach it (again) with AttachArena")
-        self.arenas.move_to_end(arena_id)
-        self.arena_used[arena_id] = time.monotonic()
-        return arena
-
-    def close_idle_arenas(self, idle_s: float = ARENA_IDLE_S) -> int:
-        """Unmap arenas nobody used for ``idle_s`` (their clients are gone or idle; a client whose
-        arena was closed gets INVALID_ARGUMENT and attaches a new one)."""
-        now = time.monotonic()
-        idle = [a for a, t in self.arena_used.items() if now - t > idle_s]
-        for a in idle:
-            self.arenas.pop(a).close()
-            del self.arena_used[a]
-        return len(idle)
+    def _arena(self, context: grpc.aio.ServicerContext, arena_id: str) -> transport.Arena:
+        """The caller's own arena: another token's arena id is as unknown as a made-up one."""
+        return self.arenas.get(self.auth.identity(context.invocation_metadata()), arena_id)
 
     def _load(self, namespace: str, keys: list[bytes], arena: transport.Arena | None
               ) -> tuple[list[tuple[int, transport.Blob]], pb.ShmHandle | None]:
@@ -150,10 +152,9 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             h.size = off
         return loaded, h
 
-    async def _chunks(self, namespace: str, keys: list[bytes], shared_memory: bool, arena_id: str = ""
-                      ) -> AsyncIterator[pb.ChunkData]:
+    async def _chunks(self, namespace: str, keys: list[bytes], shared_memory: bool, arena: transport.Arena | None,
+                      arena_id: str) -> AsyncIterator[pb.ChunkData]:
         """Read chunks in worker threads and stream them (or hand them over in shared memory)."""
-        arena = self._arena(arena_id) if arena_id else None
         loaded, handle = await asyncio.to_thread(self._load, namespace, keys, arena)
         if handle is not None:
             handle.arena_id = arena_id
@@ -196,24 +197,26 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         assembler = transport.BlobAssembler(self.max_chunk_bytes)
         blobs: list[transport.Blob] = []
         async for req in requests:
+            req = _parsed(req)
             if header is None:
                 if not req.HasField("header"):
                     raise InvalidArgument("the first SaveChunks message must carry the header")
                 header = req.header
                 self._ns(context, header.namespace)
+                if len(header.parent_key) not in (0, 16):
+                    raise InvalidArgument(f"parent_key must be 16 bytes (or empty for chunk 0), "
+                                          f"got {len(header.parent_key)}")
+                if header.shm_path:  # the daemon never opens a file a request names (it may be another's)
+                    raise InvalidArgument("SaveHeader.shm_path is not accepted: save through an attached arena "
+                                          "(arena_id) or the stream")
                 if header.arena_id:
-                    arena = self._arena(header.arena_id)
+                    arena = self._arena(context, header.arena_id)
                     if header.arena_bytes > arena.size:
                         raise InvalidArgument(f"arena_bytes {header.arena_bytes} exceeds the arena's {arena.size}")
                     # copy out first: the client can still write to its arena, and what was
                     # verified must be exactly what gets stored
                     data = await asyncio.to_thread(bytes, arena.view[: header.arena_bytes])
                     blobs.extend(assembler.feed(data))
-                elif header.shm_path:
-                    if self.shm_dir is None:
-                        raise InvalidArgument("shared memory is disabled on this daemon")
-                    whole = await asyncio.to_thread(transport.open_shm, header.shm_path, self.shm_dir)
-                    blobs.extend(assembler.feed(whole))
             elif req.HasField("header"):
                 raise InvalidArgument("only the first SaveChunks message may carry a header")
             if req.data:
@@ -221,8 +224,9 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         if header is None:
             raise InvalidArgument("empty SaveChunks stream: no header")
         assembler.finish()
-        res = await asyncio.to_thread(self.sessions.save_chunks, header.namespace, bytes(header.layout_id),
-                                      bytes(header.parent_key) or bytes(16), header.first_index, blobs)
+        with _client_bytes("chunk bytes"):
+            res = await asyncio.to_thread(self.sessions.save_chunks, header.namespace, bytes(header.layout_id),
+                                          bytes(header.parent_key) or bytes(16), header.first_index, blobs)
         return pb.SaveChunksResponse(keys=res.keys, written=res.written)
 
     @rpc
@@ -230,16 +234,19 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._ns(context, request.namespace)
         if any(len(k) != 16 for k in request.keys):
             raise InvalidArgument("chunk keys must be 16 bytes")
-        async for msg in self._chunks(request.namespace, [bytes(k) for k in request.keys], request.shared_memory,
+        arena = self._arena(context, request.arena_id) if request.arena_id else None
+        async for msg in self._chunks(request.namespace, [bytes(k) for k in request.keys], request.shared_memory, arena,
                                       request.arena_id):
             yield msg
 
     @rpc
     async def LoadSession(self, request: pb.LoadSessionRequest, context: Any) -> AsyncIterator[pb.LoadSessionResponse]:
         self._ns(context, request.namespace)
+        arena = self._arena(context, request.arena_id) if request.arena_id else None  # before any answer
         m = self.sessions.get(request.namespace, request.session_id)
         yield pb.LoadSessionResponse(session=convert.session_to_pb(m))
-        async for msg in self._chunks(request.namespace, list(m.chunk_keys), request.shared_memory, request.arena_id):
+        keys = list(m.chunk_keys)
+        async for msg in self._chunks(request.namespace, keys, request.shared_memory, arena, request.arena_id):
             yield pb.LoadSessionResponse(chunks=msg)
 
     @rpc
@@ -257,7 +264,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             m = convert.session_from_pb(request.session, time.time())
         except ValueError as e:
             raise InvalidArgument(str(e)) from e
-        m = await asyncio.to_thread(self.sessions.commit, m)
+        with _client_bytes("the trailing span's bytes"):
+            m = await asyncio.to_thread(self.sessions.commit, m)
         return pb.CommitSessionResponse(session=convert.session_to_pb(m))
 
     @rpc
@@ -308,18 +316,12 @@ class KVStoreService(pb_grpc.KVStoreServicer):
 
     @rpc
     async def AttachArena(self, request: pb.AttachArenaRequest, context: Any) -> pb.AttachArenaResponse:
-        self.auth.namespaces(context.invocation_metadata())  # any known token: strangers get no mappings
+        owner = self.auth.identity(context.invocation_metadata())  # any known token: strangers get no mappings
         if self.shm_dir is None:
             raise InvalidArgument("shared memory is disabled on this daemon")
-        arena = await asyncio.to_thread(transport.Arena.attach, request.path, self.shm_dir, request.size)
-        arena_id = uuid.uuid4().hex
-        self.arenas[arena_id] = arena
-        self.arena_used[arena_id] = time.monotonic()
-        while len(self.arenas) > MAX_ARENAS:  # the least recently used arena goes
-            old, a = self.arenas.popitem(last=False)
-            self.arena_used.pop(old, None)
-            a.close()
-        return pb.AttachArenaResponse(arena_id=arena_id)
+        arena = await asyncio.to_thread(transport.Arena.attach, request.path, self.shm_dir, request.size,
+                                        bytes(request.nonce))
+        return pb.AttachArenaResponse(arena_id=self.arenas.add(owner, arena))
 
     @rpc
     async def EvictSession(self, request: pb.EvictSessionRequest, context: Any) -> pb.EvictSessionResponse:

@@ -7,12 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class AttachArenaRequest(_message.Message):
-    __slots__ = ("path", "size")
+    __slots__ = ("path", "size", "nonce")
     PATH_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
     path: str
     size: int
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ...) -> None: ...
+    nonce: bytes
+    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., nonce: _Optional[bytes] = ...) -> None: ...
 
 class AttachArenaResponse(_message.Message):
     __slots__ = ("arena_id",)

@@ -193,6 +193,10 @@ class KVStoreServicer:
         """Same-host: share a client-created memory file (under ServerInfo.shm_dir) that both sides keep
         mapped. Loads that name the arena are written into it (no file, no page faults per call); the
         client reads the chunks in place. The client deletes the file name once attached.
+        The file must be a regular file with one name, owned by the daemon's user, holding `nonce` at
+        offset 0 (proof that the caller created it: names in /dev/shm are visible to everyone). The
+        arena id works only with the token that attached it; with any other token, and after a daemon
+        restart, it fails like an unknown id: INVALID_ARGUMENT "unknown arena ...", attach again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -1,0 +1,70 @@
+"""The same-host arenas the daemon keeps mapped, each bound to the identity that attached it.
+
+An arena id is a capability only for its owner: another identity naming it gets exactly the
+answer an unknown id gets, so ids learned from a log or a shared process reveal and allow nothing.
+Each identity keeps at most ``per_owner`` arenas (the least recently used goes first), so one
+tenant attaching many cannot unmap another's.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from kvstore import transport
+from kvstore.errors import InvalidArgument
+
+MAX_ARENAS_PER_OWNER = 16
+ARENA_IDLE_S = 300.0
+
+
+@dataclass
+class _Attached:
+    arena: transport.Arena
+    owner: str
+    used: float
+
+
+class Arenas:
+    def __init__(self, per_owner: int = MAX_ARENAS_PER_OWNER,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_owner = per_owner
+        self.clock = clock
+        self._by_id: OrderedDict[str, _Attached] = OrderedDict()  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def add(self, owner: str, arena: transport.Arena) -> str:
+        """Register ``arena`` for ``owner``; returns its new id."""
+        arena_id = uuid.uuid4().hex
+        self._by_id[arena_id] = _Attached(arena, owner, self.clock())
+        mine = [a for a, e in self._by_id.items() if e.owner == owner]
+        for old in mine[: max(0, len(mine) - self.per_owner)]:
+            self._by_id.pop(old).arena.close()
+        return arena_id
+
+    def get(self, owner: str, arena_id: str) -> transport.Arena:
+        """The arena ``owner`` attached under ``arena_id``; anyone else's is unknown."""
+        entry = self._by_id.get(arena_id)
+        if entry is None or entry.owner != owner:
+            raise InvalidArgument(f"{transport.UNKNOWN_ARENA} {arena_id!r}: attach it (again) with AttachArena")
+        self._by_id.move_to_end(arena_id)
+        entry.used = self.clock()
+        return entry.arena
+
+    def close_idle(self, idle_s: float = ARENA_IDLE_S) -> int:
+        """Unmap arenas nobody used for ``idle_s`` (their clients are gone or idle; a client whose
+        arena was closed is told it is unknown, and attaches a new one)."""
+        now = self.clock()
+        idle = [a for a, e in self._by_id.items() if now - e.used > idle_s]
+        for a in idle:
+            self._by_id.pop(a).arena.close()
+        return len(idle)
+
+    def close_all(self) -> None:
+        while self._by_id:
+            self._by_id.popitem()[1].arena.close()

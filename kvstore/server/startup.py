@@ -1,0 +1,56 @@
+"""What must hold before a daemon serves: its data dir and its port are its alone.
+
+LMDB does not give the first: it is built for many processes sharing one environment, so a
+second daemon on the same data dir opens it happily, runs its startup garbage collection against
+the first one's live store, and both then write. gRPC does not give the second: it sets
+SO_REUSEPORT by default, so a second daemon on a busy port binds too and the kernel splits
+connections between them. Both conditions are refused here, with a one-line reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+
+LOCK_NAME = "kvstore.lock"
+# SO_REUSEPORT off: a bind to a port another process holds must fail, not share it
+SERVER_OPTIONS = (("grpc.so_reuseport", 0),)
+
+
+class CannotStart(Exception):
+    """The daemon must not start; the message says why, in one line."""
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``data_dir`` while the daemon runs. flock: the kernel drops it when
+    the process dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise CannotStart(f"data dir {data_dir} is in use by another kvstore daemon (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``address``; the port it got. A busy port (or a bad address) is CannotStart."""
+    try:
+        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError as e:  # grpc raises "Failed to bind to address ..." on recent versions
+        raise CannotStart(f"cannot listen on {address}: {e} (is another daemon using this port?)") from None
+    if port == 0:  # older grpc versions return 0 instead of raising
+        raise CannotStart(f"cannot listen on {address} (is another daemon using this port?)")
+    return port
