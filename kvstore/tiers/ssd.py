@@ -27,7 +27,7 @@ import lmdb
 from kvstore.tiers.base import MetaMap, Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
-from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, grown_map_size
+from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, check_meta_pages, grown_map_size
 
 DB_NAME = b"chunks"  # the values' sub-database; others may be added beside it (up to _MAX_DBS)
 META_DB_NAME = b"meta"  # meta records (manifests): never in the values' keyspace
@@ -103,6 +103,7 @@ class SsdTier(Tier):
             os.makedirs(config.path, exist_ok=True)
         except OSError as exc:
             raise TierError(f"ssd tier: cannot create {config.path}: {exc}") from exc
+        check_meta_pages(config.path)
         with _lmdb_errors(f"cannot open {config.path}"):
             self._env = lmdb.open(
                 config.path,
