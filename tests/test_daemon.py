@@ -6,6 +6,7 @@ import asyncio
 import atexit
 import os
 import struct
+import subprocess
 import threading
 import time
 import uuid
@@ -14,11 +15,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+import xxhash
 from daemon_helpers import (
+    REPO,
     Daemon,
     SyntheticSession,
     attach_arena,
     clean_env,
+    kvstore_command,
     make_session,
     running_daemon,
     save_session,
@@ -289,6 +293,15 @@ def _raw_commit(stub: pb_grpc.KVStoreStub, s: SyntheticSession, **changes: objec
     stub.CommitSession(pb.CommitSessionRequest(session=pb.Session(**{**fields, **changes})), timeout=30)
 
 
+def _short_section_table() -> bytes:
+    """An 80-byte tiny-16 chunk (header + checksum, valid) whose section table would lie past its end."""
+    n_sections = 2 * len(TINY16.caches)
+    head = struct.pack("<4sHHIIQ16s16sIHHII", chunk.MAGIC, chunk.VERSION, chunk.HEADER_BYTES + 16 * n_sections,
+                       chunk.HEADER_BYTES + 8, 0, 0, TINY16.layout_id, bytes(16), chunk.HEADER_BYTES, n_sections,
+                       0, 0, 0)
+    return head + struct.pack("<Q", xxhash.xxh3_64_intdigest(head))
+
+
 def _rekeyed(s: SyntheticSession) -> bytes:
     """Chunk 0 of ``s``, re-encoded under a key that is not its own."""
     entries = chunk.decode(s.blobs[0], TINY16).entries
@@ -329,6 +342,7 @@ BAD: dict[str, tuple[Case, grpc.StatusCode, str]] = {
     "garbage instead of a chunk": (lambda c, _, s: _save(c, b"x" * 4096), INVALID, "does not start a chunk"),
     "corrupted chunk": (lambda c, _, s: _save(c, s.blobs[0], _flipped(s.blobs[1], 5000)),
                         INVALID, "chunk 1: chunk checksum mismatch"),
+    "section table past the chunk's end": (lambda c, _, s: _save(c, _short_section_table()), INVALID, "chunk"),
     "wrong chunk key": (lambda c, _, s: _save(c, _rekeyed(s)), INVALID, "does not match its tokens"),
     "no header": (lambda c, stub, s: _raw_save(stub, _data(s.blobs[0])), INVALID, "must carry the header"),
     "a second header": (lambda c, stub, s: _raw_save(stub, _header(), _header()), INVALID, "only the first"),
@@ -364,7 +378,7 @@ BAD: dict[str, tuple[Case, grpc.StatusCode, str]] = {
     "chunk key of 5 bytes in a load": (lambda c, _, s: list(c.load_chunks("val", [b"12345"])),
                                        INVALID, "chunk keys must be 16 bytes"),
     "unknown arena in save": (lambda c, stub, s: _raw_save(stub, _header(arena_id="nope", arena_bytes=10)),
-                              INVALID, "unknown arena 'nope'"),
+                              INVALID, "unknown arena: attach it"),
     "unknown arena in load": (lambda c, stub, s: _raw_load(stub, s, arena_id="nope"), INVALID, "unknown arena"),
     "arena outside /dev/shm": (lambda c, stub, s: stub.AttachArena(pb.AttachArenaRequest(
         path=f"/tmp/{SHM_FILE}", size=4096), timeout=30), INVALID, "is not a kvstore client file"),
@@ -478,3 +492,108 @@ def test_sigterm_mid_save_then_restart(tmp_path: Path, grace_s: str) -> None:
             expected_items += 300
         assert tier_items(c)["ssd"][0] == expected_items  # leftovers were collected at start
     assert d.proc.returncode == 0
+
+
+# -- requests that are not even messages ---------------------------------------------------------
+def _raw_call(channel: grpc.Channel, method: str, payload: bytes) -> None:
+    """Send ``payload`` as the request message of ``method``, whatever its shape (no serializer)."""
+    m = pb.DESCRIPTOR.services_by_name["KVStore"].methods_by_name[method]
+    path = f"/kvstore.v1.KVStore/{method}"
+    if m.client_streaming:
+        channel.stream_unary(path)(iter([payload]), timeout=30)
+    elif m.server_streaming:
+        list(channel.unary_stream(path)(payload, timeout=30))
+    else:
+        channel.unary_unary(path)(payload, timeout=30)
+
+
+@pytest.mark.parametrize("method", [m.name for m in pb.DESCRIPTOR.services_by_name["KVStore"].methods])
+def test_undecodable_request_bytes_are_invalid_argument(method: str, daemon: Daemon, client: Client) -> None:
+    """Bytes that do not parse as the request message (a truncated varint, field number 0, a length
+    past the end): INVALID_ARGUMENT naming the message type, not gRPC's "Exception deserializing"
+    (INTERNAL) that a client would read as a daemon bug."""
+    sessions_before = client.list_sessions("")
+    with grpc.insecure_channel(daemon.address) as channel:
+        for payload in (b"\x08\xff\xff\xff", b"\x00", b"\x0a\x10ab"):
+            with pytest.raises(grpc.RpcError) as e:
+                _raw_call(channel, method, payload)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+            assert "request is not a valid kvstore.v1." in e.value.details()
+    assert client.list_sessions("") == sessions_before
+
+
+# -- transfer paths that would block a worker thread ---------------------------------------------
+def test_a_fifo_at_a_transfer_path_stalls_nothing(daemon: Daemon, client: Client, stub: pb_grpc.KVStoreStub,
+                                                  stored: SyntheticSession) -> None:
+    """More calls naming a FIFO than the daemon has worker threads: each is refused at once (opening
+    a FIFO for reading blocks until a writer comes), and the daemon still serves loads afterwards."""
+    fifo = _shm_dir_entry(os.mkfifo)
+    for _ in range(12):
+        code, message = status_of(lambda: _raw_save(stub, _header(fifo)))
+        assert code == INVALID
+        code, message = status_of(lambda: stub.AttachArena(pb.AttachArenaRequest(path=fifo, size=4096,
+                                                                                 nonce=bytes(16)), timeout=30))
+        assert code == INVALID and "not a regular file" in message
+    assert blobs_of(client.load_chunks("val", stored.keys)) == dict(enumerate(stored.blobs))
+    assert client.health() == "SERVING"
+
+
+def test_an_arena_reached_by_a_hard_link_is_refused(stub: pb_grpc.KVStoreStub) -> None:
+    """A second name for a file (it could be another user's) is not an arena, under either name."""
+    directory = transport.default_shm_dir()
+    if directory is None:
+        pytest.skip("no writable /dev/shm on this host")
+    arena = transport.Arena.create(directory, 64 << 10)
+    link = directory / f"kvstore-cli-{uuid.uuid4().hex}"
+    os.link(arena.path, link)
+    try:
+        for path in (arena.path, str(link)):
+            code, message = status_of(lambda: stub.AttachArena(pb.AttachArenaRequest(
+                path=path, size=arena.size, nonce=arena.nonce), timeout=30))  # noqa: B023
+            assert code == INVALID and "hard link is refused" in message
+    finally:
+        os.unlink(link)
+        os.unlink(arena.path)
+        arena.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_an_arena_of_another_user_is_refused(stub: pb_grpc.KVStoreStub) -> None:
+    directory = transport.default_shm_dir()
+    if directory is None:
+        pytest.skip("no writable /dev/shm on this host")
+    arena = transport.Arena.create(directory, 64 << 10)
+    try:
+        os.chown(arena.path, 65534, 65534)
+        code, message = status_of(lambda: stub.AttachArena(pb.AttachArenaRequest(
+            path=arena.path, size=arena.size, nonce=arena.nonce), timeout=30))
+        assert code == INVALID and "not owned by" in message
+    finally:
+        os.unlink(arena.path)
+        arena.close()
+
+
+# -- one daemon per port, one per data dir --------------------------------------------------------
+def _serve_again(*flags: str) -> subprocess.CompletedProcess[str]:
+    """Run `kvstore serve` in the foreground; it must exit by itself (it cannot start)."""
+    return subprocess.run([*kvstore_command(), "serve", *flags], cwd=REPO, env=clean_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+
+
+def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
+    assert r.returncode != 0 and "serving on" not in r.stdout, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("kvstore: error:")]
+    assert len(errors) == 1, r.stderr
+    return errors[0]
+
+
+def test_a_second_daemon_on_a_busy_port_refuses_to_start(daemon: Daemon, tmp_path: Path) -> None:
+    r = _serve_again("--port", str(daemon.port), "--data-dir", str(tmp_path / "other"))
+    assert "is another daemon using this port?" in _one_line_error(r)
+
+
+def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(daemon: Daemon) -> None:
+    r = _serve_again("--port", "0", "--data-dir", str(daemon.data_dir))
+    line = _one_line_error(r)
+    assert f"data dir {daemon.data_dir} is in use by another kvstore daemon (pid {daemon.proc.pid})" in line

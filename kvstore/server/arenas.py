@@ -51,7 +51,8 @@ class Arenas:
         """The arena ``owner`` attached under ``arena_id``; anyone else's is unknown."""
         entry = self._by_id.get(arena_id)
         if entry is None or entry.owner != owner:
-            raise InvalidArgument(f"{transport.UNKNOWN_ARENA} {arena_id!r}: attach it (again) with AttachArena")
+            # the id is not echoed: the answer is the same text for every id that is not the caller's
+            raise InvalidArgument(f"{transport.UNKNOWN_ARENA}: attach it (again) with AttachArena")
         self._by_id.move_to_end(arena_id)
         entry.used = self.clock()
         return entry.arena

@@ -1,9 +1,10 @@
 """Registering the KVStore servicer so that request bytes that do not parse are the caller's error.
 
 gRPC's generated ``add_KVStoreServicer_to_server`` deserializes with ``Message.FromString``; when
-that raises, grpc answers before any handler runs, with INTERNAL ("Exception deserializing
-request!") in the sync server and UNKNOWN/INTERNAL in grpc.aio, and logs a traceback: a client's
-garbage would read as a daemon bug. Here each request deserializer returns an ``Undecodable``
+that raises, grpc answers before any handler runs: UNKNOWN ("Unexpected <class DecodeError>") in
+grpc.aio 1.85, INTERNAL ("Exception deserializing request!") in the sync server, with a logged
+traceback; there is no server option to change that code. A client's garbage would read as a
+daemon bug. Here each request deserializer returns an ``Undecodable``
 instead of raising, and the handler (``service.rpc``) answers it with INVALID_ARGUMENT.
 """
 
