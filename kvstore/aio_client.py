@@ -90,9 +90,10 @@ class AsyncClient(_Base):
         """The manifest, and an async iterator of (chunk index, blob) for the chunks still stored."""
         await self.info()
         req = pb.LoadSessionRequest(namespace=namespace, session_id=session_id, shared_memory=self.uses_shared_memory)
-        stream = self._stub.LoadSession(req, timeout=self.config.timeout_s, metadata=self._metadata)
+        # one iterator for the whole call: grpc.aio refuses read() and iteration on the same RPC
+        stream = aiter(self._stub.LoadSession(req, timeout=self.config.timeout_s, metadata=self._metadata))
         try:
-            first = await stream.read()
+            first = await anext(stream)
         except grpc.aio.AioRpcError as e:
             raise _domain_error(e) from None
         reader = _ChunkReader(self._shm_dir)
