@@ -39,5 +39,6 @@ def open_store(config: StoreConfig) -> SessionStore:
         raise
     sessions = SessionStore(TieredStore(tiers, config), config)
     sessions.collect_garbage()
+    sessions.check_references()
     sessions.expire()
     return sessions

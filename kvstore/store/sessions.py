@@ -59,6 +59,16 @@ class SaveResult:
 
 
 @dataclass
+class DamageCounters:
+    """Damage found in the durable tier at open: manifests that do not decode (ignored), and
+    chunks a manifest references that the durable tier does not hold (the session then loads
+    with misses; a client re-prefills them)."""
+
+    manifests: int = 0
+    missing_chunks: int = 0
+
+
+@dataclass
 class HitCounters:
     lookups: int = 0
     requested_tokens: int = 0
@@ -81,6 +91,7 @@ class SessionStore:
         self.config = config
         self.clock = clock
         self.hits = HitCounters()
+        self.damage = DamageCounters()
         self._lock = threading.RLock()
         self._manifests: dict[SessionRef, Manifest] = {}
         self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
@@ -99,6 +110,7 @@ class SessionStore:
                 m = Manifest.decode(blob) if blob is not None else None
             except (ManifestError, ValueError) as e:
                 log.error("manifest %r is damaged (%s): ignored", key, e)
+                self.damage.manifests += 1
                 continue
             if m is not None:
                 self._index(m)
@@ -110,6 +122,18 @@ class SessionStore:
             orphans = [k for k in self.store.chunk_keys(local_only=True) if not self._refs.get(k)]
             self._free(orphans)
             return len(orphans)
+
+    def check_references(self) -> int:
+        """Count (and log) chunks that live sessions reference but the durable tier lacks, e.g.
+        after damage to its file: found at open rather than by a client's load."""
+        with self._lock:
+            # a chunk demoted below the durable tier (admin evict to redis) is not missing
+            missing = [k for k in self._refs if not self.store.holds_durably(k) and not self.store.contains(k)]
+            self.damage.missing_chunks = len(missing)
+        if missing:
+            log.error("%d chunks referenced by sessions are missing from the durable tier (first: %s)",
+                      len(missing), missing[0].hex())
+        return len(missing)
 
     def _index(self, m: Manifest) -> None:
         ref = (m.namespace, m.session_id)

@@ -24,7 +24,17 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import lmdb
 
-from kvstore.tiers.base import MetaMap, Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.base import (
+    CorruptValue,
+    MetaMap,
+    Stored,
+    Tier,
+    TierError,
+    Usage,
+    Value,
+    check_key,
+    check_value,
+)
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
 from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, check_meta_pages, grown_map_size
@@ -188,7 +198,7 @@ class SsdTier(Tier):
             with self._meta_lock:
                 for key, record in puts:
                     self._set(key, len(record), HEADER.unpack_from(record)[1])
-                for key in gone:
+                for key in deletes:  # present or not: a key LMDB cannot find is gone for us too
                     self._drop(key)
             return len(gone) + meta_gone
 
@@ -208,13 +218,22 @@ class SsdTier(Tier):
         with _lmdb_errors("get failed"), self._gate.shared(), self._env.begin(db=self._db, buffers=True) as txn:
             records = [(key, txn.get(key)) for key in keys]
             values: list[Stored | None] = [
-                None if rec is None else self._codec.decode(key, rec) for key, rec in records
+                self._lost(key) if rec is None else self._codec.decode(key, rec) for key, rec in records
             ]
         with self._meta_lock:
             for key, value in zip(keys, values):
                 if value is not None and key in self._sizes:
                     self._sizes.move_to_end(key)
         return values
+
+    def _lost(self, key: bytes) -> None:
+        """A key the open scan (or a write) saw, that a lookup cannot find: the B-tree is damaged
+        above it (a branch page). Unreadable, not absent: the store counts and drops it."""
+        with self._meta_lock:
+            known = key in self._sizes
+        if known:
+            raise CorruptValue(f"ssd tier: key {key.hex()} is in the database but a lookup cannot find it "
+                               f"(a damaged B-tree page)")
 
     def put(self, key: bytes, value: Value) -> None:
         check_key(key)
