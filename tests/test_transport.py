@@ -6,6 +6,7 @@ import itertools
 import os
 import stat
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,63 @@ def test_sweep_removes_only_stale_files_of_its_role(tmp_path: Path) -> None:
     now = os.stat(fresh).st_mtime + 1
     assert transport.sweep_shm(tmp_path, "srv", 60.0, now) == 1
     assert not os.path.exists(stale) and os.path.exists(fresh) and os.path.exists(client_file)
+
+
+# -- what the guarded open refuses: FIFOs, directories, hard links, other users' files ---------------
+def test_open_shm_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    """Opening a FIFO for reading blocks until a writer comes: it must be refused at once instead
+    (the call runs in a thread, so the old blocking open fails the join rather than hanging the run)."""
+    os.mkfifo(tmp_path / NAME)
+    outcome: list[BaseException | None] = []
+
+    def call() -> None:
+        try:
+            transport.open_shm(str(tmp_path / NAME), tmp_path)
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(60)
+    if t.is_alive():  # unblock the old code's open so the thread ends
+        with open(tmp_path / NAME, "wb"):
+            pass
+    assert outcome and isinstance(outcome[0], InvalidArgument) and "not a regular file" in str(outcome[0])
+    assert (tmp_path / NAME).exists()
+
+
+def test_open_shm_refuses_a_directory(tmp_path: Path) -> None:
+    (tmp_path / NAME).mkdir()
+    with pytest.raises(InvalidArgument, match="not a regular file"):
+        transport.open_shm(str(tmp_path / NAME), tmp_path)
+
+
+def test_open_shm_refuses_a_hard_link(tmp_path: Path) -> None:
+    path, _, _ = transport.write_shm(tmp_path, BLOBS, "srv")
+    os.link(path, tmp_path / NAME)
+    for p in (path, str(tmp_path / NAME)):
+        with pytest.raises(InvalidArgument, match="hard link is refused"):
+            transport.open_shm(p, tmp_path)
+    assert os.path.exists(path) and (tmp_path / NAME).exists()  # refused files are left alone
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_open_shm_refuses_another_users_file(tmp_path: Path) -> None:
+    path, _, _ = transport.write_shm(tmp_path, BLOBS, "srv")
+    os.chown(path, 65534, 65534)
+    with pytest.raises(InvalidArgument, match="not owned by"):
+        transport.open_shm(path, tmp_path)
+
+
+def test_arena_attach_needs_the_creators_nonce(tmp_path: Path) -> None:
+    arena = transport.Arena.create(tmp_path, 1 << 16)
+    for nonce, message in ((bytes(16), "does not hold the nonce"), (b"", "nonce must be 16 bytes"),
+                           (arena.nonce[:8], "nonce must be 16 bytes")):
+        with pytest.raises(InvalidArgument, match=message):
+            transport.Arena.attach(arena.path, tmp_path, arena.size, nonce)
+    attached = transport.Arena.attach(arena.path, tmp_path, arena.size, arena.nonce)
+    arena.view[100:104] = b"abcd"  # both map the same memory
+    assert bytes(attached.view[100:104]) == b"abcd"
+    attached.close()
+    arena.close()
