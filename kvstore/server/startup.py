@@ -30,7 +30,7 @@ class CannotStart(Exception):
 def data_dir_lock(data_dir: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``data_dir`` while the daemon runs. flock: the kernel drops it when
     the process dies, even by SIGKILL, so a crash never leaves a stale lock behind."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # it holds prompt-derived data
     fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
