@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -43,6 +44,9 @@ def table(r: SoakResult) -> str:
 
 
 def git_commit() -> str:
+    """HEAD of the checkout this runs from ($BENCH_COMMIT where it runs from an exported copy)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -41,6 +42,9 @@ def table(results: list[StormResult]) -> str:
 
 
 def git_commit() -> str:
+    """HEAD of the checkout this runs from ($BENCH_COMMIT where it runs from an exported copy)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()
@@ -56,12 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--writers", type=int, default=d.writers)
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--launcher", choices=["fork", "exec"], default=d.launcher)
-    p.add_argument("--reuse-clients", action="store_true", help="keep each writer's Client across restarts")
+    p.add_argument("--fresh-clients", action="store_true", help="a new Client per daemon start (else kept)")
     p.add_argument("--out", type=Path, default=RESULTS / "storm.json")
     args = p.parse_args(argv)
     modes = ["through", "back"] if args.mode == "both" else [args.mode]
     base = StormConfig(kills=args.kills, writers=args.writers, seed=args.seed, launcher=args.launcher,
-                       reuse_clients=args.reuse_clients)
+                       reuse_clients=not args.fresh_clients)
     results = []
     for mode in modes:
         with tempfile.TemporaryDirectory(prefix=f"storm-{mode}-") as tmp:

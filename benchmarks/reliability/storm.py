@@ -58,7 +58,9 @@ class StormConfig:
     writers: int = 4
     seed: int = 20261130
     launcher: str = "fork"  # fork (a zygote forks each daemon) | exec (`kvstore serve` each time)
-    reuse_clients: bool = False  # keep each writer's Client across restarts (else a fresh one per start)
+    #: Keep each writer's Client across restarts, on the same port (what an agent does). False: a
+    #: fresh Client per start, on a fresh port (the workaround while clients could not re-attach).
+    reuse_clients: bool = True
     max_run_s: float = 0.4  # longest stretch the writers run before a "running" kill
 
 
