@@ -17,6 +17,7 @@ import struct
 import lmdb
 
 from kvstore.tiers.base import OutOfSpace, TierError
+from kvstore.tiers.lmdb_check import check_btrees
 
 DATA_FILE = "data.mdb"
 # An LMDB 0.9 meta page (lmdb.h / mdb.c, 64-bit): the page header, then MDB_meta.
@@ -116,7 +117,7 @@ def check_meta_pages(path: str) -> None:
         return  # created, never written: LMDB initialises it
     psize = _DB.unpack_from(head, _PAGE_HEAD.size + _META.size)[0] if len(head) >= 64 else 0
     psize = psize if psize in (4096, 8192, 16384, 32768, 65536) else 4096
-    problems, txnids = [], []
+    problems, txnids, pages = [], [], []
     for pgno in (0, 1):
         page = head[pgno * psize : (pgno + 1) * psize]
         why = _meta_problem(page, pgno, size // psize)
@@ -124,8 +125,11 @@ def check_meta_pages(path: str) -> None:
             problems.append(f"meta page {pgno}: {why}")
         else:
             txnids.append(_TAIL.unpack_from(page, _PAGE_HEAD.size + _META.size + 2 * _DB.size)[1])
+            pages.append(page)
     if not problems and abs(txnids[0] - txnids[1]) != 1 and txnids != [0, 0]:
         problems.append(f"transaction ids {txnids[0]} and {txnids[1]} are not consecutive")
+    if not problems:  # the trees of the meta page LMDB will use: the newer one
+        problems = check_btrees(data, pages[txnids[1] > txnids[0]], psize)
     if problems:
         raise TierError(f"ssd tier: {data} is damaged ({'; '.join(problems)}): refusing to open it; restore "
                         f"the file, or move the directory away to start empty")
