@@ -1,0 +1,302 @@
+"""Fuzzing every RPC of a real daemon with random and malformed messages, chunk bytes, ids, arena
+ids and shm paths (hypothesis): the daemon never crashes, never answers INTERNAL or UNKNOWN (a
+client-caused error is INVALID_ARGUMENT, NOT_FOUND, ...), and the sessions of the namespaces the
+fuzzer may not write are byte-identical afterwards.
+
+The fuzzer calls with no token, an unknown token, its own token (namespace "fuzz") and, for RPCs
+that only read or move data between tiers, the admin token. Short in CI (KVSTORE_FUZZ_EXAMPLES
+examples per RPC, default 25, derandomized); ``benchmarks/bench_fuzz.py`` runs the long mode and
+writes ``KVSTORE_FUZZ_REPORT`` (the case count) into benchmarks/results/fuzz.json.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import xxhash
+from daemon_helpers import Daemon, make_session, running_daemon, save_session
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvstore import chunk, transport
+from kvstore.client import Client
+from kvstore.layout import get_layout
+from kvstore.v1 import kvstore_pb2 as pb
+from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+
+EXAMPLES = int(os.environ.get("KVSTORE_FUZZ_EXAMPLES", "25"))
+FUZZ = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                suppress_health_check=list(HealthCheck))
+TOKENS = """
+[tokens]
+"tok-fuzz" = ["fuzz"]
+"tok-a" = ["team-a"]
+"tok-b" = ["team-b"]
+"tok-admin" = ["*"]
+"""
+PROTECTED = ("team-a", "team-b")  # the fuzzer's tokens may not write here: checksummed before and after
+TINY16, TINY8 = get_layout("tiny-16"), get_layout("tiny-8")
+SESSIONS = [make_session(namespace="team-a", session_id="a1", tokens=600, seed=1),
+            make_session(namespace="team-b", session_id="b1", tokens=600, seed=2),
+            make_session(namespace="fuzz", session_id="f1", tokens=600, seed=3)]
+REAL_KEYS = [k for s in SESSIONS for k in s.keys]
+BLOBS = [b for s in SESSIONS for b in s.blobs] + [s.manifest.tail for s in SESSIONS]
+BAD_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.UNAVAILABLE,
+             grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+@dataclass
+class Target:
+    daemon: Daemon
+    channel: grpc.Channel
+    stub: pb_grpc.KVStoreStub
+    paths: list[str]  # shm paths worth naming: FIFOs, directories, real files, arenas
+    arena: transport.Arena  # an arena the fuzzer's token may attach (it knows the nonce)
+    arena_ids: list[str]  # attached by the admin and by team-a: unknown to the fuzzer's token
+    cases: dict[str, int] = field(default_factory=dict)
+    codes: dict[str, int] = field(default_factory=dict)
+
+
+def _checksums(admin: Client) -> dict[str, str]:
+    out = {}
+    for ns in PROTECTED:
+        for summary in admin.list_sessions(ns):
+            m, chunks = admin.load_session(ns, summary.session_id)
+            h = hashlib.sha256(repr((m.chunk_keys, m.tail, m.last_token_ids, m.metadata, m.retention)).encode())
+            for i, blob in chunks:
+                h.update(i.to_bytes(4, "little") + bytes(blob))
+            out[f"{ns}/{summary.session_id}"] = h.hexdigest()
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+    shm = transport.default_shm_dir()
+    if shm is None:
+        pytest.skip("no writable /dev/shm on this host")
+    tmp = tmp_path_factory.mktemp("fuzz")
+    (tmp / "tokens.toml").write_text(TOKENS)
+    made: list[Path] = []
+
+    def entry(make: Callable[[Path], object]) -> str:
+        p = shm / f"kvstore-cli-{uuid.uuid4().hex}"
+        make(p)
+        made.append(p)
+        return str(p)
+
+    paths = [entry(os.mkfifo), entry(os.mkdir), entry(lambda p: p.write_bytes(b"".join(SESSIONS[2].blobs))),
+             entry(lambda p: p.write_bytes(b"")), "/dev/shm", "/etc/passwd", "/dev/shm/../etc/passwd",
+             f"/dev/shm/kvstore-srv-{uuid.uuid4().hex}", f"/tmp/kvstore-cli-{uuid.uuid4().hex}", ""]
+    arena = transport.Arena.create(shm, 1 << 20)
+    paths.append(arena.path)
+    with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml")) as d, \
+            grpc.insecure_channel(d.address) as channel:
+        arena_ids = []
+        for token, s in (("tok-admin", SESSIONS[0]), ("tok-b", SESSIONS[1]), ("tok-fuzz", SESSIONS[2])):
+            with Client(address=d.address, token=token, arena_bytes=1 << 20) as c:
+                save_session(c, s)
+                list(c.load_chunks(s.namespace, s.keys, zero_copy=True))
+                if token != "tok-fuzz":
+                    arena_ids.append(c._arena_id)
+        with Client(address=d.address, token="tok-admin") as admin:
+            before = _checksums(admin)
+        t = Target(d, channel, pb_grpc.KVStoreStub(channel), paths, arena, arena_ids)
+        yield t
+        assert d.proc.poll() is None, "the daemon died"
+        with Client(address=d.address, token="tok-admin") as admin:
+            assert admin.health() == "SERVING"
+            assert _checksums(admin) == before, "a protected session changed"
+        assert "internal error" not in d.log(), d.log()[-3000:]
+    for p in made:
+        p.rmdir() if p.is_dir() else p.unlink()
+    if os.path.exists(arena.path):
+        os.unlink(arena.path)
+    arena.close()
+    report = os.environ.get("KVSTORE_FUZZ_REPORT")
+    if report:
+        Path(report).write_text(json.dumps({"examples_per_test": EXAMPLES, "cases": t.cases,
+                                            "total_cases": sum(t.cases.values()), "status_codes": t.codes},
+                                           indent=1))
+
+
+def call(t: Target, method: str, request: Any, token: str | None) -> None:
+    """One RPC; any answer but INTERNAL/UNKNOWN (or a dead or hung daemon) is fine."""
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    fn = getattr(t.stub, method)
+    try:
+        if method == "SaveChunks":
+            fn(iter(request), timeout=60, metadata=metadata)
+        elif method in ("LoadChunks", "LoadSession"):
+            list(fn(request, timeout=60, metadata=metadata))
+        else:
+            fn(request, timeout=60, metadata=metadata)
+        code = grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        code = e.code()  # type: ignore[attr-defined]
+        assert code not in BAD_CODES, (method, request, code, e.details())  # type: ignore[attr-defined]
+    t.cases[method] = t.cases.get(method, 0) + 1
+    t.codes[code.name] = t.codes.get(code.name, 0) + 1
+
+
+# -- strategies -----------------------------------------------------------------------------------
+# about half the draws are the fuzzer's own names, so calls get past validation to the deeper paths
+namespaces = st.one_of(st.just("fuzz"), st.sampled_from(["team-a", "team-b", "", "a b", "../x", "x" * 65]),
+                       st.text(max_size=70))
+session_ids = st.one_of(st.just("f1"), st.sampled_from(["a1", "b1", "", "-x", "x" * 129, "s/../t"]),
+                        st.text(max_size=140))
+keys = st.one_of(st.sampled_from(REAL_KEYS), st.binary(min_size=16, max_size=16), st.binary(max_size=40),
+                 st.sampled_from([b"m:team-b/b1" + bytes(5), b"m:fuzz/f1" + bytes(7)]))
+layout_ids = st.one_of(st.sampled_from([TINY16.layout_id, TINY8.layout_id, bytes(16)]), st.binary(max_size=20))
+token_ids = st.lists(st.integers(0, 2**32 - 1), max_size=700)
+u64 = st.one_of(st.integers(0, 4), st.integers(0, 2**64 - 1))
+u32 = st.one_of(st.integers(0, 1024), st.integers(0, 2**32 - 1))
+floats = st.floats(allow_nan=True, allow_infinity=True)
+user_tokens = st.sampled_from([None, "garbage", *["tok-fuzz"] * 8])
+read_tokens = st.sampled_from([None, "garbage", "tok-admin", "tok-admin", *["tok-fuzz"] * 6])
+
+
+@st.composite
+def chunk_bytes(draw: st.DrawFn) -> bytes:
+    """A real chunk, mutated: bits flipped, cut, extended, header fields patched (checksum fixed
+    up or not), or random bytes."""
+    blob = bytearray(draw(st.sampled_from(BLOBS)))
+    op = draw(st.sampled_from(["real", "flip", "cut", "extend", "header", "header", "random"]))
+    if op == "flip":
+        for i in draw(st.lists(st.integers(0, len(blob) - 1), min_size=1, max_size=8)):
+            blob[i] ^= 1 << draw(st.integers(0, 7))
+    elif op == "cut":
+        blob = blob[: draw(st.integers(0, len(blob) - 1))]
+    elif op == "extend":
+        blob += draw(st.binary(min_size=1, max_size=64))
+    elif op == "header":
+        off = draw(st.integers(0, chunk.HEADER_BYTES + 16 * 8 - 4))
+        struct.pack_into("<I", blob, off, draw(st.sampled_from([0, 1, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF,
+                                                                draw(st.integers(0, 2**32 - 1))])))
+    elif op == "random":
+        return draw(st.binary(max_size=2048))
+    if op != "real" and len(blob) >= 16 and draw(st.booleans()):  # a valid checksum: reach the deeper checks
+        struct.pack_into("<Q", blob, len(blob) - 8, xxhash.xxh3_64_intdigest(bytes(blob[:-8])))
+    return bytes(blob)
+
+
+def shm_paths(t: Target) -> st.SearchStrategy[str]:
+    return st.one_of(st.sampled_from(t.paths), st.text(max_size=80))
+
+
+def arena_ids(t: Target) -> st.SearchStrategy[str]:
+    return st.one_of(st.just(""), st.sampled_from(t.arena_ids), st.text(max_size=40))
+
+
+@st.composite
+def retention(draw: st.DrawFn) -> pb.Retention:
+    return pb.Retention(pinned=draw(st.booleans()), ttl_s=draw(floats))
+
+
+# -- one test per RPC -------------------------------------------------------------------------------
+@FUZZ
+@given(data=st.data())
+def test_fuzz_save_chunks(target: Target, data: st.DataObject) -> None:
+    t = target
+    header = pb.SaveHeader(namespace=data.draw(namespaces), layout_id=data.draw(layout_ids),
+                           parent_key=data.draw(st.one_of(st.just(b""), keys)), first_index=data.draw(u64),
+                           shm_path=data.draw(st.one_of(st.just(""), shm_paths(t))),
+                           arena_id=data.draw(arena_ids(t)), arena_bytes=data.draw(u64))
+    stream = b"".join(data.draw(st.lists(chunk_bytes(), max_size=4)))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
+    pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
+    requests = [pb.SaveChunksRequest(header=header, data=pieces[0])]
+    requests += [pb.SaveChunksRequest(data=p) for p in pieces[1:]]
+    if data.draw(st.booleans()):  # no header first, or a second header
+        requests.insert(data.draw(st.integers(0, len(requests))), pb.SaveChunksRequest(header=header))
+    call(t, "SaveChunks", requests, data.draw(user_tokens))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_loads(target: Target, data: st.DataObject) -> None:
+    t = target
+    arena_id, shared = data.draw(arena_ids(t)), data.draw(st.booleans())
+    call(t, "LoadChunks", pb.LoadChunksRequest(namespace=data.draw(namespaces),
+                                               keys=data.draw(st.lists(keys, max_size=12)),
+                                               shared_memory=shared, arena_id=arena_id), data.draw(read_tokens))
+    call(t, "LoadSession", pb.LoadSessionRequest(namespace=data.draw(namespaces), session_id=data.draw(session_ids),
+                                                 shared_memory=shared, arena_id=arena_id), data.draw(read_tokens))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_lookup_and_session_reads(target: Target, data: st.DataObject) -> None:
+    t = target
+    call(t, "Lookup", pb.LookupRequest(namespace=data.draw(namespaces), layout_id=data.draw(layout_ids),
+                                       token_ids=data.draw(token_ids)), data.draw(read_tokens))
+    call(t, "GetSession", pb.GetSessionRequest(namespace=data.draw(namespaces), session_id=data.draw(session_ids)),
+         data.draw(read_tokens))
+    call(t, "ListSessions", pb.ListSessionsRequest(namespace=data.draw(namespaces)), data.draw(read_tokens))
+    call(t, "GetServerInfo", pb.GetServerInfoRequest(), data.draw(read_tokens))
+    call(t, "Stats", pb.StatsRequest(), data.draw(read_tokens))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_session_writes(target: Target, data: st.DataObject) -> None:
+    t = target
+    ns, sid = data.draw(namespaces), data.draw(session_ids)
+    session = pb.Session(session_id=sid, namespace=ns, layout_id=data.draw(layout_ids), token_count=data.draw(u64),
+                         chunk_tokens=data.draw(st.one_of(st.just(256), u32)),
+                         chunk_keys=data.draw(st.lists(keys, max_size=6)), tail=data.draw(chunk_bytes()),
+                         last_token_ids=data.draw(st.lists(st.integers(0, 2**32 - 1), max_size=200)),
+                         created_at=data.draw(floats), updated_at=data.draw(floats), retention=data.draw(retention()),
+                         metadata=data.draw(st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=4)))
+    call(t, "CommitSession", pb.CommitSessionRequest(session=session), data.draw(user_tokens))
+    call(t, "TouchSession", pb.TouchSessionRequest(namespace=ns, session_id=sid, retention=data.draw(retention())),
+         data.draw(user_tokens))
+    call(t, "EvictSession", pb.EvictSessionRequest(namespace=ns, session_id=sid, tier=data.draw(
+        st.one_of(st.sampled_from(["host", "ssd", "redis", ""]), st.text(max_size=10)))), data.draw(read_tokens))
+    if data.draw(st.integers(0, 9)) == 0:  # rarely: a delete (it may remove the fuzzer's own session)
+        call(t, "DeleteSession", pb.DeleteSessionRequest(namespace=ns, session_id=sid), data.draw(user_tokens))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_attach_arena(target: Target, data: st.DataObject) -> None:
+    t = target
+    nonce = data.draw(st.one_of(st.just(t.arena.nonce), st.binary(max_size=20)))
+    size = data.draw(st.one_of(st.just(t.arena.size), u64))
+    call(t, "AttachArena", pb.AttachArenaRequest(path=data.draw(shm_paths(t)), size=size, nonce=nonce),
+         data.draw(user_tokens))
+
+
+METHODS = [m.name for m in pb.DESCRIPTOR.services_by_name["KVStore"].methods]
+
+
+@FUZZ
+@given(method=st.sampled_from(METHODS), payload=st.binary(max_size=256), token=user_tokens)
+def test_fuzz_raw_request_bytes(target: Target, method: str, payload: bytes, token: str | None) -> None:
+    """Random bytes as the serialized request of any RPC (many parse as some message: fine too)."""
+    t = target
+    m = pb.DESCRIPTOR.services_by_name["KVStore"].methods_by_name[method]
+    path = f"/kvstore.v1.KVStore/{method}"
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    try:
+        if m.client_streaming:
+            t.channel.stream_unary(path)(iter([payload]), timeout=60, metadata=metadata)
+        elif m.server_streaming:
+            list(t.channel.unary_stream(path)(payload, timeout=60, metadata=metadata))
+        else:
+            t.channel.unary_unary(path)(payload, timeout=60, metadata=metadata)
+        code = grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        code = e.code()  # type: ignore[attr-defined]
+        assert code not in BAD_CODES, (method, payload, code, e.details())  # type: ignore[attr-defined]
+    t.cases["raw bytes"] = t.cases.get("raw bytes", 0) + 1
+    t.codes[code.name] = t.codes.get(code.name, 0) + 1
