@@ -28,7 +28,7 @@ from daemon_helpers import Daemon, make_session, running_daemon, save_session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, transport
+from kvstore import chunk, convert, transport
 from kvstore.client import Client
 from kvstore.layout import get_layout
 from kvstore.v1 import kvstore_pb2 as pb
@@ -211,6 +211,12 @@ def test_fuzz_save_chunks(target: Target, data: st.DataObject) -> None:
                            parent_key=data.draw(st.one_of(st.just(b""), keys)), first_index=data.draw(u64),
                            shm_path=data.draw(st.one_of(st.just(""), shm_paths(t))),
                            arena_id=data.draw(arena_ids(t)), arena_bytes=data.draw(u64))
+    if data.draw(st.booleans()):  # a valid header for the fuzzer's session, one field left random
+        keep = data.draw(st.sampled_from(["namespace", "layout_id", "parent_key", "first_index", "shm_path",
+                                          "arena_id"]))
+        valid = pb.SaveHeader(namespace="fuzz", layout_id=TINY16.layout_id)
+        valid.MergeFrom(pb.SaveHeader(**{keep: getattr(header, keep)}))
+        header = valid
     stream = b"".join(data.draw(st.lists(chunk_bytes(), max_size=4)))
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
     pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
@@ -251,12 +257,23 @@ def test_fuzz_lookup_and_session_reads(target: Target, data: st.DataObject) -> N
 def test_fuzz_session_writes(target: Target, data: st.DataObject) -> None:
     t = target
     ns, sid = data.draw(namespaces), data.draw(session_ids)
+    if data.draw(st.booleans()):  # the fuzzer's real session, one field changed: reaches the deeper checks
+        ns, sid = "fuzz", data.draw(st.sampled_from(["f1", "f2"]))
     session = pb.Session(session_id=sid, namespace=ns, layout_id=data.draw(layout_ids), token_count=data.draw(u64),
                          chunk_tokens=data.draw(st.one_of(st.just(256), u32)),
                          chunk_keys=data.draw(st.lists(keys, max_size=6)), tail=data.draw(chunk_bytes()),
                          last_token_ids=data.draw(st.lists(st.integers(0, 2**32 - 1), max_size=200)),
                          created_at=data.draw(floats), updated_at=data.draw(floats), retention=data.draw(retention()),
                          metadata=data.draw(st.dictionaries(st.text(max_size=20), st.text(max_size=40), max_size=4)))
+    if ns == "fuzz" and sid in ("f1", "f2"):
+        real = convert.session_to_pb(SESSIONS[2].manifest)
+        real.session_id = sid
+        field_name = data.draw(st.sampled_from(["layout_id", "token_count", "chunk_tokens", "chunk_keys", "tail",
+                                                "last_token_ids", "retention", "metadata", None]))
+        if field_name is not None:
+            real.ClearField(field_name)
+            real.MergeFrom(pb.Session(**{field_name: getattr(session, field_name)}))
+        session = real
     call(t, "CommitSession", pb.CommitSessionRequest(session=session), data.draw(user_tokens))
     call(t, "TouchSession", pb.TouchSessionRequest(namespace=ns, session_id=sid, retention=data.draw(retention())),
          data.draw(user_tokens))
