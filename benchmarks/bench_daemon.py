@@ -2,17 +2,12 @@
 
     python benchmarks/bench_daemon.py [--quick] [--sizes-mib 1,4,16,64] [--clients 1,8] [--repeats 5]
 
-One run starts a real daemon (port 0, temp data dir, default config), its own redis-server, two
-trivial gRPC servers (grpc.aio and sync grpc.server, each its own process) and one process per
-client, and measures, for every session size and client count, interleaved round by round:
-kvstore load/save over every path in ``KV_PATHS``; the raw Python gRPC stream ceiling (every
-server x encoding x message size in ``benchmarks/ceilings.py``); memcpy; redis-py GET/SET and
-LMDB get / put+fsync of the same chunk blobs. Then, with one client: p50 latency of one trivial
-unary round trip, of a 1 MiB load and a durable 1 MiB turn save through kvstore, and of an LMDB
-put+fsync of the same bytes; and the disk's ``dd oflag=direct conv=fsync`` bandwidth. It states
-each target of issue 10 as a ratio measured in this run, and writes results/daemon.{md,json,png}.
-Chunks are deepseek-v4.1-flash, 256 tokens (229,208 B), Gaussian KV quantized with the real codec
-(seed 0), keyed per client namespace; GB/s = all clients' bytes / wall time.
+One run starts a real daemon (port 0, temp data dir, default config), its own redis-server, the
+trivial gRPC servers of ``benchmarks/ceilings.py`` and one process per client, and measures, per
+session size and client count, interleaved round by round: kvstore save/load over every path in
+``KV_PATHS``, the raw gRPC stream at every configuration, one unary round trip, memcpy, redis-py and
+LMDB on the same chunk blobs; plus the disk's ``dd oflag=direct conv=fsync`` bandwidth. It states
+each target of issue 10 as a ratio measured in this run and writes results/daemon.{md,json,png}.
 """
 
 from __future__ import annotations
@@ -41,12 +36,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks import ceilings
+from benchmarks import ceilings, common
 from benchmarks.ceilings import Combo, Op, Target
-from benchmarks.common import RESULTS, Stamps, git_state, interleaved, machine, markdown_table, walls, write_result
-from kvstore import chunk, quant
+from benchmarks.common import RESULTS, Stamps, machine, markdown_table, write_result
+from kvstore import chunk
 from kvstore.client import Client
-from kvstore.keys import ROOT, chain_keys
+from kvstore.keys import ROOT
 from kvstore.layout import get_layout
 from kvstore.store import Manifest
 
@@ -100,23 +95,8 @@ def load_blobs(c: Client, ns: str, session_id: str, path: KvPath) -> list[Any]:
 
 
 # -- data ---------------------------------------------------------------------------------------------
-def make_session(namespace: str, n_chunks: int, seed: int = 0) -> tuple[list[bytes], list[bytes], np.ndarray]:
-    """(blobs, keys, token ids) of ``n_chunks`` chunks: Gaussian bf16 KV through the real FP4 codecs
-    and random token ids, the same for every seed-0 caller; keys chained under ``namespace``."""
-    lay = get_layout(LAYOUT)
-    g = torch.Generator().manual_seed(seed)
-    ids = np.random.default_rng(seed).integers(0, 129_280, n_chunks * CHUNK_TOKENS)
-    per_cache = {}
-    for c in lay.caches:
-        n = c.entries_for(CHUNK_TOKENS)
-        x = torch.randn(n_chunks * n, c.channels, generator=g).to(torch.bfloat16)
-        codes, scales = (quant.quantize_main if c.fmt.block == 16 else quant.quantize_indexer)(x)
-        per_cache[c.name] = (codes.numpy().reshape(n_chunks, n, -1), scales.numpy().reshape(n_chunks, n, -1))
-    keys = chain_keys(lay.layout_id, namespace, ids, CHUNK_TOKENS)
-    blobs = [chunk.encode(lay, key=k, start=i * CHUNK_TOKENS, token_ids=ids[i * CHUNK_TOKENS:(i + 1) * CHUNK_TOKENS],
-                          entries={name: chunk.Entries(cs[0][i], cs[1][i]) for name, cs in per_cache.items()})
-             for i, k in enumerate(keys)]
-    return blobs, keys, ids
+def make_session(namespace: str, n_chunks: int) -> tuple[list[bytes], list[bytes], np.ndarray]:
+    return common.chunk_session(get_layout(LAYOUT), namespace, n_chunks, CHUNK_TOKENS, seed=0)
 
 
 def manifest_for(ns: str, session_id: str, keys: list[bytes], ids: np.ndarray) -> Manifest:
@@ -195,14 +175,14 @@ class Worker:
             **{f"unary {s}": self.grpc.unary(s) for s in ceilings.SERVERS}}
         if c0 is not None:
             loads["kvstore health"] = c0.health
-        res = interleaved(saves, sync, warmup, repeats)
+        res = common.interleaved(saves, sync, warmup, repeats)
         put()  # what the loads read: LMDB's keys and kvstore's session (hot in the daemon's host tier)
         if c0 is not None:
             save_turn(c0, self.ns, manifest, blobs)
         for p in self.paths:
             if [bytes(b) for b in load_blobs(self.clients[p.name], self.ns, "s", p)] != blobs:
                 raise RuntimeError(f"{p.name}: loaded bytes differ from the saved ones")
-        res |= interleaved({k: (v, None) for k, v in loads.items()}, sync, warmup, repeats)
+        res |= common.interleaved({k: (v, None) for k, v in loads.items()}, sync, warmup, repeats)
         drop()
         if c0 is not None:
             c0.delete_session(self.ns, "s")
@@ -222,21 +202,6 @@ def worker_main(idx: int, barriers: dict[int, Barrier], n_chunks: int, daemon: s
         w.close()
     except BaseException:
         conn.send(("error", traceback.format_exc()))
-
-
-def answer(conn: Connection) -> Any:
-    kind, value = conn.recv()
-    if kind == "error":
-        raise RuntimeError(f"benchmark worker failed:\n{value}")
-    return value
-
-
-def start(ctx: mp.context.BaseContext, target: Callable[..., None], *args: Any) -> tuple[Any, Connection]:
-    """A child process running ``target(*args, conn)``; (process, our end of conn)."""
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
-    proc.start()
-    return proc, parent
 
 
 # -- report ------------------------------------------------------------------------------------------
@@ -325,11 +290,6 @@ Command: `{run["command"]}` (whole run {run["elapsed_s"]:.0f} s). Date: {run["da
 {"".join(f"{chr(10)}- `{k}` is n/a: {why}" for k, why in run["n/a"].items())}
 ## Ceilings
 
-Raw Python gRPC stream, GB/s: a trivial servicer in its own process (grpc.aio, or sync
-`grpc.server` with 16 threads) streams the session's bytes to a sync client, as raw `bytes`
-messages (no serializer) or as protobuf `BytesValue` (1 client only). "The ceiling" of a column
-is its best cell (bold), chosen per column.
-
 {ceilings.grpc_table(gbps, mb)}
 
 One trivial unary round trip (empty request and response) p50, {mb[lat_row[0]]:.1f} MB row: aio
@@ -371,12 +331,7 @@ Median time per op at each size (1 client), fitted as `fixed + bytes / rate`:
   Save = `save_chunks` + `commit`, durable (LMDB tier fsynced), checked to write every chunk,
   each followed by an untimed delete. Load = LoadSession + every blob iterated, from the daemon's
   host-memory tier, checksums verified by the daemon; bytes checked equal once per row.
-- memcpy = `np.copyto` of the session's bytes into a preallocated, pre-faulted array. redis-py:
-  private `redis-server --save "" --appendonly no`, hiredis; xN = one command per chunk in one
-  pipeline, 1 = the session as one value. LMDB: one env per client beside the daemon's data dir;
-  put = one write txn, fsync on commit, keys deleted (untimed) after each; get = one read txn,
-  values copied out as bytes.
-"""
+{ceilings.METHODOLOGY}"""
     run |= {"gbps": [{"mib": m, "clients": nc, **r} for (m, nc), r in gbps.items()],
             "targets": [{**t._asdict(), "status": t.status} for t in tgts]}
     (RESULTS / "daemon.json").write_text(json.dumps(run, indent=1) + "\n")
@@ -415,7 +370,7 @@ def main() -> None:
                            "chunk_bytes": chunk_bytes, "paths": [p.name for p in KV_PATHS], "results": []}
     try:
         (tmp / "session.bin").write_bytes(b"".join(make_session("gen", max(size_chunks.values()))[0]))
-        procs += [start(ctx, ceilings.serve, kind, tmp / "session.bin") for kind in ceilings.SERVERS]
+        procs += [common.start(ctx, ceilings.serve, kind, tmp / "session.bin") for kind in ceilings.SERVERS]
         ports = {kind: conn.recv() for kind, (_, conn) in zip(ceilings.SERVERS, procs)}
         run["dd_gbps"] = ceilings.dd_fsync_gbps(tmp, runs=3)
         run["filesystem"] = subprocess.run(["df", "--output=source,fstype", str(tmp)], capture_output=True,
@@ -423,10 +378,10 @@ def main() -> None:
         redis_proc = ceilings.start_redis(redis_port := ceilings.free_port())
         daemon = DaemonProcess(tmp / "daemon", ["--log-level", "WARNING"]).start()
         barriers = {n: ctx.Barrier(n) for n in clients if n > 1}
-        workers = [start(ctx, worker_main, i, barriers, max(size_chunks.values()), daemon.address, redis_port, ports,
-                         tmp) for i in range(max(clients))]
+        workers = [common.start(ctx, worker_main, i, barriers, max(size_chunks.values()), daemon.address, redis_port,
+                                ports, tmp) for i in range(max(clients))]
         procs += workers
-        run["n/a"] = {k: v for _, conn in workers for k, v in answer(conn).items()}
+        run["n/a"] = {k: v for _, conn in workers for k, v in common.answer(conn).items()}
         print(f"{len(workers)} clients ready, n/a: {run['n/a'] or 'none'} ({time.perf_counter() - began:.0f} s)")
         for mib, n in sorted(size_chunks.items()):
             for nc in clients:
@@ -435,8 +390,8 @@ def main() -> None:
                 for _, conn in workers[:nc]:
                     conn.send((n, nc, args.warmup, max(args.repeats, args.latency_rounds) if first else args.repeats,
                                combos))
-                stamps = [answer(conn) for _, conn in workers[:nc]]
-                ops = {k: walls([s[k] for s in stamps]) for k in stamps[0]}
+                stamps = [common.answer(conn) for _, conn in workers[:nc]]
+                ops = {k: common.walls([s[k] for s in stamps]) for k in stamps[0]}
                 run["results"].append({"mib": mib, "bytes": n * chunk_bytes, "clients": nc, "walls_s": ops})
                 gbps = {k: nc * n * chunk_bytes / statistics.median(v) / 1e9 for k, v in ops.items()}
                 print(f"{mib} MiB x {nc} ({time.perf_counter() - t:.0f} s): " + ", ".join(
@@ -458,7 +413,7 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     run |= {"load_before": load_before, "load_after": os.getloadavg(), "elapsed_s": time.perf_counter() - began,
             "command": " ".join(["python benchmarks/bench_daemon.py", *sys.argv[1:]]), "args": vars(args),
-            "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M}", "git": git_state()}
+            "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M}", "git": common.git_state()}
     for path in report(run, with_plot=not args.no_plot):
         print(f"wrote {path}")
     print(f"run took {run['elapsed_s']:.0f} s")

@@ -335,7 +335,8 @@ def best(gbps: dict[str, float]) -> tuple[str, float]:
 
 
 def grpc_table(res: dict[tuple[int, int], dict[str, float]], sizes_mb: dict[int, float]) -> str:
-    """Every raw gRPC configuration (rows) at every session size x clients (columns), the best in bold."""
+    """Every raw gRPC configuration (rows) at every session size x clients (columns), the best in
+    bold, under a caption that says what was measured."""
     from benchmarks.common import markdown_table
 
     cols = list(res)
@@ -346,7 +347,23 @@ def grpc_table(res: dict[tuple[int, int], dict[str, float]], sizes_mb: dict[int,
             v = res[col].get(f"ceil {c.label}")
             cells.append("-" if v is None else f"**{v:.2f}**" if best(res[col])[0] == c.label else f"{v:.2f}")
         rows.append([c.label.removeprefix("grpc "), *cells])
-    return markdown_table(["server, encoding, message", *(f"{sizes_mb[m]:.1f} MB x{nc}" for m, nc in cols)], rows)
+    return CAPTION + markdown_table(["server, encoding, message", *(f"{sizes_mb[m]:.1f} MB x{nc}" for m, nc in cols)],
+                                    rows)
+
+
+CAPTION = """Raw Python gRPC stream, GB/s: a trivial servicer in its own process (grpc.aio, or sync
+`grpc.server` with 16 threads) streams the session's bytes to one sync client per client process,
+as raw `bytes` messages (no serializer) or as protobuf `BytesValue` (1 client only). "The ceiling"
+of a column is its best cell (bold), chosen per column.
+
+"""
+METHODOLOGY = """- memcpy = `np.copyto` of the session's bytes into a preallocated, pre-faulted array. redis-py:
+  private `redis-server --save "" --appendonly no`, hiredis; xN = one command per chunk in one
+  pipeline, 1 = the session as one value. LMDB: one env per client beside the daemon's data dir;
+  put = one write txn, fsync on commit, keys deleted (untimed) after each; get = one read txn,
+  values copied out as bytes. dd: a fresh file each run, its own reported rate (which includes
+  the final fsync).
+"""
 
 
 def cost_table(nbytes: dict[int, int], seconds: dict[str, dict[int, float]]) -> str:

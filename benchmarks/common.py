@@ -7,6 +7,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -87,3 +88,45 @@ def call_cost(nbytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, f
 
     slope, fixed = np.polyfit(np.asarray(nbytes, float), np.asarray(seconds, float), 1)
     return float(fixed), (1 / slope / 1e9 if slope > 0 else float("inf"))
+
+
+def start(ctx: Any, target: Callable[..., None], *args: Any) -> tuple[Any, Any]:
+    """A child process of multiprocessing context ``ctx`` running ``target(*args, conn)``: (the
+    process, our end of ``conn``)."""
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(*args, child), daemon=True)
+    proc.start()
+    return proc, parent
+
+
+def answer(conn: Any) -> Any:
+    """The next ``("ok", value)`` from a child; a child's ``("error", traceback)`` is raised here."""
+    kind, value = conn.recv()
+    if kind == "error":
+        raise RuntimeError(f"benchmark child process failed:\n{value}")
+    return value
+
+
+def chunk_session(layout: Any, namespace: str, n_chunks: int, chunk_tokens: int, seed: int = 0
+                  ) -> tuple[list[bytes], list[bytes], Any]:
+    """(blobs, keys, token ids) of ``n_chunks`` chunks of ``layout``: Gaussian bf16 KV through the
+    real FP4 codecs and random token ids, the same for every caller with the same seed; keys
+    chained under ``namespace``."""
+    import numpy as np
+
+    from kvstore import chunk, quant
+    from kvstore.keys import chain_keys
+
+    g = torch.Generator().manual_seed(seed)
+    ids = np.random.default_rng(seed).integers(0, 129_280, n_chunks * chunk_tokens)
+    per_cache = {}
+    for c in layout.caches:
+        n = c.entries_for(chunk_tokens)
+        x = torch.randn(n_chunks * n, c.channels, generator=g).to(torch.bfloat16)
+        codes, scales = (quant.quantize_main if c.fmt.block == 16 else quant.quantize_indexer)(x)
+        per_cache[c.name] = (codes.numpy().reshape(n_chunks, n, -1), scales.numpy().reshape(n_chunks, n, -1))
+    keys = chain_keys(layout.layout_id, namespace, ids, chunk_tokens)
+    blobs = [chunk.encode(layout, key=k, start=i * chunk_tokens, token_ids=ids[i * chunk_tokens:(i + 1) * chunk_tokens],
+                          entries={name: chunk.Entries(cs[0][i], cs[1][i]) for name, cs in per_cache.items()})
+             for i, k in enumerate(keys)]
+    return blobs, keys, ids
