@@ -41,6 +41,11 @@ def table(results: list[StormResult]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
 
 
+def progress(r: StormResult) -> None:
+    print(f"  {r.config.write_mode}: {r.kill_points} kill points, {r.acked_ops.get('commit', 0)} commits "
+          f"acknowledged so far, {len(r.violations)} violations", flush=True)
+
+
 def git_commit() -> str:
     """HEAD of the checkout this runs from ($BENCH_COMMIT where it runs from an exported copy)."""
     if os.environ.get("BENCH_COMMIT"):
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for mode in modes:
         with tempfile.TemporaryDirectory(prefix=f"storm-{mode}-") as tmp:
-            results.append(run_storm(replace(base, write_mode=mode), Path(tmp)))
+            results.append(run_storm(replace(base, write_mode=mode), Path(tmp), progress))
         print(f"{mode}: {results[-1].kill_points} kill points, {results[-1].lost_or_corrupt} violations", flush=True)
     print()
     print(table(results))

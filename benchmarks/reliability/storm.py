@@ -23,6 +23,7 @@ import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from benchmarks.reliability.launcher import (
     make_launcher,
     start,
 )
-from benchmarks.reliability.oracle import CheckReport, Oracle
+from benchmarks.reliability.oracle import ABSENT, CheckReport, Oracle
 from benchmarks.reliability.workload import CHUNK_TOKENS
 from benchmarks.reliability.writers import Gate, Writer
 from kvstore.client import Client, ClientConfig
@@ -49,6 +50,7 @@ NAMESPACES = ("storm-a", "storm-b")
 SESSION_IDS = ("w{w}-s00", "w{w}-agent-{n}", "w{w}s{n}", "w{w}-long-session-{n}")
 START_TIMEOUT_S = 60.0
 TRIGGER_TIMEOUT_S = 2.0
+PROGRESS_EVERY = 100
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,10 @@ class StormResult:
     start_s_p50: float = 0.0
     start_s_max: float = 0.0
     duration_s: float = 0.0
+    #: At the last check: distinct chunks the live sessions use, and records the ssd tier holds
+    #: (more records than chunks = what crashed saves left behind and no restart collected).
+    final_live_chunks: int = 0
+    final_ssd_items: int = 0
 
     @property
     def lost_or_corrupt(self) -> int:
@@ -107,8 +113,10 @@ def _sessions(config: StormConfig) -> list[list[tuple[str, str]]]:
 
 
 class Storm:
-    def __init__(self, config: StormConfig, workdir: Path) -> None:
+    def __init__(self, config: StormConfig, workdir: Path,
+                 progress: Callable[[StormResult], None] | None = None) -> None:
         self.config = config
+        self.progress = progress
         self.workdir = workdir
         self.rng = random.Random(config.seed)
         # A fresh client per start gets a fresh port per start: gRPC shares subchannels between
@@ -194,6 +202,10 @@ class Storm:
         r.chunks_compared += report.chunks
         for v in report.violations:
             self.violation(v)
+        live = {k for ref, st in self.oracle.states.items() for n in st.allowed if n != ABSENT
+                for k in self.oracle.version(ref, n).keys}
+        r.final_live_chunks = len(live)
+        r.final_ssd_items = next((int(t.items) for t in stats.tiers if t.name == "ssd"), -1)
         for t in stats.tiers:
             if t.verify_failures or t.errors:
                 self.violation(f"tier {t.name}: {t.verify_failures} verify failures, {t.errors} errors "
@@ -221,6 +233,9 @@ class Storm:
         try:
             plan = self.rng.choices(KINDS, KIND_WEIGHTS, k=self.config.kills)
             for kind in plan:
+                if self.progress is not None and self.result.kill_points % PROGRESS_EVERY == 0:
+                    self.result.acked_ops = self._acked()
+                    self.progress(self.result)
                 self.result.kill_points += 1
                 self.result.kills_by_kind[kind] = self.result.kills_by_kind.get(kind, 0) + 1
                 if kind == "startup":
@@ -255,15 +270,20 @@ class Storm:
         self._account(time.monotonic() - t0)
         return self.result
 
+    def _acked(self) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for w in self.writers:
+            out.update(w.acked)
+        return dict(out)
+
     def _account(self, duration: float) -> None:
         r = self.result
         r.duration_s = duration
         r.start_s_p50 = statistics.median(self.start_times) if self.start_times else 0.0
         r.start_s_max = max(self.start_times, default=0.0)
         kinds: Counter[str] = Counter()
+        r.acked_ops = self._acked()
         for w in self.writers:
-            for op, n in w.acked.items():
-                r.acked_ops[op] = r.acked_ops.get(op, 0) + n
             for e in w.errors:
                 killed = self.kill_times.get(e.generation)
                 if killed is not None and e.at >= killed:
@@ -301,7 +321,9 @@ def _terminate(d: DaemonHandle) -> None:
         time.sleep(0.01)
 
 
-def run_storm(config: StormConfig, workdir: Path) -> StormResult:
-    """Run one storm in ``workdir`` (a fresh data directory is made under it)."""
+def run_storm(config: StormConfig, workdir: Path, progress: Callable[[StormResult], None] | None = None
+              ) -> StormResult:
+    """Run one storm in ``workdir`` (a fresh data directory is made under it); ``progress`` is
+    called with the running result every ``PROGRESS_EVERY`` kill points."""
     workdir.mkdir(parents=True, exist_ok=True)
-    return Storm(config, workdir).run()
+    return Storm(config, workdir, progress).run()
