@@ -79,6 +79,7 @@ class SoakResult:
     rss_slope_mib_per_min: float = 0.0  # least-squares slope after the warm-up
     fds_warm: int = 0
     fds_end: int = 0
+    daemon_cpu_pct: float = 0.0  # after the warm-up; 100 = one core
     daemon_exit: str = ""
 
     @property
@@ -196,6 +197,12 @@ def _worker(index: int, address: str, config: SoakConfig, barrier: Any, out: Any
 
 
 # -- the parent ------------------------------------------------------------------------------------
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _proc_status(pid: int) -> tuple[float, int]:
     """(VmRSS in MiB, open file descriptors) of ``pid``."""
     rss_kb = 0
@@ -244,10 +251,15 @@ def _drive(config: SoakConfig, address: str, pid: int, result: SoakResult) -> So
     barrier.wait(timeout=300)
     t0 = time.monotonic()
     t_warm, deadline = t0 + config.warmup_s, t0 + config.duration_s
+    cpu_warm = 0.0
     while time.monotonic() < deadline:
         samples.append((time.monotonic(), *_proc_status(pid)))
+        if not cpu_warm and samples[-1][0] >= t_warm:
+            cpu_warm = _cpu_s(pid)
         time.sleep(SAMPLE_S)
     samples.append((time.monotonic(), *_proc_status(pid)))
+    if cpu_warm:
+        result.daemon_cpu_pct = round(100 * (_cpu_s(pid) - cpu_warm) / (samples[-1][0] - t_warm), 1)
     parts = [out.get(timeout=config.duration_s + 300) for _ in procs]
     for p in procs:
         p.join(timeout=30)
