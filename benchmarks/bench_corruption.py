@@ -71,7 +71,9 @@ def sessions_to_save() -> list[Session]:
 
 
 def config(root: Path, redis_url: str | None = None) -> StoreConfig:
-    return store_config(root, zstd_level=1, chunk_tokens=CT, redis_url=redis_url, redis_namespace="corrupt")
+    # Without promotion, a read leaves Redis the only holder: each injection hits the only copy.
+    return store_config(root, zstd_level=1, chunk_tokens=CT, redis_url=redis_url, redis_namespace="corrupt",
+                        promote_on_read=redis_url is None)
 
 
 # -- checking a store against what was saved --------------------------------------------------------
@@ -250,9 +252,7 @@ def run_redis(n: int, seed: int, work: Path, redis_url: str, tally: Tally) -> No
             result = check(ss, saved)
             result["reported"] = sum(c.verify_failures for c in ss.store.counters.values()) - sum(before)
             tally.add(kind, classify(result))
-            client.set(rkey, blobs[key])  # restore, and make Redis the only holder again
-            for s in saved:
-                ss.evict(s.namespace, s.session_id, "redis")
+            client.set(rkey, blobs[key])  # restore the damaged (and dropped) copy
     finally:
         ss.store.close()
         client.close()

@@ -20,8 +20,11 @@ from store_helpers import (
     token_stream,
     unframe,
 )
+from store_helpers import (
+    save as save_session,
+)
 
-from kvstore.store import StoreConfig, TieredStore
+from kvstore.store import StoreConfig, TieredStore, open_store
 from kvstore.store.tiered import TierCounters
 from kvstore.tiers.ssd import DB_NAME
 
@@ -332,6 +335,31 @@ def test_dead_redis_is_reported_and_the_store_keeps_serving(tmp_path: Path, redi
         assert counters(st, REDIS).degraded
     finally:
         st.close()
+
+
+def test_redis_killed_mid_workload_then_back_the_sessions_store_serves_on_and_reconnects(
+        tmp_path: Path, redis_server: RedisServer) -> None:
+    ss = open_store(store_config(tmp_path, redis_url=redis_server.url))
+    try:
+        saved = []
+        for i in range(8):
+            if i == 3:
+                redis_server.kill()
+            if i == 6:
+                redis_server.start()  # same port: the pooled socket is dead, the retry reconnects
+            s = build_session("ns", f"s{i}", token_stream(i, 3 * 16 + 1))
+            save_session(ss, s)  # the durable tier is ssd: saves never need redis
+            saved.append(s)
+            for t in saved:  # lookups ask every tier, redis included; loads come from host or ssd
+                assert ss.lookup("ns", t.layout.layout_id, t.token_ids).cached_tokens == 3 * 16
+                assert all(bytes(b) == want for (_, b), want in zip(ss.load("ns", t.keys), t.blobs))
+        assert counters(ss.store, REDIS).errors > 0  # the outage was noticed...
+        assert ss.evict("ns", "s7", "redis") == 3  # ...and redis takes chunks again
+        assert not counters(ss.store, REDIS).degraded
+        assert ss.store.where(saved[7].keys[0]) == ["redis"]
+        assert [bytes(b) for _, b in ss.load("ns", saved[7].keys)] == list(saved[7].blobs)
+    finally:
+        ss.store.close()
 
 
 # -- failures of the fast tier, pins under admin demotion --------------------------------------------
