@@ -41,13 +41,14 @@ from benchmarks.ceilings import Combo, Op, Target
 from benchmarks.common import RESULTS, Stamps, machine, markdown_table, write_result
 from kvstore import chunk
 from kvstore.client import Client
-from kvstore.keys import ROOT
+from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import get_layout
 from kvstore.store import Manifest
 
 LAYOUT = "deepseek-v4.1-flash"
 CHUNK_TOKENS = 256
 ARENA_BYTES = 80 << 20
+BIG_ROW_MIB = 128  # rows moving this much per op (size x clients) get 3 rounds, no warm-up round
 WARM_BYTES = 16 << 20  # each channel (kvstore's and the ceilings') is warmed with 4 calls of this much
 
 
@@ -95,8 +96,16 @@ def load_blobs(c: Client, ns: str, session_id: str, path: KvPath) -> list[Any]:
 
 
 # -- data ---------------------------------------------------------------------------------------------
-def make_session(namespace: str, n_chunks: int) -> tuple[list[bytes], list[bytes], np.ndarray]:
-    return common.chunk_session(get_layout(LAYOUT), namespace, n_chunks, CHUNK_TOKENS, seed=0)
+def rekey(template: bytes, namespace: str) -> tuple[list[bytes], list[bytes], np.ndarray]:
+    """The template's chunks (made once by ``common.chunk_session``, seed 0) with keys chained under
+    ``namespace`` (content-addressed keys would dedupe clients' saves): (blobs, keys, token ids)."""
+    lay = get_layout(LAYOUT)
+    size = chunk.encoded_size(lay, CHUNK_TOKENS)
+    decoded = [chunk.decode(template[o:o + size], lay) for o in range(0, len(template), size)]
+    ids = np.concatenate([c.token_ids for c in decoded])
+    keys = chain_keys(lay.layout_id, namespace, ids, CHUNK_TOKENS)
+    return [chunk.encode(lay, key=k, start=c.start, token_ids=c.token_ids, entries=c.entries)
+            for k, c in zip(keys, decoded)], keys, ids
 
 
 def manifest_for(ns: str, session_id: str, keys: list[bytes], ids: np.ndarray) -> Manifest:
@@ -114,13 +123,13 @@ class Worker:
     """One benchmark client: its own namespace, a kvstore Client per offered path, channels to the
     trivial gRPC servers, a redis connection and an LMDB environment."""
 
-    def __init__(self, idx: int, n_chunks: int, daemon: str, redis_port: int, ceiling_ports: dict[str, int],
+    def __init__(self, idx: int, template: Path, daemon: str, redis_port: int, ceiling_ports: dict[str, int],
                  tmp: Path) -> None:
         import lmdb
         import redis
 
         self.ns = f"bench{idx}"
-        self.blobs, self.keys, self.ids = make_session(self.ns, n_chunks)
+        self.blobs, self.keys, self.ids = rekey(template.read_bytes(), self.ns)
         self.clients: dict[str, Client] = {}
         self.missing: dict[str, str] = {}  # path -> why it is n/a
         for p in KV_PATHS:
@@ -189,11 +198,11 @@ class Worker:
         return res
 
 
-def worker_main(idx: int, barriers: dict[int, Barrier], n_chunks: int, daemon: str, redis_port: int,
+def worker_main(idx: int, barriers: dict[int, Barrier], template: Path, daemon: str, redis_port: int,
                 ceiling_ports: dict[str, int], tmp: Path, conn: Connection) -> None:
     torch.set_num_threads(1)
     try:
-        w = Worker(idx, n_chunks, daemon, redis_port, ceiling_ports, tmp)
+        w = Worker(idx, template, daemon, redis_port, ceiling_ports, tmp)
         conn.send(("ok", w.missing))
         while (msg := conn.recv()) is not None:
             n, clients, warmup, repeats, combos = msg
@@ -247,8 +256,10 @@ def report(run: dict[str, Any], with_plot: bool) -> list[Path]:
     cols = {"load": [*(f"load {k}" for k in kv), "gRPC ceiling", "memcpy", *(f"load {b}" for b in LOAD_BASE)],
             "save": [*(f"save {k}" for k in kv), *(f"save {b}" for b in SAVE_BASE)]}
     cell = lambda r, k: ceilings.best(r)[1] if k == "gRPC ceiling" else r.get(k, nan)  # noqa: E731
-    tables = {op: markdown_table(["MB", "clients", *(c.removeprefix(f"{op} ") for c in cs)],
-                                 [[f"{mb[m]:.1f}", nc, *(f"{cell(r, k):.2f}".replace("nan", "n/a") for k in cs)]
+    rounds = {(r["mib"], r["clients"]): f"{len(r['walls_s']['memcpy'])}+{r['warmup']}" for r in run["results"]}
+    tables = {op: markdown_table(["MB", "clients", "rounds", *(c.removeprefix(f"{op} ") for c in cs)],
+                                 [[f"{mb[m]:.1f}", nc, rounds[(m, nc)], *(f"{cell(r, k):.2f}".replace("nan", "n/a")
+                                                                         for k in cs)]
                                   for (m, nc), r in gbps.items()]) for op, cs in cols.items()}
     lat = run["results"][[(r["mib"], r["clients"]) for r in run["results"]].index(lat_row)]["walls_s"]
     best_small = "ceil " + ceilings.best(gbps[lat_row])[0]
@@ -269,14 +280,14 @@ def report(run: dict[str, Any], with_plot: bool) -> list[Path]:
         png = ceilings.plot(RESULTS / "daemon.png", [mb[m] for m in ms], panels,
                             {"save": {f"ceiling dd oflag=direct conv=fsync ({dd:.2f})": dd}},
                             "kvstore (solid) vs raw engines and ceilings (dashed), same bytes, same run")
-    la, lb, args = run["load_before"], run["load_after"], run["args"]
+    la, lb = run["load_before"], run["load_after"]
     kw = lambda d: "".join(f", {k}={v!r}" for k, v in d.items())  # noqa: E731
     paths = "; ".join(f"`{p.name}` = Client(address{kw(p.client)}), load_session(ns, id{kw(p.load)})" for p in KV_PATHS)
-    health, lat_n = p50.get("kvstore health", nan), max(args["repeats"], args["latency_rounds"])
+    health = p50.get("kvstore health", nan)
     text = f"""Session load and save through a real kvstore daemon, beside the machine's ceilings on the same
 bytes in the same run: raw Python gRPC at its best configuration, memcpy, redis-py, LMDB and the
 disk's fsync'd bandwidth. GB/s = session bytes (x clients) / wall seconds (GB = 1e9 B), median of
-{args["repeats"]} interleaved rounds after {args["warmup"]} warm-up round ({lat_n} rounds for the latency row).
+the timed rounds of a row (`rounds` = timed + untimed warm-up; interleaved, see Methodology).
 
 Machine: {machine()}, {mp.cpu_count()} cores; data dir on {" ".join(run["filesystem"])}.
 Load average (1, 5, 15 min): {" ".join(f"{v:.2f}" for v in la)} at the start, {" ".join(f"{v:.2f}" for v in lb)}
@@ -326,7 +337,8 @@ Median time per op at each size (1 client), fitted as `fixed + bytes / rate`:
   once per round, rounds interleaved, so drift in the machine's load hits all columns alike.
 - Warm-up: every gRPC channel (kvstore's and the trivial servers') gets 4 calls of
   {WARM_BYTES >> 20} MiB before anything is timed (HTTP/2 flow-control windows grow over a fresh
-  channel's first calls), then one untimed round per row.
+  channel's first calls), then one untimed round per row, except in rows moving >= {BIG_ROW_MIB} MiB
+  per op (size x clients), which run 3 timed rounds on the channels and daemon the rows before warmed.
 - kvstore paths: {paths}.
   Save = `save_chunks` + `commit`, durable (LMDB tier fsynced), checked to write every chunk,
   each followed by an untimed delete. Load = LoadSession + every blob iterated, from the daemon's
@@ -369,7 +381,8 @@ def main() -> None:
     run: dict[str, Any] = {"sizes": {m: n * chunk_bytes for m, n in size_chunks.items()}, "clients": clients,
                            "chunk_bytes": chunk_bytes, "paths": [p.name for p in KV_PATHS], "results": []}
     try:
-        (tmp / "session.bin").write_bytes(b"".join(make_session("gen", max(size_chunks.values()))[0]))
+        chunks = common.chunk_session(get_layout(LAYOUT), "gen", max(size_chunks.values()), CHUNK_TOKENS, seed=0)[0]
+        (tmp / "session.bin").write_bytes(b"".join(chunks))
         procs += [common.start(ctx, ceilings.serve, kind, tmp / "session.bin") for kind in ceilings.SERVERS]
         ports = {kind: conn.recv() for kind, (_, conn) in zip(ceilings.SERVERS, procs)}
         run["dd_gbps"] = ceilings.dd_fsync_gbps(tmp, runs=3)
@@ -378,8 +391,8 @@ def main() -> None:
         redis_proc = ceilings.start_redis(redis_port := ceilings.free_port())
         daemon = DaemonProcess(tmp / "daemon", ["--log-level", "WARNING"]).start()
         barriers = {n: ctx.Barrier(n) for n in clients if n > 1}
-        workers = [common.start(ctx, worker_main, i, barriers, max(size_chunks.values()), daemon.address, redis_port,
-                                ports, tmp) for i in range(max(clients))]
+        workers = [common.start(ctx, worker_main, i, barriers, tmp / "session.bin", daemon.address, redis_port, ports,
+                                tmp) for i in range(max(clients))]
         procs += workers
         run["n/a"] = {k: v for _, conn in workers for k, v in common.answer(conn).items()}
         print(f"{len(workers)} clients ready, n/a: {run['n/a'] or 'none'} ({time.perf_counter() - began:.0f} s)")
@@ -387,12 +400,17 @@ def main() -> None:
             for nc in clients:
                 t, first = time.perf_counter(), (mib, nc) == (min(size_chunks), clients[0])
                 combos = ceilings.combos(ceilings.ENCODINGS if nc == 1 else ("raw",))
+                # rounds: many for the latency row; few for the heaviest rows (each op moves >= 128 MiB
+                # there, so it is long and steady, and every channel is warm from the rows before)
+                warmup, repeats = args.warmup, max(args.repeats, args.latency_rounds) if first else args.repeats
+                if mib * nc >= BIG_ROW_MIB:
+                    warmup, repeats = 0, min(3, args.repeats)
                 for _, conn in workers[:nc]:
-                    conn.send((n, nc, args.warmup, max(args.repeats, args.latency_rounds) if first else args.repeats,
-                               combos))
+                    conn.send((n, nc, warmup, repeats, combos))
                 stamps = [common.answer(conn) for _, conn in workers[:nc]]
                 ops = {k: common.walls([s[k] for s in stamps]) for k in stamps[0]}
-                run["results"].append({"mib": mib, "bytes": n * chunk_bytes, "clients": nc, "walls_s": ops})
+                run["results"].append({"mib": mib, "bytes": n * chunk_bytes, "clients": nc, "warmup": warmup,
+                                       "walls_s": ops})
                 gbps = {k: nc * n * chunk_bytes / statistics.median(v) / 1e9 for k, v in ops.items()}
                 print(f"{mib} MiB x {nc} ({time.perf_counter() - t:.0f} s): " + ", ".join(
                     f"{k} {v:.2f}" for k, v in gbps.items() if k.startswith(("load", "save", "memcpy")))
