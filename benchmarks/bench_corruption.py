@@ -14,12 +14,13 @@ opens it and loads every session, so a crash is counted, not suffered. Where the
 - redis-flip / redis-truncate: a chunk's value in Redis (the only copy: the session was evicted
   there), one bit flipped or the value cut short.
 
-Outcomes, per injection: ``detected`` (open refused naming the file, or a copy failed verification,
-a tier reported an error, a manifest did not decode, or a referenced chunk was found missing at
-open: counted, and what was served is exact), ``no effect`` (every session loads exactly and
-nothing was reported: the byte was unused), ``served corrupt`` (a byte that differs from what was
-saved reached a caller: must be 0), ``undetected loss`` (something is missing and nothing said
-so: must be 0), ``crash`` (the child died: must be 0). Writes ``benchmarks/results/corruption.json``.
+Outcomes, per injection: ``detected`` (open refused naming the file, or the file was repaired at
+open, or a copy failed verification, a tier reported an error, a manifest did not decode, or a
+referenced chunk was found missing at open: counted, and what was served is exact),
+``no effect`` (every session loads exactly and nothing was reported: the byte was unused),
+``served corrupt`` (a byte that differs from what was saved reached a caller: must be 0),
+``undetected loss`` (something is missing and nothing said so: must be 0), ``crash`` (the child
+died: must be 0). Writes ``benchmarks/results/corruption.json``.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def check(ss: SessionStore, saved: list[Session]) -> dict[str, int]:
             elif bytes(blob) != want.get(key):
                 served_corrupt += 1
     reported = sum(c.verify_failures + c.errors for c in ss.store.counters.values())
-    reported += ss.damage.manifests + ss.damage.missing_chunks
+    reported += ss.damage.manifests + ss.damage.missing_chunks  # (a repair at open counts as a tier error)
     return {"served_corrupt": served_corrupt, "missing": missing, "reported": reported, "refused": 0}
 
 

@@ -67,6 +67,11 @@ class TieredStore:
         self.tiers = list(tiers)
         self.config = config
         self.counters = {t.name: TierCounters() for t in self.tiers}
+        for t in self.tiers:  # damage a tier repaired while opening is reported like any failure
+            repaired = getattr(t, "salvaged", "")
+            if repaired:
+                c = self.counters[t.name]
+                c.errors, c.last_error = c.errors + 1, repaired
         persistent = [i for i, t in enumerate(self.tiers) if t.persistent]
         #: Index of the tier that makes a chunk durable (the first persistent one), or the last tier.
         self.durable = persistent[0] if persistent else len(self.tiers) - 1

@@ -1,4 +1,5 @@
-"""A structural check of an LMDB 0.9 data file, run before LMDB itself touches it.
+"""A structural check of an LMDB 0.9 data file (meta pages and every B-tree), run before LMDB
+itself touches it.
 
 LMDB trusts its file: a damaged B-tree page sends it past the end of the map (SIGBUS) or into an
 assertion (abort), which would kill the daemon at startup or on a read. This walks every tree
@@ -17,22 +18,53 @@ from __future__ import annotations
 
 import itertools
 import mmap
+import os
 import struct
+from dataclasses import dataclass, field
 
 _HEAD = struct.Struct("<QHHHH")
 _NODE = struct.Struct("<HHHH")
-_DB = struct.Struct("<IHHQQQQQ")  # md_pad, md_flags, md_depth, branch, leaf, overflow pages, entries, root
-_P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
+_META = struct.Struct("<IIQQ")  # mm_magic, mm_version, mm_address, mm_mapsize
+_DB = struct.Struct("<IHHQQQQQ")  # md_pad (psize in the free db), md_flags, md_depth, pages x3, entries, md_root
+_TAIL = struct.Struct("<QQ")  # mm_last_pg, mm_txnid
+_P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_META = 0x01, 0x02, 0x04, 0x08
 _F_BIGDATA, _F_SUBDATA = 0x01, 0x02
-_P_INVALID = 2**64 - 1
-_INTEGERKEY = 0x08
-_META_DBS = 16 + 24  # offset of mm_dbs in a meta page
+_MAGIC, _DATA_VERSION, _P_INVALID = 0xBEEFC0DE, 1, 2**64 - 1
+_INTEGERKEY = 0x08  # the free db's flags; the main db has none here
+_MAX_DEPTH = 32  # LMDB's cursor stack: no B-tree is deeper
+_META_DBS = _HEAD.size + _META.size  # offset of mm_dbs in a meta page
 _MAX_PROBLEMS = 5
+
+#: A leaf record: key, and the value inline (bytes) or as (overflow page number, size).
+Record = tuple[bytes, bytes | tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Meta:
+    """The parts of a meta page the checks use."""
+
+    pgno: int
+    psize: int
+    last_pg: int
+    txnid: int
+    free_db: tuple[int, ...]
+    main_db: tuple[int, ...]
+
+
+@dataclass
+class Inspection:
+    """What the check found: problems (none: the file is sound), and the meta page a salvage can
+    start from (None: no sound meta page, nothing to salvage from)."""
+
+    data_file: str
+    problems: list[str] = field(default_factory=list)
+    meta: Meta | None = None
 
 
 class _Walk:
     def __init__(self, mm: mmap.mmap | bytes, psize: int, last_pg: int) -> None:
-        self.mm, self.psize, self.last_pg = mm, psize, last_pg
+        # pages past the end of a truncated file count as outside, like pages past last_pg
+        self.mm, self.psize, self.last_pg = mm, psize, min(last_pg, len(mm) // psize - 1)
         self.seen: set[int] = set()
         self.problems: list[str] = []
 
@@ -67,10 +99,11 @@ class _Walk:
             return None
         return offs
 
-    def tree(self, root: int, depth: int, what: str, ordered: bool) -> list[tuple[bytes, int, bytes]]:
-        """Walk one B-tree; returns its leaf nodes as (key, flags, data) where data is the inline
-        value, the MDB_db of a named db, or the u64 overflow page number of a big value."""
-        out: list[tuple[bytes, int, bytes]] = []
+    def tree(self, root: int, depth: int, what: str,
+             ordered: bool) -> list[tuple[bytes, int, bytes | tuple[int, int]]]:
+        """Walk one B-tree; returns its sound leaf nodes as (key, flags, data): data is the inline
+        value (or the MDB_db of a named db), or (overflow page, size) of a big value."""
+        out: list[tuple[bytes, int, bytes | tuple[int, int]]] = []
         if root == _P_INVALID:
             if depth:
                 self.fail(f"{what}: empty tree of depth {depth}")
@@ -105,37 +138,116 @@ class _Walk:
                 if o + _NODE.size + ksize + inline > self.psize:
                     self.fail(f"{what}: page {pgno} has a value running past its page")
                     break
-                data = bytes(self.mm[kstart + ksize : kstart + ksize + inline])
+                data: bytes | tuple[int, int] = bytes(self.mm[kstart + ksize : kstart + ksize + inline])
                 if nflags & _F_BIGDATA:
-                    self.overflow(struct.unpack("<Q", data)[0], size, what)
+                    pg = struct.unpack("<Q", data)[0]
+                    if not self.overflow(pg, size, what):
+                        continue
+                    data = (pg, size)
                 out.append((key, nflags, data))
             stack.extend((c, level + 1) for c in reversed(children))
         if ordered and any(a[0] >= b[0] for a, b in itertools.pairwise(out)):
             self.fail(f"{what}: keys are out of order")
         return out
 
-    def overflow(self, pgno: int, size: int, what: str) -> None:
+    def overflow(self, pgno: int, size: int, what: str) -> bool:
         got = self.page(pgno, what)
         if got is None:
-            return
+            return False
         flags, lower, upper, base = got
         pages = lower | upper << 16
         if flags & _P_OVERFLOW == 0 or pages * self.psize < size + _HEAD.size or pgno + pages - 1 > self.last_pg:
             self.fail(f"{what}: overflow page {pgno} ({pages} pages, flags {flags:#x}) cannot hold {size} bytes")
+            return False
+        return True
 
 
-def check_btrees(data_file: str, meta: bytes, psize: int) -> list[str]:
-    """Problems found in the trees the meta page ``meta`` roots (empty if sound)."""
-    (last_pg,) = struct.unpack_from("<Q", meta, _META_DBS + 2 * _DB.size)
-    with open(data_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        if (last_pg + 1) * psize > len(mm):
-            return [f"pages run to {(last_pg + 1) * psize}, the file has {len(mm)} bytes"]
-        walk = _Walk(mm, psize, last_pg)
-        free_db, main_db = (_DB.unpack_from(meta, _META_DBS + i * _DB.size) for i in (0, 1))
-        walk.tree(free_db[7], free_db[2], "free list", ordered=False)
-        for name, nflags, data in walk.tree(main_db[7], main_db[2], "main db", ordered=True):
-            if not nflags & _F_SUBDATA or len(data) != _DB.size:
-                continue
+def _meta(page: bytes, pgno: int) -> tuple[Meta | None, str]:
+    """The meta page ``pgno`` if it can be trusted, else why not. LMDB itself checks only the magic
+    and the version; a flipped root, last page or map size would send it into garbage."""
+    if len(page) < _META_DBS + 2 * _DB.size + _TAIL.size:
+        return None, "missing"
+    head = _HEAD.unpack_from(page)
+    magic, version, _addr, mapsize = _META.unpack_from(page, _HEAD.size)
+    free_db, main_db = _DB.unpack_from(page, _META_DBS), _DB.unpack_from(page, _META_DBS + _DB.size)
+    last_pg, txnid = _TAIL.unpack_from(page, _META_DBS + 2 * _DB.size)
+    if head[0] != pgno or not head[2] & _P_META or magic != _MAGIC or version != _DATA_VERSION:
+        return None, "not an LMDB meta page (page number, flags, magic or version)"
+    psize = free_db[0]
+    if psize < 512 or psize & (psize - 1) or not 0 < mapsize < 1 << 50 or not 1 <= last_pg < 1 << 40:
+        return None, f"implausible page size {psize}, map size {mapsize} or last page {last_pg}"
+    for name, db, flags in (("free", free_db, _INTEGERKEY), ("main", main_db, 0)):
+        root, depth = db[7], db[2]
+        if db[1] != flags or depth > _MAX_DEPTH or (root == _P_INVALID) != (depth == 0):
+            return None, f"{name} db flags {db[1]:#x} / depth {depth} are damaged"
+        if root != _P_INVALID and not 2 <= root <= last_pg:
+            return None, f"{name} db root page {root} is outside pages 2..{last_pg}"
+    return Meta(pgno, psize, last_pg, txnid, free_db, main_db), ""
+
+
+def _walk(mm: mmap.mmap, meta: Meta) -> tuple[list[str], dict[bytes, list[Record]]]:
+    """Problems in the trees ``meta`` roots, and the sound records of every named db."""
+    walk = _Walk(mm, meta.psize, meta.last_pg)
+    if (meta.last_pg + 1) * meta.psize > len(mm):
+        walk.fail(f"truncated: pages run to {(meta.last_pg + 1) * meta.psize}, the file has {len(mm)} bytes")
+    walk.tree(meta.free_db[7], meta.free_db[2], "free list", ordered=False)
+    dbs: dict[bytes, list[Record]] = {}
+    for name, nflags, data in walk.tree(meta.main_db[7], meta.main_db[2], "main db", ordered=True):
+        if nflags & _F_SUBDATA and isinstance(data, bytes) and len(data) == _DB.size:
             db = _DB.unpack(data)
-            walk.tree(db[7], db[2], f"db {name.decode(errors='replace')!r}", ordered=not db[1] & _INTEGERKEY)
-        return walk.problems[:_MAX_PROBLEMS]
+            nodes = walk.tree(db[7], db[2], f"db {name.decode(errors='replace')!r}", ordered=not db[1] & _INTEGERKEY)
+            dbs[name] = [(key, value) for key, _, value in nodes]
+    return walk.problems[:_MAX_PROBLEMS], dbs
+
+
+def inspect(path: str, data_name: str = "data.mdb") -> Inspection | None:
+    """Check the data file under ``path`` (None if there is none yet). Both meta pages must be
+    sound, their transaction ids consecutive (LMDB writes them alternately: a flipped id would make
+    it pick the older snapshot and silently drop the last commit), and the newer one's trees sound."""
+    data = os.path.join(path, data_name)
+    if not os.path.exists(data) or os.path.getsize(data) == 0:
+        return None  # new, or created and never written: LMDB initialises it
+    with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return _inspect(mm, data)
+
+
+def _inspect(mm: mmap.mmap, data: str) -> Inspection:
+    out = Inspection(data)
+    first = _meta(bytes(mm[:4096]), 0)[0]
+    psize = first.psize if first is not None else 4096
+    metas = []
+    for pgno in (0, 1):
+        meta, why = _meta(bytes(mm[pgno * psize : (pgno + 1) * psize]), pgno)
+        if meta is None:
+            out.problems.append(f"meta page {pgno}: {why}")
+        else:
+            metas.append(meta)
+    if len(metas) == 2 and abs(metas[0].txnid - metas[1].txnid) != 1 and metas[0].txnid + metas[1].txnid:
+        out.problems.append(f"transaction ids {metas[0].txnid} and {metas[1].txnid} are not consecutive")
+    # Salvage from the sound meta with the soundest trees, the newer one on a tie.
+    ranked = sorted(metas, key=lambda m: m.txnid, reverse=True)
+    walked = [(m, _walk(mm, m)[0]) for m in ranked]
+    walked.sort(key=lambda mw: len(mw[1]))
+    if walked:
+        out.meta = walked[0][0]
+        if ranked[0] is walked[0][0]:
+            out.problems += walked[0][1]
+        else:
+            out.problems += [f"the newer snapshot is damaged: {p}" for p in dict(walked)[ranked[0]]]
+    return out
+
+
+def sound_records(data_file: str, meta: Meta) -> tuple[dict[bytes, list[Record]], list[str]]:
+    """Every record reachable through sound pages from ``meta``, per named db, and the problems."""
+    with open(data_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        problems, dbs = _walk(mm, meta)
+    return dbs, problems
+
+
+def read_value(mm: mmap.mmap, psize: int, value: bytes | tuple[int, int]) -> bytes:
+    """A record's value: inline, or from its (checked) overflow pages."""
+    if isinstance(value, bytes):
+        return value
+    pgno, size = value
+    start = pgno * psize + _HEAD.size
+    return bytes(mm[start : start + size])

@@ -36,8 +36,10 @@ from kvstore.tiers.base import (
     check_value,
 )
 from kvstore.tiers.config import SsdTierConfig
+from kvstore.tiers.lmdb_check import inspect
+from kvstore.tiers.lmdb_salvage import salvage
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
-from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, check_meta_pages, grown_map_size
+from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, grown_map_size
 
 DB_NAME = b"chunks"  # the values' sub-database; others may be added beside it (up to _MAX_DBS)
 META_DB_NAME = b"meta"  # meta records (manifests): never in the values' keyspace
@@ -113,7 +115,11 @@ class SsdTier(Tier):
             os.makedirs(config.path, exist_ok=True)
         except OSError as exc:
             raise TierError(f"ssd tier: cannot create {config.path}: {exc}") from exc
-        check_meta_pages(config.path)
+        #: What an open-time repair of a damaged data file did ("" if the file was sound).
+        self.salvaged = ""
+        found = inspect(config.path)
+        if found is not None and found.problems:
+            self.salvaged = salvage(config.path, found, _MAX_DBS)
         with _lmdb_errors(f"cannot open {config.path}"):
             self._env = lmdb.open(
                 config.path,
