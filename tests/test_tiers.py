@@ -213,6 +213,25 @@ def test_close_is_idempotent_and_final(tier: Tier) -> None:
             call()
 
 
+def test_meta_records_live_in_their_own_keyspace(tier: Tier) -> None:
+    """Manifests are meta records: never among the values, whatever their key's length."""
+    key = b"m:alpha/long-32k"  # 16 bytes, like a chunk key
+    tier.put(b"c" * 16, b"value")
+    meta = tier.meta()
+    assert meta.get(key) is None and list(meta.keys()) == []
+    meta.put(key, b"manifest")
+    assert meta.get(key) == b"manifest" and list(meta.keys()) == [key]
+    assert set(tier.keys()) == {b"c" * 16} and not tier.contains(key) and tier.usage().items == 1
+    assert meta.delete(key) and not meta.delete(key) and meta.get(key) is None
+
+
+def test_move_to_meta(tier: Tier) -> None:
+    tier.put_many([(b"m:old", b"manifest"), (b"c" * 16, b"value")])
+    tier.move_to_meta([b"m:old"])
+    assert tier.meta().get(b"m:old") == b"manifest"
+    assert set(tier.keys()) == {b"c" * 16} and tier.usage().items == 1
+
+
 # hbm specifics: its allocator is pure logic and runs everywhere; the tier itself needs CUDA.
 
 
