@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from multiprocessing.connection import Connection
@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import ceilings, common
-from benchmarks.ceilings import Combo, Op, Target
+from benchmarks.ceilings import Combo, Op, Rows
 from benchmarks.common import RESULTS, Stamps, machine, markdown_table, write_result
 from kvstore import chunk
 from kvstore.client import Client
@@ -214,35 +214,6 @@ def worker_main(idx: int, barriers: dict[int, Barrier], template: Path, daemon: 
 
 
 # -- report ------------------------------------------------------------------------------------------
-Rows = dict[tuple[int, int], dict[str, float]]  # (MiB, clients) -> op -> value
-
-
-def targets(gbps: Rows, p50: dict[str, float], dd: float) -> list[Target]:
-    """Issue 10's targets in its order, each a ratio of two numbers of this run, per path and case."""
-    nan, big, small = float("nan"), max(m for m, _ in gbps), min(m for m, _ in gbps)
-    unary = min(p50[f"unary {s}"] for s in ceilings.SERVERS)
-    stream, local = [p.name for p in KV_PATHS if not p.same_host], [p.name for p in KV_PATHS if p.same_host]
-
-    def cases(k: str, ref: Callable[[dict[str, float]], float], only: int | None = None) -> list[tuple[str, float]]:
-        return [(f"{m} MiB x{nc}", r.get(k, nan) / ref(r)) for (m, nc), r in gbps.items() if only in (None, m)]
-
-    return [
-        *(Target("gRPC load >= 0.9x the best raw gRPC ceiling, every size", k,
-                 cases(f"load {k}", lambda r: ceilings.best(r)[1]), 0.9) for k in stream),
-        *(Target(f"same-host load of {big} MiB >= 0.6x memcpy", k, cases(f"load {k}", lambda r: r["memcpy"], big), 0.6)
-          for k in local),
-        *(Target(f"{small} MiB load p50 <= 1.5x one trivial unary round trip", p.name,
-                 [("x1", p50.get(f"load {p.name}", nan) / unary)], 1.5, at_least=False) for p in KV_PATHS),
-        *(Target(f"durable {small} MiB turn save p50 <= 2x raw LMDB put+fsync", p.name,
-                 [("x1", p50.get(f"save {p.name}", nan) / p50["save lmdb put+fsync"])], 2.0, at_least=False)
-          for p in KV_PATHS),
-        *(Target("durable save GB/s >= 0.6x dd oflag=direct conv=fsync", p.name,
-                 cases(f"save {p.name}", lambda r: dd, big), 0.6) for p in KV_PATHS),
-        *(Target("same-host load faster than raw redis-py GET (the faster of xN and 1), every size", k,
-                 cases(f"load {k}", lambda r: max(r["load redis GET xN"], r["load redis GET 1"])), 1.0, strict=True)
-          for k in local)]
-
-
 def report(run: dict[str, Any], with_plot: bool) -> list[Path]:
     nan, sizes = float("nan"), {int(m): b for m, b in run["sizes"].items()}
     mb = {m: b / 1e6 for m, b in sizes.items()}
@@ -251,7 +222,8 @@ def report(run: dict[str, Any], with_plot: bool) -> list[Path]:
     gbps: Rows = {(m, nc): {k: nc * sizes[m] / t / 1e9 for k, t in r.items()} for (m, nc), r in med.items()}
     lat_row = (min(sizes), min(run["clients"]))
     p50, dd = med[lat_row], statistics.median(run["dd_gbps"])
-    tgts = targets(gbps, p50, dd)
+    tgts = ceilings.targets(gbps, p50, dd, [p.name for p in KV_PATHS if not p.same_host],
+                            [p.name for p in KV_PATHS if p.same_host])
     kv = [p.name for p in KV_PATHS]
     cols = {"load": [*(f"load {k}" for k in kv), "gRPC ceiling", "memcpy", *(f"load {b}" for b in LOAD_BASE)],
             "save": [*(f"save {k}" for k in kv), *(f"save {b}" for b in SAVE_BASE)]}

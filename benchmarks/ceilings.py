@@ -8,7 +8,8 @@ kvstore against, each measured on the same bytes in the same run.
 - memcpy (``np.copyto`` into a preallocated, pre-faulted destination);
 - redis-py GET/SET and LMDB get / put+fsync of the chunk blobs;
 - the disk's fsync'd bandwidth: ``dd ... oflag=direct conv=fsync`` beside the daemon's data.
-Client-side functions return callables; bench_daemon times them in its client processes.
+Client-side functions return callables; bench_daemon times them in its client processes. The last
+part judges: issue 10's targets as ratios to these ceilings, their tables and the plot.
 """
 
 from __future__ import annotations
@@ -79,8 +80,6 @@ def serve(kind: str, data_path: Path, conn: Connection) -> None:
     from google.protobuf.wrappers_pb2 import BytesValue
 
     payload = _Payload(data_path.read_bytes())
-    # what a servicer that speaks protobuf does per message: build it (copy in) and serialize it
-    proto_ser = BytesValue.SerializeToString
 
     def stream_sync(request: bytes, context: Any) -> Iterator[bytes]:
         yield from payload.messages(request)
@@ -106,8 +105,9 @@ def serve(kind: str, data_path: Path, conn: Connection) -> None:
     aio = kind == "aio"
     handler = grpc.method_handlers_generic_handler(SERVICE, {
         "raw": grpc.unary_stream_rpc_method_handler(stream_aio if aio else stream_sync),
+        # what a servicer that speaks protobuf does per message: build it (copy in), serialize it
         "proto": grpc.unary_stream_rpc_method_handler(proto_aio if aio else proto_sync,
-                                                      response_serializer=proto_ser),
+                                                      response_serializer=BytesValue.SerializeToString),
         "unary": grpc.unary_unary_rpc_method_handler(unary_aio if aio else unary_sync),
     })
     if aio:
@@ -253,6 +253,10 @@ def dd_fsync_gbps(directory: Path, mib: int = 256, runs: int = 3) -> list[float]
     return out
 
 
+# -- judging: kvstore's numbers against the ceilings of the same run --------------------------------------
+Rows = dict[tuple[int, int], dict[str, float]]  # (session MiB, clients) -> op -> value
+
+
 class Target(NamedTuple):
     """One goal, judged on ratios measured in one run: met when every case is at least (or at
     most) ``need``; n/a when a path was not measured."""
@@ -277,6 +281,33 @@ class Target(NamedTuple):
         cases = ", ".join(f"{w} {'n/a' if v != v else f'{v:.2f}x'}" for w, v in self.cases)
         op = (">" if self.at_least else "<") + ("" if self.strict else "=")
         return [self.goal, self.path, cases, f"{op} {self.need:g}x", f"**{self.status}**"]
+
+
+def targets(gbps: Rows, p50: dict[str, float], dd: float, stream: list[str], local: list[str]) -> list[Target]:
+    """Issue 10's targets in its order, each a ratio of two numbers of one run, per path and case:
+    ``gbps`` per (MiB, clients) row and op, ``p50`` seconds per op of the latency row, ``dd`` GB/s;
+    ``stream`` / ``local`` name the kvstore paths judged as gRPC / same-host paths."""
+    nan, big, small = float("nan"), max(m for m, _ in gbps), min(m for m, _ in gbps)
+    unary = min(p50[f"unary {s}"] for s in SERVERS)
+
+    def cases(k: str, ref: Callable[[dict[str, float]], float], only: int | None = None) -> list[tuple[str, float]]:
+        return [(f"{m} MiB x{nc}", r.get(k, nan) / ref(r)) for (m, nc), r in gbps.items() if only in (None, m)]
+
+    return [
+        *(Target("gRPC load >= 0.9x the best raw gRPC ceiling, every size", k,
+                 cases(f"load {k}", lambda r: best(r)[1]), 0.9) for k in stream),
+        *(Target(f"same-host load of {big} MiB >= 0.6x memcpy", k, cases(f"load {k}", lambda r: r["memcpy"], big), 0.6)
+          for k in local),
+        *(Target(f"{small} MiB load p50 <= 1.5x one trivial unary round trip", k,
+                 [("x1", p50.get(f"load {k}", nan) / unary)], 1.5, at_least=False) for k in stream + local),
+        *(Target(f"durable {small} MiB turn save p50 <= 2x raw LMDB put+fsync", k,
+                 [("x1", p50.get(f"save {k}", nan) / p50["save lmdb put+fsync"])], 2.0, at_least=False)
+          for k in stream + local),
+        *(Target("durable save GB/s >= 0.6x dd oflag=direct conv=fsync", k,
+                 cases(f"save {k}", lambda r: dd, big), 0.6) for k in stream + local),
+        *(Target("same-host load faster than raw redis-py GET (the faster of xN and 1), every size", k,
+                 cases(f"load {k}", lambda r: max(r["load redis GET xN"], r["load redis GET 1"])), 1.0, strict=True)
+          for k in local)]
 
 
 def plot(path: Path, sizes_mb: list[float], panels: dict[tuple[str, int], dict[str, list[float]]],
