@@ -31,7 +31,9 @@ import numpy as np
 from kvstore import chunk
 from kvstore.errors import InvalidArgument
 
-DEFAULT_MESSAGE_BYTES = 4 << 20  # data per stream message; the channel limit is set above this
+# data per stream message: under gRPC's default 4 MiB receive limit with room for the message's own
+# fields, so a stock client (any language, default options) can read the stream
+DEFAULT_MESSAGE_BYTES = (4 << 20) - (128 << 10)
 MAX_MESSAGE_BYTES = 16 << 20
 _TOTAL = struct.Struct("<I")
 _IOV_MAX = 512

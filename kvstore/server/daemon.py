@@ -14,13 +14,13 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from kvstore import transport
 from kvstore.server.auth import Auth
 from kvstore.server.config import DaemonConfig
 from kvstore.server.handlers import add_service
 from kvstore.server.metrics import start_metrics
+from kvstore.server.reflection import enable_reflection
 from kvstore.server.service import KVStoreService
 from kvstore.server.startup import SERVER_OPTIONS, bind, data_dir_lock
 from kvstore.store import SessionStore, open_store
@@ -82,7 +82,7 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     add_service(service, server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection([SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server)
+    enable_reflection([SERVICE, health.SERVICE_NAME], server)  # v1 and v1alpha
     addr = f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
     port = bind(server, addr, _credentials(config))
     metrics = start_metrics(sessions, config.host, config.metrics_port) if config.metrics_port else None
