@@ -136,8 +136,9 @@ class Storm:
         self.kill_times: dict[int, float] = {}  # generation -> when its daemon was killed
         self.live: dict[int, DaemonHandle] = {}  # spawned, not reaped yet
 
-    def violation(self, what: str) -> None:
-        self.result.violations.append(f"[seed {self.config.seed}, kill point {self.result.kill_points}] {what}")
+    def violation(self, what: str, where: str = "") -> None:
+        where = where or f"kill point {self.result.kill_points}"
+        self.result.violations.append(f"[seed {self.config.seed}, {where}] {what}")
 
     # -- the daemon -------------------------------------------------------------------------------
     def _spawn(self) -> DaemonHandle:
@@ -290,7 +291,8 @@ class Storm:
                     r.errors_after_kill += 1
                     kinds[f"{e.op}: {e.error.split(':')[0]}"] += 1
                 else:
-                    self.violation(f"writer {w.index}: {e.op} failed while the daemon was up: {e.error}")
+                    self.violation(f"writer {w.index}: {e.op} failed while the daemon was up: {e.error}",
+                                   f"daemon start {e.generation}")
             for v in w.read_report.violations:
                 self.violation(v)
         r.error_kinds = dict(kinds)
