@@ -52,6 +52,7 @@ RESULT = ROOT_DIR / "benchmarks" / "results" / "corruption.json"
 LMDB_KINDS = ("value", "leaf", "branch", "meta", "truncate")
 REDIS_KINDS = ("redis-flip", "redis-truncate")
 OUTCOMES = ("detected", "no effect", "served corrupt", "undetected loss", "crash")
+REFUSED = "of detected: open refused"  # counted beside the outcomes: the daemon would not start
 LAYOUT = get_layout("tiny-16")
 CT = 32
 _META_BYTES = 16 + 136  # page header + MDB_meta (64-bit LMDB 0.9)
@@ -202,11 +203,11 @@ class Tally:
     def rows(self) -> list[list[object]]:
         out = []
         for kind, c in sorted(self.counts.items()):
-            out.append([kind, sum(c.values()), *[c[o] for o in OUTCOMES]])
+            out.append([kind, sum(c[o] for o in OUTCOMES), *[c[o] for o in (*OUTCOMES, REFUSED)]])
         total = Counter[str]()
         for c in self.counts.values():
             total.update(c)
-        out.append(["all", sum(total.values()), *[total[o] for o in OUTCOMES]])
+        out.append(["all", sum(total[o] for o in OUTCOMES), *[total[o] for o in (*OUTCOMES, REFUSED)]])
         return out
 
 
@@ -223,7 +224,10 @@ def run_lmdb(n: int, seed: int, work: Path, tally: Tally) -> None:
         case = work / f"case{i}"
         shutil.copytree(pristine, case)
         damage_lmdb(case, kind, rng)
-        tally.add(kind, classify(in_child(lambda case=case: check_dir(case, saved))))  # type: ignore[misc]
+        result = in_child(lambda case=case: check_dir(case, saved))  # type: ignore[misc]
+        tally.add(kind, classify(result))
+        if result is not None and result["refused"]:
+            tally.add(kind, REFUSED)
         shutil.rmtree(case)
 
 
@@ -288,7 +292,7 @@ def main() -> None:
     finally:
         if server is not None:
             server.stop()
-    header = ["where", "injected", *OUTCOMES]
+    header = ["where", "injected", *OUTCOMES, REFUSED]
     rows = tally.rows()
     print(" | ".join(f"{h:>15}" for h in header))
     for r in rows:

@@ -116,7 +116,7 @@ class _Walk:
                 continue
             flags, lower, upper, base = got
             want = _P_LEAF if level == depth else _P_BRANCH
-            if flags & (_P_BRANCH | _P_LEAF | _P_OVERFLOW) != want or level > depth:
+            if flags != want or level > depth:  # on disk, no other flag is ever set (P_DIRTY is cleared)
                 self.fail(f"{what}: page {pgno} at level {level} of {depth} has flags {flags:#x}")
                 continue
             offs = self.nodes(pgno, base, lower, upper, what)
@@ -156,7 +156,7 @@ class _Walk:
             return False
         flags, lower, upper, base = got
         pages = lower | upper << 16
-        if flags & _P_OVERFLOW == 0 or pages * self.psize < size + _HEAD.size or pgno + pages - 1 > self.last_pg:
+        if flags != _P_OVERFLOW or pages * self.psize < size + _HEAD.size or pgno + pages - 1 > self.last_pg:
             self.fail(f"{what}: overflow page {pgno} ({pages} pages, flags {flags:#x}) cannot hold {size} bytes")
             return False
         return True
@@ -176,6 +176,8 @@ def _meta(page: bytes, pgno: int) -> tuple[Meta | None, str]:
     psize = free_db[0]
     if psize < 512 or psize & (psize - 1) or not 0 < mapsize < 1 << 50 or not 1 <= last_pg < 1 << 40:
         return None, f"implausible page size {psize}, map size {mapsize} or last page {last_pg}"
+    if main_db[0]:  # md_pad: the page size in the free db's slot, always 0 in the main db's
+        return None, f"main db pad {main_db[0]:#x} is damaged"
     for name, db, flags in (("free", free_db, _INTEGERKEY), ("main", main_db, 0)):
         root, depth = db[7], db[2]
         if db[1] != flags or depth > _MAX_DEPTH or (root == _P_INVALID) != (depth == 0):

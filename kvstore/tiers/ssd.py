@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
@@ -117,7 +118,10 @@ class SsdTier(Tier):
             raise TierError(f"ssd tier: cannot create {config.path}: {exc}") from exc
         #: What an open-time repair of a damaged data file did ("" if the file was sound).
         self.salvaged = ""
-        found = inspect(config.path)
+        try:
+            found = inspect(config.path)
+        except (OSError, ValueError, struct.error) as exc:  # unreadable, or beyond what the check parses
+            raise TierError(f"ssd tier: cannot check {config.path}: {exc}") from exc
         if found is not None and found.problems:
             self.salvaged = salvage(config.path, found, _MAX_DBS)
         with _lmdb_errors(f"cannot open {config.path}"):
