@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from kvstore import quant
 from kvstore.layout import Layout, get_layout
 from replay.cache import SessionState
+from replay.calibration import Calibration
 
 SWA, FULL, REUSE, REINDEX, DEC_FULL = "S", "F", "U", "X", "F*"
 _NONE = 1 << 62  # sorts after every real entry id
@@ -326,6 +327,7 @@ class Transformer(nn.Module):
                 if p.dim() == 2:
                     p.copy_(torch.randn(p.shape, generator=gen) * p.shape[-1] ** -0.5)
         self.to(device=device, dtype=dtype)
+        self.calibration: Calibration | None = None  # a trained checkpoint's measured R -> error table
 
     @property
     def device(self) -> torch.device:
@@ -419,4 +421,6 @@ class Transformer(nn.Module):
         args = ModelArgs(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()})
         model = cls(args, device=device, dtype=dtype)
         model.load_state_dict(load_file(str(path)))
+        if (cal := Calibration.path_for(Path(path))).exists():
+            model.calibration = Calibration.load(cal)
         return model

@@ -5,7 +5,8 @@ entries, read straight from the model's caches: nothing is re-encoded) and a man
 trailing tokens and the last 128 token ids. The SWA state is never sent.
 
 Resume modes (../shared/PAPER.md, SWA Bounded Replay):
-- ``bounded``:   load the global KV, replay the last ``window`` (128) tokens through every layer;
+- ``bounded``:   load the global KV, replay the last ``window`` (128) tokens through every layer (or
+  ``replay_tokens``, or the smallest calibrated length that meets a ``max_kl`` budget);
 - ``exact``:     load the global KV, replay the last ``n_layers x window`` tokens (exact rebuild);
 - ``reprefill``: recompute everything from token 0 (ground truth; fetches the chunks but uses only their token ids).
 """
@@ -49,6 +50,11 @@ class ResumeReport:
     install_s: float  # packed entries into the model's caches (incl. dequantize)
     replay_s: float
     bytes_fetched: int
+    #: the checkpoint's calibrated error at this replay length (replay/calibration.py): mean and worst KL in
+    #: nats per next-token distribution, against the never-evicted session; 0 when the replay is exact
+    #: (R >= (n - decoder_from) + 8 x 127); None for re-prefill and for weights without a calibration table
+    expected_mean_kl: float | None = None
+    expected_max_kl: float | None = None
 
     @property
     def total_s(self) -> float:
@@ -152,10 +158,20 @@ class AgentSession:
     # -- resuming ---------------------------------------------------------------------------------
     @classmethod
     def resume(cls, model: Transformer, client: Client, namespace: str, session_id: str,
-               mode: str = "bounded", replay_tokens: int | None = None) -> tuple[AgentSession, ResumeReport]:
-        """Rebuild a session from the store. ``replay_tokens`` overrides the mode's replay length."""
+               mode: str = "bounded", replay_tokens: int | None = None, max_kl: float | None = None
+               ) -> tuple[AgentSession, ResumeReport]:
+        """Rebuild a session from the store. ``replay_tokens`` overrides the mode's replay length; ``max_kl``
+        (bounded only) picks the smallest replay length whose calibrated mean KL meets that budget, from the
+        checkpoint's calibration table (``model.calibration``)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        cal = model.calibration
+        if max_kl is not None:
+            if mode != "bounded" or replay_tokens is not None:
+                raise ValueError("max_kl picks a bounded resume's replay length: give it alone, with mode='bounded'")
+            if cal is None:
+                raise ValueError("max_kl needs a calibrated checkpoint (model.calibration is None: random weights?)")
+            replay_tokens = cal.pick(max_kl).replay_tokens
         t0 = time.perf_counter()
         manifest, stream = client.load_session(namespace, session_id, zero_copy=True)
         lay = model.args.layout
@@ -193,7 +209,12 @@ class AgentSession:
             # the next exact resume would rebuild another decoder window than the never-evicted session had.
             state.decoder_from = decoder_from
         t3 = time.perf_counter()
-        return sess, ResumeReport(mode, n, r, fetch_s, t2 - t1, t3 - t2, fetched)
+        exact = mode != "reprefill" and r >= min(n, n - state.decoder_from + model.args.n_encoder * (window - 1))
+        expected = (0.0, 0.0) if exact else None  # (a re-prefill differs from a session that decoded: None)
+        if expected is None and cal is not None and mode == "bounded":
+            row = cal.expected(r)
+            expected = (row.mean_kl, row.max_kl)
+        return sess, ResumeReport(mode, n, r, fetch_s, t2 - t1, t3 - t2, fetched, *(expected or (None, None)))
 
 
 def _verified_tokens(m: Manifest, chunks: list[chunk.Chunk], tail: chunk.Chunk, namespace: str) -> list[int]:
