@@ -47,7 +47,7 @@ from kvstore.errors import NotFound
 from kvstore.keys import ROOT
 from kvstore.store import Manifest, SessionStore, StoreConfig, open_store
 from kvstore.store.manifest import KEY_PREFIX
-from kvstore.tiers.ssd import DB_NAME
+from kvstore.tiers.ssd import DB_NAME, META_DB_NAME
 
 NS = "crash"
 SESSION_IDS = ("s0", "s1", "s2")
@@ -230,16 +230,18 @@ def run_until_killed(forker: Forker, root: Path, kind: str, param: float, rng: r
 
 
 def raw_lmdb(path: str) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
-    """What the ssd tier holds, read straight from LMDB: (chunk key -> value, manifest key -> value)."""
+    """What the ssd tier holds, read straight from LMDB: (chunk key -> value, manifest key -> value),
+    from its two sub-databases."""
     env = lmdb.open(path, max_dbs=8, readonly=True, lock=False)
     try:
         with env.begin(db=env.open_db(DB_NAME, create=False)) as txn:
-            records = {bytes(k): bytes(v) for k, v in txn.cursor()}
+            chunks = {bytes(k): unframe(bytes(v)) for k, v in txn.cursor()}
+        with env.begin(db=env.open_db(META_DB_NAME, create=False)) as txn:
+            metas = {bytes(k): bytes(v) for k, v in txn.cursor()}
     finally:
         env.close()
-    chunks = {k: unframe(v) for k, v in records.items() if len(k) == 16}
-    metas = {k: unframe(v) for k, v in records.items() if k.startswith(KEY_PREFIX)}
-    assert len(chunks) + len(metas) == len(records), "unexpected keys in the ssd tier"
+    assert all(len(k) == 16 for k in chunks), "unexpected keys among the chunks"
+    assert all(k.startswith(KEY_PREFIX) for k in metas), "unexpected keys among the manifests"
     return chunks, metas
 
 
