@@ -284,3 +284,20 @@ def test_a_cannot_attach_or_delete_b_transfer_files(world: World) -> None:
             if os.path.exists(p):
                 os.unlink(p)
         b_arena.close()
+
+
+def test_one_owner_attaching_many_arenas_never_unmaps_another_owners(tmp_path: Path) -> None:
+    """The per-identity cap evicts only the attaching identity's least recently used arenas."""
+    from kvstore.server.arenas import Arenas
+
+    arenas = Arenas(per_owner=3)
+    b_id = arenas.add("b", transport.Arena.create(tmp_path, 4096))
+    a_ids = [arenas.add("a", transport.Arena.create(tmp_path, 4096)) for _ in range(5)]
+    assert arenas.get("b", b_id).size == 4096
+    for gone in a_ids[:2]:
+        with pytest.raises(KvstoreError, match=transport.UNKNOWN_ARENA):
+            arenas.get("a", gone)
+    assert all(arenas.get("a", i) for i in a_ids[2:])
+    with pytest.raises(KvstoreError, match=transport.UNKNOWN_ARENA):
+        arenas.get("a", b_id)  # another's id: exactly an unknown one
+    arenas.close_all()
