@@ -155,8 +155,8 @@ def train(cfg: TrainConfig, train_data: Tensor, heldout: Tensor, out: Path, devi
         tokens_seen += int((cfg.seq_len - dfrom).sum())
         elapsed = time.perf_counter() - t0
         if step % cfg.log_every == 0 or step == cfg.steps - 1:
-            rec = {"step": step, "loss": float(loss), "bpb": float(loss) / math.log(2),
-                   "index_kl": float(res.index_kl), "grad_norm": float(norm), "lr": lr_at(step, cfg),
+            rec = {"step": step, "loss": loss.item(), "bpb": loss.item() / math.log(2),
+                   "index_kl": res.index_kl.item(), "grad_norm": norm.item(), "lr": lr_at(step, cfg),
                    "tokens": tokens_seen, "seconds": round(elapsed, 1)}
             if device.type == "cuda":
                 rec["max_mem_gb"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
