@@ -261,7 +261,7 @@ bytes in the same run: raw Python gRPC at its best configuration, memcpy, redis-
 disk's fsync'd bandwidth. GB/s = session bytes (x clients) / wall seconds (GB = 1e9 B), median of
 the timed rounds of a row (`rounds` = timed + untimed warm-up; interleaved, see Methodology).
 
-Machine: {machine()}, {mp.cpu_count()} cores; data dir on {" ".join(run["filesystem"])}.
+Machine: {run["machine"]}; data dir on {" ".join(run["filesystem"])}.
 Load average (1, 5, 15 min): {" ".join(f"{v:.2f}" for v in la)} at the start, {" ".join(f"{v:.2f}" for v in lb)}
 at the end: the machine was shared with other work, so absolute numbers are noisy; ratios within this
 run are what count. Code: {run["git"]}.
@@ -294,7 +294,8 @@ median {dd:.2f} GB/s (runs: {", ".join(f"{v:.2f}" for v in run["dd_gbps"])}; 3 a
 
 ## Per call vs per byte
 
-Median time per op at each size (1 client), fitted as `fixed + bytes / rate`:
+Median time per op at each size (1 client), fitted as `fixed + bytes / rate` (least squares on
+relative residuals; a negative fixed part means the op slows down faster than linearly with size):
 
 {costs}
 {"" if png is None else chr(10) + "![load and save GB/s](daemon.png)" + chr(10)}
@@ -332,7 +333,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--latency-rounds", type=int, default=40, help="rounds of the smallest session, fewest clients")
     ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--from-json", type=Path, help="rewrite the report from a run's daemon.json; measure nothing")
     args = ap.parse_args()
+    if args.from_json:
+        for path in report(json.loads(args.from_json.read_text()), with_plot=not args.no_plot):
+            print(f"wrote {path}")
+        return
     if args.quick:
         args.sizes_mib, args.clients, args.repeats, args.latency_rounds = "1,4", "1", 3, 15
     began, load_before = time.perf_counter(), os.getloadavg()
@@ -403,7 +409,8 @@ def main() -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     run |= {"load_before": load_before, "load_after": os.getloadavg(), "elapsed_s": time.perf_counter() - began,
             "command": " ".join(["python benchmarks/bench_daemon.py", *sys.argv[1:]]), "args": vars(args),
-            "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M}", "git": common.git_state()}
+            "date": f"{datetime.now(UTC):%Y-%m-%d %H:%M}", "git": common.git_state(),
+            "machine": f"{machine()}, {mp.cpu_count()} cores"}
     for path in report(run, with_plot=not args.no_plot):
         print(f"wrote {path}")
     print(f"run took {run['elapsed_s']:.0f} s")

@@ -385,7 +385,8 @@ def grpc_table(res: dict[tuple[int, int], dict[str, float]], sizes_mb: dict[int,
 CAPTION = """Raw Python gRPC stream, GB/s: a trivial servicer in its own process (grpc.aio, or sync
 `grpc.server` with 16 threads) streams the session's bytes to one sync client per client process,
 as raw `bytes` messages (no serializer) or as protobuf `BytesValue` (1 client only). "The ceiling"
-of a column is its best cell (bold), chosen per column.
+of a column is its best cell (bold), chosen per column: the best of 10-20 noisy medians, so if
+anything a little generous.
 
 """
 METHODOLOGY = """- memcpy = `np.copyto` of the session's bytes into a preallocated, pre-faulted array. redis-py:

@@ -82,11 +82,14 @@ def walls(per_client: Sequence[Stamps]) -> list[float]:
 
 
 def call_cost(nbytes: Sequence[int], seconds: Sequence[float]) -> tuple[float, float]:
-    """Least-squares ``seconds = fixed + nbytes / rate`` over sizes: (fixed seconds per call, marginal
-    GB/s). Separates per-call overhead from per-byte cost."""
+    """Least-squares ``seconds = fixed + nbytes / rate`` over sizes, on relative residuals (so the
+    small sizes pin the fixed part and the large ones the rate): (fixed seconds per call, marginal
+    GB/s). Separates per-call overhead from per-byte cost; a negative fixed part means the cost
+    grows faster than linearly with size."""
     import numpy as np
 
-    slope, fixed = np.polyfit(np.asarray(nbytes, float), np.asarray(seconds, float), 1)
+    t = np.asarray(seconds, float)
+    slope, fixed = np.polyfit(np.asarray(nbytes, float), t, 1, w=1 / t)
     return float(fixed), (1 / slope / 1e9 if slope > 0 else float("inf"))
 
 
