@@ -39,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--decode-tokens", type=int, default=16, help="tokens generated per turn and after resume")
     p.add_argument("--fidelity-steps", type=int, default=32)
     p.add_argument("--model", choices=["tiny-16", "tiny-8"], default="tiny-16")
-    p.add_argument("--checkpoint", help="safetensors checkpoint (default: seeded random weights)")
+    p.add_argument("--checkpoint", help="safetensors checkpoint (default: the trained tiny-16 in "
+                   "replay/checkpoints when present)")
+    p.add_argument("--random-weights", action="store_true", help="seeded random weights instead of a checkpoint")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads for the model")
     p.set_defaults(func=run)
 
@@ -68,16 +70,19 @@ def run(args: argparse.Namespace) -> int:
     from replay.fidelity import compare, teacher_forced
     from replay.model import ModelArgs, Transformer
     from replay.session import AgentSession
+    from replay.weights import load_model
 
     con = console()
     torch.set_grad_enabled(False)
     torch.set_num_threads(args.threads)
     margs = ModelArgs.tiny16() if args.model == "tiny-16" else ModelArgs.tiny8()
-    model = (Transformer.load_checkpoint(args.checkpoint) if args.checkpoint else Transformer(margs, seed=0))
+    if args.random_weights or (args.model != "tiny-16" and not args.checkpoint):
+        model, weights = Transformer(margs, seed=0), "seeded random weights (seed 0)"
+    else:
+        model, weights = load_model(args.checkpoint, fallback=margs)
     lay = model.args.layout
     text = stdlib_tokens(args.system_tokens + args.agents * args.turns * (args.turn_tokens + 64))
     system, rest = text[: args.system_tokens], text[args.system_tokens :]
-    weights = "checkpoint " + args.checkpoint if args.checkpoint else "seeded random weights"
     con.print(f"[bold]kvstore demo[/]: {lay.name} ({float(lay.bytes_per_token):g} B/token persisted), {weights}; "
               f"{args.agents} agents share a {len(system):,}-token system prompt, {args.turns} turns each")
     procs: list[DaemonProcess] = []
@@ -117,7 +122,11 @@ def run(args: argparse.Namespace) -> int:
 
         # 2. evict everything from memory and restart the daemon
         reference = {s.session_id: s for s in sessions}
-        probes = {sid: rest[-(i + 1) * 256 : -(i + 1) * 256 + args.fidelity_steps] for i, sid in enumerate(reference)}
+        def probe(a: int) -> list[int]:  # the text after the agent's last prompt (the gap its replies stood in)
+            off = (a * args.turns + args.turns - 1) * (args.turn_tokens + 64) + args.turn_tokens
+            return rest[off : off + min(args.fidelity_steps, 64)]
+
+        probes = {sid: probe(i) for i, sid in enumerate(reference)}
         ref_logits = {}
         for sid, s in reference.items():  # the never-evicted continuation, for fidelity
             ref_logits[sid] = teacher_forced(model, s.state, s.last_logits, probes[sid])  # type: ignore[arg-type]
@@ -161,12 +170,42 @@ def run(args: argparse.Namespace) -> int:
                   f"({timing['0:bounded'] * 1e3:.0f} ms vs {timing['0:reprefill'] * 1e3:.0f} ms, "
                   f"{len(sessions[0].tokens):,} tokens)")
         con.print(fid)
-        con.print("   exact replay rebuilds the never-evicted state bit for bit; bounded replay's error is what the "
-                  "paper calls near zero for a trained model. With seeded random weights it is not "
-                  "(benchmarks/results/fidelity.md: error vs replay length).")
+        if model.calibration is not None:
+            con.print("   exact replay rebuilds the never-evicted state bit for bit. On these trained weights bounded "
+                      "replay's error is small but not zero (benchmarks/results/fidelity.md: held-out sessions, "
+                      "error vs replay length); the table below is the trade-off.")
+            _tradeoff(con, model, client, sessions[0].session_id, ref_logits[sessions[0].session_id],
+                      probes[sessions[0].session_id])
+        else:
+            con.print("   exact replay rebuilds the never-evicted state bit for bit. These are seeded random weights: "
+                      "their near-uniform attention makes bounded replay lose far more than a trained model does "
+                      "(run without --random-weights, or see benchmarks/results/fidelity.md).")
         _store_report(con, client, lay.name, sum(args.turns for _ in sessions), restarted=bool(procs))
         client.close()
     return 0
+
+
+def _tradeoff(con: object, model: object, client: Client, session_id: str, ref: object, probe: list[int]) -> None:
+    """Replay length vs resume time vs error: measured on this session and as the checkpoint calibrated it."""
+    from replay.fidelity import compare, teacher_forced
+    from replay.session import AgentSession
+
+    cal = model.calibration  # type: ignore[attr-defined]
+    t = Table("replay R", "replay ms", "mean KL (this session)", "top-1 (this session)",
+              "calibrated mean KL", "calibrated max KL",
+              title=f"4b. replay length trade-off, {session_id} (calibration: {cal.resumes} held-out resumes "
+                    f"of {cal.history:,} tokens)")
+    runs: list[tuple[str, dict[str, object]]] = [(str(r), {"replay_tokens": r}) for r in (32, 64, 128, 256, 512)]
+    runs.append(("max_kl=1e-4", {"max_kl": 1e-4}))
+    runs.append(("exact", {"mode": "exact"}))
+    for label, kw in runs:
+        r, rep = AgentSession.resume(model, client, NAMESPACE, session_id, **kw)  # type: ignore[arg-type]
+        f = compare(ref, teacher_forced(model, r.state, r.last_logits, probe), rep.replayed)  # type: ignore[arg-type]
+        exp = "-" if rep.expected_mean_kl is None else f"{rep.expected_mean_kl:.1e}"
+        mx = "-" if rep.expected_max_kl is None else f"{rep.expected_max_kl:.1e}"
+        name = label if label.isdigit() else f"{rep.replayed:,} ({label})"
+        t.add_row(name, f"{rep.replay_s * 1e3:.0f}", f"{f.mean_kl:.1e}", f"{f.top1_agreement:.0%}", exp, mx)
+    con.print(t)  # type: ignore[attr-defined]
 
 
 def _store_report(con: object, client: Client, layout: str, turns: int, restarted: bool) -> None:

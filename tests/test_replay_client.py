@@ -24,6 +24,7 @@ import torch
 from kvstore.client import Client
 from kvstore.errors import FailedPrecondition, NotFound
 from kvstore.server.process import DaemonProcess
+from replay.calibration import Calibration, CalibrationRow
 from replay.corpus import stdlib_tokens
 from replay.model import ModelArgs, Transformer
 from replay.session import AgentSession, ResumeError, SaveReport
@@ -234,3 +235,23 @@ def test_an_unknown_session_is_not_found(client: Client, tiny8: Transformer) -> 
         AgentSession.resume(tiny8, client, NS, "never-saved", "bounded")
     with pytest.raises(ValueError, match="mode"):
         AgentSession.resume(tiny8, client, NS, "long", "approximate")
+
+
+def test_max_kl_picks_the_calibrated_replay_length(saved: dict[str, Saved], client: Client,
+                                                   tiny8: Transformer) -> None:
+    model = Transformer(ModelArgs.tiny8(), seed=0)  # tiny8's weights, with a calibration table of its own
+    model.calibration = Calibration("test", 1024, 1, tuple(CalibrationRow(r, kl, 10 * kl, 1.0) for r, kl in
+                                                           ((64, 1e-2), (128, 1e-3), (256, 1e-4), (512, 0.0))))
+    sess, rep = AgentSession.resume(model, client, NS, "long", "bounded", max_kl=2e-4)
+    assert (rep.replayed, rep.expected_mean_kl, rep.expected_max_kl) == (256, 1e-4, 1e-3)
+    assert sess.tokens == saved["long"].tokens
+    _, rep = AgentSession.resume(model, client, NS, "long", "bounded", replay_tokens=200)
+    assert (rep.replayed, rep.expected_mean_kl) == (200, 1e-3)  # the largest calibrated R below 200
+    _, rep = AgentSession.resume(model, client, NS, "long", "exact")
+    assert (rep.expected_mean_kl, rep.expected_max_kl) == (0.0, 0.0)
+    _, rep = AgentSession.resume(tiny8, client, NS, "long", "bounded")
+    assert rep.expected_mean_kl is None  # random weights: nothing calibrated
+    for bad in ({"model": tiny8}, {"mode": "exact"}, {"replay_tokens": 128}, {"max_kl": -1.0}):
+        kw = {"model": model, "mode": "bounded", "max_kl": 1e-3, **bad}
+        with pytest.raises(ValueError):
+            AgentSession.resume(kw.pop("model"), client, NS, "long", **kw)  # type: ignore[arg-type]
