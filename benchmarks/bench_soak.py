@@ -70,8 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         r = run_soak(config, Path(tmp))
     print(table(r))
-    for e in r.error_samples:
-        print("ERROR", e)
+    for kind, n in r.error_kinds.items():
+        print(f"ERRORS {n} x {kind}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "command": "python benchmarks/bench_soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -23,6 +23,7 @@ import signal
 import statistics
 import threading
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,7 @@ class SoakResult:
     ops: int = 0
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
+    error_kinds: dict[str, int] = field(default_factory=dict)  # "op: Exception: message head" -> count
     bytes_verified: int = 0
     rpcs: dict[str, RpcLatency] = field(default_factory=dict)
     rss_mib: list[tuple[float, float]] = field(default_factory=list)  # (s since the clock started, MiB)
@@ -197,6 +199,13 @@ def _worker(index: int, address: str, config: SoakConfig, barrier: Any, out: Any
 
 
 # -- the parent ------------------------------------------------------------------------------------
+def _error_kind(error: str) -> str:
+    """``"save ('ns', 'c1-s0'): InvalidArgument: unknown arena: ..."`` -> ``"save: InvalidArgument: unknown arena"``."""
+    op, _, rest = error.partition(" ")
+    kind = rest.split("): ", 1)[-1]
+    return f"{op}: {':'.join(kind.split(':')[:2])}"
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) ``pid`` has used."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -276,6 +285,7 @@ def _drive(config: SoakConfig, address: str, pid: int, result: SoakResult) -> So
     result.bytes_verified = sum(p["bytes"] for p in parts)
     errors = [e for p in parts for e in p["errors"]]
     result.errors, result.error_samples = len(errors), errors[:20]
+    result.error_kinds = dict(Counter(_error_kind(e) for e in errors))
     for rpc in RPCS:
         lat = np.concatenate([p["lat"][rpc] for p in parts]) * 1000
         if len(lat):
