@@ -16,6 +16,7 @@ fidelity.json and the checkpoint's calibration table (replay/checkpoints/*.calib
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -108,48 +109,65 @@ def exact_len(n: int) -> int:
     return min(n, DECODED + 128 + 8 * 127)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--histories", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
-    ap.add_argument("--sweep-history", type=int, default=4096)
-    ap.add_argument("--sessions", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=256)
-    ap.add_argument("--calibration", default=None, help="where to write the calibration table (default: beside "
-                    "the checkpoint)")
-    args = ap.parse_args()
-    torch.set_grad_enabled(False)
-    torch.backends.cuda.matmul.allow_tf32 = False
+def _rises(agg: dict[str, list[Fidelity]], history: int) -> str:
+    """How many single resumes get worse somewhere between two neighbouring replay lengths of the sweep."""
+    def at(r: int) -> list[Fidelity]:
+        return agg.get(f"R={r}") or agg["bounded" if r == BOUNDED else "exact"]
+
+    lens = [r for r in SWEEP if r <= 1024]
+    steps = [(a, b, sum(y.mean_kl > x.mean_kl for x, y in zip(at(a), at(b), strict=True)))
+             for a, b in itertools.pairwise(lens)]
+    n, worse = len(at(BOUNDED)), sum(any(at(b)[i].mean_kl > at(a)[i].mean_kl for a, b, _ in steps)
+                                     for i in range(len(at(BOUNDED))))
+    top = sorted((c, a, b) for a, b, c in steps if c)[::-1][:3]
+    return (f"{worse} of {n} resumes get worse somewhere from one sweep length to the next (most often "
+            + ", ".join(f"{a:,} -> {b:,}: {c} resumes" for c, a, b in top) + ")")
+
+
+def measure(args: argparse.Namespace) -> dict:  # type: ignore[type-arg]
+    """Run every resume; returns (and writes fidelity.json with) the raw per-resume numbers."""
     t0 = time.perf_counter()
     model, weights = load_model(args.checkpoint, device=args.device)
     held = list(split_bytes("heldout"))
     span = max(args.histories) + max(KINDS) + args.steps
     starts = [i * (len(held) - span) // max(1, args.sessions - 1) for i in range(args.sessions)]
     texts = [held[s : s + span] for s in starts]
-
     by_len: dict[int, dict[str, list[Fidelity]]] = {}
-    by_kind: dict[str, list[Fidelity]] = {k: [] for k in KINDS.values()}
-    sweep: dict[int, list[Fidelity]] = {}
     for n0 in args.histories:
         agg: dict[str, list[Fidelity]] = {}
         for text in texts:
-            for off, kind in KINDS.items():
+            for off in KINDS:  # the order render() relies on: session-major, then resume kind
                 n = n0 + off
-                replays = sorted({BOUNDED, exact_len(n), *(SWEEP if n0 == args.sweep_history else ())})
-                res = one_resume(model, text, n, args.steps, replays)
+                sweep = SWEEP if n0 == args.sweep_history else ()
+                res = one_resume(model, text, n, args.steps, sorted({BOUNDED, exact_len(n), *sweep}))
                 for name, f in res.items():
-                    key = ("bounded" if name == f"R={BOUNDED}" else "exact" if name == f"R={exact_len(n)}"
-                           else name)
+                    key = "bounded" if name == f"R={BOUNDED}" else "exact" if name == f"R={exact_len(n)}" else name
                     agg.setdefault(key, []).append(f)
-                by_kind[kind].append(res[f"R={BOUNDED}"])
-                if n0 == args.sweep_history:
-                    for r in SWEEP:
-                        sweep.setdefault(r, []).append(res[f"R={r}"])
+                    if name != key and name in {f"R={r}" for r in sweep}:
+                        agg.setdefault(name, []).append(f)
         by_len[n0] = agg
         print(f"history {n0}: bounded {pooled(agg['bounded'])}", flush=True)
-    wall = time.perf_counter() - t0
+    raw = {"weights": weights, "machine": machine(), "device": args.device, "wall_s": time.perf_counter() - t0,
+           "sessions": args.sessions, "steps": args.steps, "sweep_history": args.sweep_history,
+           "by_history": {n0: {k: [f.__dict__ for f in v] for k, v in agg.items()} for n0, agg in by_len.items()}}
+    (RESULTS / "fidelity.json").write_text(json.dumps(raw, indent=1))
+    return raw
 
+
+def render(raw: dict, cal_path: Path) -> None:  # type: ignore[type-arg]
+    """fidelity.md, fidelity.png and the calibration table from fidelity.json's numbers."""
+    by_len = {int(n0): {k: [Fidelity(**f) for f in v] for k, v in agg.items()} for n0, agg in raw["by_history"].items()}
+    sweep_h = raw.get("sweep_history", 4096)
+    steps = raw.get("steps", 256)
+    nk = len(KINDS)
+    sessions = raw.get("sessions", len(by_len[sweep_h]["bounded"]) // nk)
+    sw = {}
+    for r in SWEEP:
+        fs = by_len[sweep_h].get(f"R={r}") or (by_len[sweep_h]["bounded"] if r == BOUNDED else
+                                                by_len[sweep_h]["exact"] if r == exact_len(sweep_h) else [])
+        sw[r] = pooled(fs)
+    if "sweep" in raw:  # fidelity.json of the first run kept the pooled sweep only
+        sw = {int(r): Fidelity(**f) for r, f in raw["sweep"].items()}
     main_rows = []
     for n0, agg in by_len.items():
         for key, label in (("never evicted", "never evicted (reference)"), ("bounded", "bounded, R = 128"),
@@ -157,58 +175,110 @@ def main() -> None:
                            ("bounded vs re-prefill", "bounded, against re-prefill")):
             main_rows.append([f"{n0:,}", label, *cells(pooled(agg[key]))])
     table = markdown_table(["history n0", "resume", "mean KL", "max KL", "top-1 agreement", "bits/byte"], main_rows)
+    kinds = list(KINDS.values())
+    by_kind = {k: [f for agg in by_len.values() for i, f in enumerate(agg["bounded"]) if i % nk == j]
+               for j, k in enumerate(kinds)}
     kind_table = markdown_table(["resume point", "mean KL", "max KL", "top-1 agreement", "bits/byte"],
                                 [[k, *cells(pooled(v))] for k, v in by_kind.items()])
-    sw = {r: pooled(v) for r, v in sweep.items()}
     sweep_table = markdown_table(["replayed R", "mean KL", "max KL", "top-1 agreement", "bits/byte"],
                                  [[f"{r:,}", *cells(f)] for r, f in sorted(sw.items())])
-    cal = Calibration(weights, args.sweep_history, len(sweep.get(BOUNDED, [])),
+    cal = Calibration(raw["weights"], sweep_h, sessions * nk,
                       tuple(CalibrationRow(r, f.mean_kl, f.max_kl, f.top1_agreement) for r, f in sorted(sw.items())))
-    cal_path = Path(args.calibration) if args.calibration else Calibration.path_for(Path(args.checkpoint))
     cal.save(cal_path)
     b = pooled([f for agg in by_len.values() for f in agg["bounded"]])
     bp = pooled([f for agg in by_len.values() for f in agg["bounded vs re-prefill"]])
-    met = b.mean_kl <= TARGET_KL and b.top1_agreement >= TARGET_TOP1
-    raw = {"weights": weights, "machine": machine(), "device": args.device, "wall_s": wall,
-           "by_history": {n0: {k: [f.__dict__ for f in v] for k, v in agg.items()} for n0, agg in by_len.items()},
-           "sweep": {r: f.__dict__ for r, f in sw.items()}}
-    (RESULTS / "fidelity.json").write_text(json.dumps(raw, indent=1))
+    ex = pooled([f for agg in by_len.values() for f in agg["exact"]])
+    per_len = [pooled(agg["bounded"]).mean_kl for agg in by_len.values()]
+    first_ok = min((r for r, f in sw.items() if f.mean_kl <= TARGET_KL and f.top1_agreement >= TARGET_TOP1),
+                   default=None)
+    met_kl, met_top1 = b.mean_kl <= TARGET_KL, b.top1_agreement >= TARGET_TOP1
+    verdict = ("**met**" if met_kl and met_top1 else
+               f"**{'mean KL met' if met_kl else 'mean KL not met'}, {'top-1 met' if met_top1 else 'top-1 not met'}**")
     png = RESULTS / "fidelity.png"
-    plot(sw, args.sweep_history, png, f"tiny-16 trained ({Path(weights).name}): replay length vs error, "
-         f"{args.sweep_history:,}-token held-out histories")
-    body = f"""Machine: {machine()}, device {args.device}, float32 (TF32 off). Weights: **{weights}**.
-Sessions: {args.sessions} held-out stretches of the standard library (files the model never trained on) per
-history length; each history = a prefill of n - {DECODED} tokens then {DECODED} decoded tokens; at every resume
-point kind ({", ".join(KINDS.values())}) the next {args.steps} held-out tokens are teacher-forced through the
-resumed and the never-evicted session. KL(never evicted || resumed) in nats per step; top-1 agreement with the
-never-evicted argmax; bits/byte of the resumed session on those {args.steps} tokens. Whole run: {wall:.0f} s.
+    plot(sw, sweep_h, png, f"tiny-16 trained ({raw['weights'].split()[-1]}): replay length vs error, "
+         f"{sweep_h:,}-token held-out histories")
+    gpu = raw["device"] != "cpu"
+    rises = _rises(by_len[sweep_h], sweep_h)
+    floor = (f"""- **The floor on this device.** The exact rows are not zero: mean KL {ex.mean_kl:.2g}, top-1
+  {ex.top1_agreement:.2%}. That is the GPU's floating point, not replay: cuBLAS picks other kernels for other
+  chunk shapes, and an FP8/FP4 rounding flip somewhere in 16 layers follows. On CPU the same exact replays are
+  bit-identical to the never-evicted session (tests/test_fidelity.py; tests/test_model.py). Read bounded replay's
+  own loss as its error minus this floor: in top-1, about {ex.top1_agreement - b.top1_agreement:.2%} of next
+  tokens."""
+             if gpu else "- On CPU, exact replay is bit-identical to the never-evicted session.")
+    body = f"""Machine: {raw["machine"]}, device {raw["device"]}, float32 (TF32 off). Weights: **{raw["weights"]}**
+(replay/checkpoints/README.md). Sessions: {sessions} held-out stretches of the standard library (files the model
+never trained on) per history length; each history = a prefill of n - {DECODED} tokens then {DECODED} decoded
+tokens; at every resume point kind ({", ".join(kinds)}) the next {steps} held-out tokens are teacher-forced through
+the resumed and the never-evicted session. KL(never evicted || resumed) in nats per step; top-1 agreement with the
+never-evicted argmax; bits/byte of the resumed session on those {steps} tokens. Whole run: {raw["wall_s"]:.0f} s.
 
 ## Bounded vs exact replay vs re-prefill
 
 {table}
 
-"exact" replays (n - decoder_from) + 8 x 127 tokens (decoder_from = n - 160 here): the decoder's whole run plus
-the encoder's receptive field below it. "re-prefill" recomputes the history from token 0, which runs the decoder
-over the last 128 tokens only: it is **not** the never-evicted session when that session decoded.
+"exact" replays (n - decoder_from) + 8 x 127 tokens (`replay.fidelity.exact_replay_length`; decoder_from =
+n - 160 here): the decoder's whole run plus the encoder's receptive field below it, at most 128 + 15 x 127 = 2,033.
+"re-prefill" recomputes the history from token 0, which runs the decoder over the last 128 tokens only: it is
+**not** the never-evicted session when that session decoded, so it carries an error of its own.
 
-**Target** (R = 128: top-1 >= 99.5%, mean KL <= 1e-3): bounded replay over all histories and resume points has
-mean KL {b.mean_kl:.3g}, top-1 {b.top1_agreement:.2%} against the never-evicted session, and mean KL {bp.mean_kl:.3g},
-top-1 {bp.top1_agreement:.2%} against a re-prefill: **{"met" if met else "not met"}**.
+**Target** (R = 128: top-1 >= 99.5% and mean KL <= 1e-3): over all {len(by_len)} history lengths and resume points,
+bounded replay has mean KL **{b.mean_kl:.2g}** and top-1 **{b.top1_agreement:.2%}** against the never-evicted
+session (mean KL {bp.mean_kl:.2g}, top-1 {bp.top1_agreement:.2%} against a re-prefill): {verdict}.
+{f"The smallest replay length that meets both on the sweep is R = **{first_ok:,}**." if first_ok else ""}
 
 ## Bounded replay by resume point (all history lengths)
 
 {kind_table}
 
-## Error vs replay length ({args.sweep_history:,}-token histories; the checkpoint's calibration table)
+## Error vs replay length ({sweep_h:,}-token histories; the checkpoint's calibration table)
 
 {sweep_table}
 
 ![fidelity vs replay length](fidelity.png)
 
-Reproduce: `python benchmarks/bench_fidelity.py --device {args.device}` (raw numbers: `fidelity.json`; the
-calibration table: `{cal_path.name}`)."""
+## What these numbers say
+
+- **A trained model loses little, not nothing.** With seeded random weights bounded replay left a mean KL of 0.2-0.3
+  nats and agreed on 3-19% of next tokens (the earlier version of this page); on the trained checkpoint it leaves
+  {b.mean_kl:.2g} nats and agrees on {b.top1_agreement:.1%}, and the held-out bits per byte of the resumed session
+  are those of the never-evicted one to the third decimal. Near-uniform attention was what spread the error.
+- **Why top-1 misses 99.5% at R = 128.** The first replayed tokens see truncated windows in every layer; a trained
+  model attends sharply, so most of that error dies within a window, but not all: the worst single step reached a KL
+  of {b.max_kl:.2g} nats (mean over steps is small because such steps are rare), and near-tied next-token choices
+  flip. Doubling R to 256 brings mean KL to {sw[256].mean_kl:.2g} and top-1 to {sw[256].top1_agreement:.2%}.
+- **No growth with history length or resume point.** Bounded replay's mean KL stays within
+  {min(per_len):.2g}-{max(per_len):.2g} from 1K to 32K tokens of history: the persisted global KV covers everything
+  before the replayed span exactly. The four resume-point kinds (a chunk boundary, an odd trailing token that no
+  global entry holds yet, ...) are within noise of each other.
+{floor}
+- **Error is not monotone in R on a single resume**: {rises}. Below R = 128 the decoder, too, runs over only R
+  tokens; near the floor, rounding noise dominates. The calibration table is pooled over resumes, and
+  `Calibration.pick` only trusts a length from which every longer calibrated length also meets the budget.
+
+Reproduce: `python benchmarks/bench_fidelity.py --device cuda --sessions 6` (it ran on the `device` tool's H200 in
+{raw["wall_s"]:.0f} s; the CPU needs hours for 32K histories). Raw numbers: `fidelity.json`; re-render this page and
+the calibration table from them: `python benchmarks/bench_fidelity.py --render-only`."""
     print(table, kind_table, sweep_table, sep="\n\n")
     print(f"wrote {write_result('fidelity.md', 'Resume fidelity on the trained tiny-16', body)}, {png}, {cal_path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--checkpoint", default=str(DEFAULT_CHECKPOINT))
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--histories", type=int, nargs="+", default=[1024, 4096, 16384, 32768])
+    ap.add_argument("--sweep-history", type=int, default=4096)
+    ap.add_argument("--sessions", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--calibration", default=None, help="where to write the calibration table (default: beside "
+                    "the checkpoint)")
+    ap.add_argument("--render-only", action="store_true", help="re-render from fidelity.json, measure nothing")
+    args = ap.parse_args()
+    torch.set_grad_enabled(False)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    raw = json.loads((RESULTS / "fidelity.json").read_text()) if args.render_only else measure(args)
+    render(raw, Path(args.calibration) if args.calibration else Calibration.path_for(Path(args.checkpoint)))
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ from benchmarks.common import RESULTS, machine, markdown_table, write_result
 from kvstore.client import Client
 from kvstore.server.process import DaemonProcess
 from replay.corpus import stdlib_tokens
-from replay.model import ModelArgs, Transformer
+from replay.model import Transformer
 from replay.session import AgentSession, ResumeReport
+from replay.weights import load_model
 
 NS = "bench-resume"
 MODES = ("bounded", "exact", "reprefill")
@@ -139,7 +140,7 @@ def main() -> None:
     torch.set_num_threads(1)  # a shared 2-core machine: one thread is faster than two under load
     torch.set_grad_enabled(False)
     lengths = sorted(args.lengths)
-    model = Transformer(ModelArgs.tiny16(), seed=0)
+    model, weights = load_model()  # the trained checkpoint when present; timing does not depend on the weights
     lay = model.args.layout
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-resume-") as d:
@@ -209,7 +210,7 @@ def main() -> None:
     fetch_share = (res[big, "bounded"]["fetch_s"] + res[big, "bounded"]["install_s"]) / res[big, "bounded"]["total_s"]
     plot(lengths, res, host_fetch, png)
     body = f"""Machine: {machine()}. Model: tiny-16 ({float(lay.bytes_per_token):g} B/token of global KV \
-persisted), seeded random weights (seed 0); timing does not depend on the weights.
+persisted), {weights}; timing does not depend on the weights.
 Session: byte tokens of real text (the standard library's .py sources, concatenated in sorted order), prefilled
 once in turns and saved with `AgentSession.save` at each length to a real daemon (`DaemonProcess`, default
 config: host-memory tier, then the LMDB SSD tier, 256-token chunks, write-through). Before every timed resume

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from replay.model import SessionState, Transformer
+from replay.model import ModelArgs, SessionState, Transformer
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,12 @@ def packed_copy(model: Transformer, state: SessionState) -> SessionState:
     return packed
 
 
-def exact_replay_length(n: int, decoder_from: int, args: object) -> int:
+def exact_replay_length(n: int, decoder_from: int, args: ModelArgs) -> int:
     """Tokens whose replay rebuilds a session exactly: the decoder's run (n - decoder_from) plus the encoder
-    layers' receptive field below it, (n_encoder) x (window - 1); capped at the session length."""
-    enc, window = args.n_layers // 2, args.window  # type: ignore[attr-defined]
-    return min(n, n - decoder_from + enc * (window - 1))
+    layers' receptive field below it, n_encoder x (window - 1); never more than the last layer's ring needs,
+    window + (n_layers - 1) x (window - 1) (2,033 for tiny-16), nor than the session holds."""
+    w = args.window
+    return min(n, n - decoder_from + args.n_encoder * (w - 1), w + (args.n_layers - 1) * (w - 1))
 
 
 def resumed_state(model: Transformer, packed: SessionState, history: Sequence[int], replay: int,

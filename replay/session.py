@@ -24,6 +24,7 @@ from kvstore import chunk
 from kvstore.client import Client
 from kvstore.keys import ROOT, chunk_key
 from kvstore.store import Manifest, Retention
+from replay.fidelity import exact_replay_length
 from replay.model import SessionState, Transformer
 
 MODES = ("bounded", "exact", "reprefill")
@@ -52,7 +53,7 @@ class ResumeReport:
     bytes_fetched: int
     #: the checkpoint's calibrated error at this replay length (replay/calibration.py): mean and worst KL in
     #: nats per next-token distribution, against the never-evicted session; 0 when the replay is exact
-    #: (R >= (n - decoder_from) + 8 x 127); None for re-prefill and for weights without a calibration table
+    #: (R >= replay.fidelity.exact_replay_length); None for re-prefill and for weights without a calibration table
     expected_mean_kl: float | None = None
     expected_max_kl: float | None = None
 
@@ -209,7 +210,7 @@ class AgentSession:
             # the next exact resume would rebuild another decoder window than the never-evicted session had.
             state.decoder_from = decoder_from
         t3 = time.perf_counter()
-        exact = mode != "reprefill" and r >= min(n, n - state.decoder_from + model.args.n_encoder * (window - 1))
+        exact = mode != "reprefill" and r >= exact_replay_length(n, state.decoder_from, model.args)
         expected = (0.0, 0.0) if exact else None  # (a re-prefill differs from a session that decoded: None)
         if expected is None and cal is not None and mode == "bounded":
             row = cal.expected(r)
