@@ -25,9 +25,11 @@ from kvstore.client import Client
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvstore.server.process import DaemonProcess
 from replay.calibration import Calibration, CalibrationRow
-from replay.corpus import stdlib_tokens
+from replay.corpus import split_bytes, stdlib_tokens
+from replay.fidelity import compare, teacher_forced
 from replay.model import ModelArgs, Transformer
 from replay.session import AgentSession, ResumeError, SaveReport
+from replay.weights import DEFAULT_CHECKPOINT, load_model
 
 REPO = Path(__file__).resolve().parents[1]
 NS = "replay-test"
@@ -260,3 +262,20 @@ def test_max_kl_picks_the_calibrated_replay_length(saved: dict[str, Saved], clie
         kw = {"model": model, "mode": "bounded", "max_kl": 1e-3, **bad}
         with pytest.raises(ValueError):
             AgentSession.resume(kw.pop("model"), client, NS, "long", **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not DEFAULT_CHECKPOINT.exists(), reason="no trained checkpoint")
+def test_the_trained_checkpoint_resumes_with_its_calibrated_error(client: Client) -> None:
+    model, weights = load_model()
+    assert weights == f"trained checkpoint {DEFAULT_CHECKPOINT.name}" and model.calibration is not None
+    text = list(split_bytes("heldout", 664))
+    s = AgentSession(model, client, NS, "trained")
+    s.prefill(text[:600])
+    s.save()
+    s.drop()
+    sess, rep = AgentSession.resume(model, client, NS, "trained", "bounded")
+    assert (rep.replayed, rep.expected_mean_kl) == (128, model.calibration.expected(128).mean_kl)
+    live = model.new_state()
+    ref = teacher_forced(model, live, model.prefill(text[:600], live), text[600:])
+    f = compare(ref, teacher_forced(model, sess.state, sess.last_logits, text[600:]), 128)  # type: ignore[arg-type]
+    assert f.mean_kl < 0.01 and f.top1_agreement >= 0.9, f  # random weights: ~0.2-0.5 nats
