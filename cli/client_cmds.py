@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.table import Table
 
+from cli import args as check
 from cli.ui import console
 from kvstore.layout import get_layout, layout_by_id
 
@@ -31,7 +32,8 @@ CLI_RETRIES = 1
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     conn = argparse.ArgumentParser(add_help=False)
     g = conn.add_argument_group("connection")
-    g.add_argument("--address", metavar="HOST:PORT", help="the daemon (default $KVSTORE_ADDRESS, else 127.0.0.1:50151)")
+    g.add_argument("--address", metavar="HOST:PORT", type=check.address,
+                   help="the daemon (default $KVSTORE_ADDRESS, else 127.0.0.1:50151)")
     g.add_argument("--token", help="bearer token (default $KVSTORE_TOKEN)")
     g.add_argument("--tls-ca-file", metavar="PEM", help="CA that signed the daemon's certificate (any --tls-* turns "
                                                         "TLS on)")
@@ -77,7 +79,15 @@ def _client(args: argparse.Namespace) -> Client:
     tls_args = {"ca_file": args.tls_ca_file, "cert_file": args.tls_cert_file, "key_file": args.tls_key_file,
                 "server_name": args.tls_server_name}
     tls = ClientTls(**{k: v or "" for k, v in tls_args.items()}) if any(tls_args.values()) else None
-    config = ClientConfig(address=args.address or default_address(),
+    address = args.address
+    if address is None:  # $KVSTORE_ADDRESS gets the same check as the flag
+        from cli.main import CliError
+
+        try:
+            address = check.address(default_address())
+        except argparse.ArgumentTypeError as e:
+            raise CliError(f"$KVSTORE_ADDRESS: {e}") from None
+    config = ClientConfig(address=address,
                           token=args.token if args.token is not None else os.environ.get("KVSTORE_TOKEN", ""),
                           tls=tls, timeout_s=CLI_TIMEOUT_S, retries=CLI_RETRIES, backoff_s=0.2)
     return Client(config)
@@ -157,8 +167,9 @@ def cmd_health(client: Client, args: argparse.Namespace) -> int:
 
 
 def stats_view(s: pb.StatsResponse) -> Group:
-    t = Table("tier", "used", "capacity", "items", "hits", "hit share", "evictions", "demotions", "promotions",
-              "verify failures", "errors", title="kvstore tiers (fast to slow)")
+    t = Table("tier", "used", "capacity", "items", "hits", "hit rate", "evictions", "demotions", "promotions",
+              "verify failures", "errors", title="kvstore tiers (fast to slow)",
+              caption="hit rate: the share of all chunk reads this tier served")
     reads = s.loaded_chunks + s.missed_chunks
     for r in s.tiers:
         errors = str(r.errors) + (" [red]degraded[/]" if r.degraded else "")
@@ -171,8 +182,8 @@ def stats_view(s: pb.StatsResponse) -> Group:
                 f"{s.missed_chunks:,} missed"]
     b = s.bytes_per_token
     if b.tokens:
-        lines.append(f"sessions {s.sessions:,}: {b.tokens:,} tokens, {b.measured:,.2f} persistent B/token "
-                     f"measured (layout formula {b.formula:,.2f})")
+        lines.append(f"sessions {s.sessions:,}: {b.tokens:,} distinct tokens stored (a shared prefix counts once), "
+                     f"{b.measured:,.2f} persistent B/token measured (layout formula {b.formula:,.2f})")
     else:
         lines.append(f"sessions {s.sessions:,}")
     lines += [f"[red]tier {r.name}: last error: {r.last_error}[/]" for r in s.tiers if r.last_error]
@@ -226,7 +237,8 @@ def cmd_sessions_ls(client: Client, args: argparse.Namespace) -> int:
                   _retention(x.retention.pinned, x.retention.ttl_s), _when(x.updated_at))
     con = console()
     con.print(t)
-    con.print(f"{len(sessions)} sessions, {sum(x.token_count for x in sessions):,} tokens")
+    con.print(f"{len(sessions)} sessions, {sum(x.token_count for x in sessions):,} tokens in all (a prefix "
+              f"shared by several sessions counts in each; `kvstore stats` counts it once)")
     return 0
 
 

@@ -5,12 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from cli import layout_cmd
+from kvstore.errors import KvstoreError
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """Usage mistakes in one line (argparse prints the whole usage block first), exit code 2.
+    Subcommand parsers inherit this class."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="kvstore",
         description="Tiered store for the FP4 global KV of DeepSeek-V4.1-Flash-style models: run the daemon, "
                     "inspect it, and see the whole story with `kvstore demo`.")
@@ -34,6 +44,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except CliError as e:
         print(f"kvstore: error: {e}", file=sys.stderr)
+        return 2
+    except KvstoreError as e:  # a command that talks to the daemon without the client commands' wrapper
+        print(f"kvstore: error: {' '.join(str(e).split()) or type(e).__name__}", file=sys.stderr)
         return 2
 
 

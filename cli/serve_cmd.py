@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 
+from cli import args as check
 from kvstore.server.config import DaemonConfig, load_config
 
 
@@ -14,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("serve", help="run the kvstore daemon", description=__doc__)
     p.add_argument("--config", help="TOML file whose keys are the long flag names with underscores")
     p.add_argument("--host", help=f"address to bind (default {d.host})")
-    p.add_argument("--port", type=int, help=f"port (default {d.port}; 0 picks a free one and prints it)")
+    p.add_argument("--port", type=check.port, help=f"port (default {d.port}; 0 picks a free one and prints it)")
     p.add_argument("--data-dir", help=f"where the LMDB tier lives (default {d.data_dir})")
     p.add_argument("--host-capacity-bytes", type=int, help=f"host-memory tier size (default {d.host_capacity_bytes})")
     p.add_argument("--ssd-capacity-bytes", type=int, help="ssd tier size (default unlimited)")
@@ -31,9 +32,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--tls-cert-file", help="server certificate (PEM)")
     p.add_argument("--tls-key-file", help="server private key (PEM)")
     p.add_argument("--tls-client-ca-file", help="require client certificates signed by this CA (mTLS)")
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--metrics-port", type=check.port, help="serve Prometheus metrics on this port")
     p.add_argument("--log-format", choices=["json", "text"])
-    p.add_argument("--log-level")
+    p.add_argument("--log-level", type=check.log_level, help=f"{', '.join(check.LOG_LEVELS)} (default "
+                   f"{d.log_level})")
     p.add_argument("--allow-insecure-remote", action="store_const", const=True,
                    help="allow a non-loopback bind without TLS and tokens")
     p.set_defaults(func=run)
@@ -47,8 +49,12 @@ def run(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
     try:
         config = load_config(args.config, overrides=overrides)
-    except (ValueError, OSError) as e:
-        raise CliError(str(e)) from e
+        check.log_level(config.log_level)  # it may come from the environment or the TOML file too
+    except (ValueError, OSError, argparse.ArgumentTypeError) as e:
+        raise CliError(str(e)) from None
+    why = check.check_data_dir(config.data_dir)
+    if why:
+        raise CliError(why)
     setup_logging(config)
 
     def ready(port: int) -> None:

@@ -4,10 +4,12 @@ subprocess, and the remaining error paths in-process through cli.main.main."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from daemon_helpers import (
@@ -219,3 +221,54 @@ def test_usage_errors_exit_non_zero(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(["evict", "cli", "chat-2"])  # --to is required
     assert e.value.code == 2 and "--to" in capsys.readouterr().err
+
+
+# Operator mistakes before anything starts: one line on stderr, exit 2, no traceback, no usage block.
+OPERATOR_MISTAKES: dict[str, tuple[tuple[str, ...], str]] = {
+    "port out of range": (("serve", "--port", "70000"), "port must be 0-65535, got 70000"),
+    "port missing": (("serve", "--port"), "argument --port: expected one argument"),
+    "port not a number": (("serve", "--port", "abc"), "port must be a number 0-65535"),
+    "metrics port out of range": (("serve", "--metrics-port", "-1"), "port must be 0-65535, got -1"),
+    "bad log level": (("serve", "--log-level", "LOUD"), "log level must be one of DEBUG, INFO"),
+    "address without a port": (("health", "--address", "127.0.0.1"), "address must be HOST:PORT"),
+    "IPv6 address without brackets": (("health", "--address", "::1:50151"), "needs brackets"),
+    "address with port 0": (("health", "--address", "127.0.0.1:0"), "port 0 cannot be dialled"),
+    "unknown command": (("bogus",), "invalid choice: 'bogus'"),
+}
+
+
+@pytest.mark.parametrize("name", list(OPERATOR_MISTAKES))
+def test_operator_mistakes_are_one_line(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    args, message = OPERATOR_MISTAKES[name]
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and out == "" and len(lines) == 1 and message in lines[0], err
+
+
+def test_bad_data_dirs_and_settings_from_the_environment_are_one_line(tmp_path: Path) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    cases = [((f"--data-dir={a_file}",), {}, "exists and is not a directory"),
+             ((f"--data-dir={a_file}/sub",), {}, "is not a directory"),
+             (("--data-dir", str(tmp_path / "d")), {"KVSTORE_LOG_LEVEL": "loud"}, "log level must be one of")]
+    if os.geteuid() != 0:  # root writes anywhere: the permission check cannot fail for it
+        cases.append(((f"--data-dir={locked}/sub",), {}, "is not writable by this user"))
+    for flags, env, message in cases:
+        r = subprocess.run([*kvstore_command(), "serve", "--port", "0", *flags], cwd=REPO,
+                           env=clean_env(**env), capture_output=True, text=True, timeout=60)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and message in lines[0], (flags, r.stderr)
+    r = subprocess.run([*kvstore_command(), "health"], cwd=REPO, env=clean_env(KVSTORE_ADDRESS="nohost"),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "kvstore: error: $KVSTORE_ADDRESS: address must be HOST:PORT (e.g. 127.0.0.1:50151), got 'nohost'")
+
+
+def test_demo_against_an_unreachable_daemon_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--address", f"127.0.0.1:{free_port()}"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvstore: error: daemon unavailable"), lines
