@@ -12,8 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from daemon_helpers import make_session, running_daemon, save_session
 from store_helpers import Session, build_session, check_chunk, save, store_config, token_stream
 
+from kvstore.client import Client
 from kvstore.errors import ResourceExhausted
 from kvstore.layout import get_layout
 from kvstore.store import SessionStore, StoreConfig, open_store
@@ -136,3 +138,26 @@ def test_the_map_limit_fails_a_save_cleanly_and_deleting_makes_room(tmp_path: Pa
         assert_loads(ss, failed)
     finally:
         ss.store.close()
+
+
+def test_the_daemon_answers_resource_exhausted_serves_reads_and_recovers(small_fs: Path) -> None:
+    """Through gRPC: RESOURCE_EXHAUSTED with the message, no SIGBUS; reads go on; space returns."""
+    before = make_session(tokens=4 * CT + 5, chunk_tokens=CT, session_id="before", seed=1)
+    big = make_session(tokens=12 * CT + 5, chunk_tokens=CT, session_id="big", seed=2)
+    with running_daemon(small_fs) as daemon:  # its log goes beside the mount, not onto the full disk
+        client = Client(address=daemon.address)
+        try:
+            save_session(client, before)
+            with ballast(small_fs, leave=200 << 10):
+                with pytest.raises(ResourceExhausted, match="no space left"):
+                    save_session(client, big)
+                m, chunks = client.load_session("ns", "before")
+                assert m.chunk_keys == tuple(before.keys)
+                assert [bytes(b) for _, b in chunks] == before.blobs
+                assert client.lookup("ns", big.layout.layout_id, big.token_ids).cached_tokens == 0
+            save_session(client, big)
+            m, chunks = client.load_session("ns", "big")
+            assert [bytes(b) for _, b in chunks] == big.blobs
+        finally:
+            client.close()
+        assert daemon.proc.poll() is None  # still serving
