@@ -45,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from cli.main import CliError
     from kvstore.server.daemon import serve, setup_logging
     from kvstore.server.startup import CannotStart
+    from kvstore.tiers.base import TierError
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
     try:
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(serve(config, on_ready=ready))
     except CannotStart as e:
         raise CliError(str(e)) from None
+    except TierError as e:  # e.g. an LMDB file damaged beyond repair: the message names it
+        raise CliError(f"cannot open the store: {e}") from None
     except OSError as e:
         raise CliError(f"cannot start: {e}") from e
     sys.stdout.flush()

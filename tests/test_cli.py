@@ -252,7 +252,11 @@ def test_bad_data_dirs_and_settings_from_the_environment_are_one_line(tmp_path: 
     a_file.write_text("")
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o500)
+    wrecked = tmp_path / "wrecked"
+    (wrecked / "ssd").mkdir(parents=True)
+    (wrecked / "ssd" / "data.mdb").write_bytes(bytes(range(256)) * 64)  # no LMDB meta page survives this
     cases = [((f"--data-dir={a_file}",), {}, "exists and is not a directory"),
+             ((f"--data-dir={wrecked}",), {}, f"cannot open the store: ssd tier: {wrecked}/ssd/data.mdb is damaged"),
              ((f"--data-dir={a_file}/sub",), {}, "is not a directory"),
              (("--data-dir", str(tmp_path / "d")), {"KVSTORE_LOG_LEVEL": "loud"}, "log level must be one of")]
     if os.geteuid() != 0:  # root writes anywhere: the permission check cannot fail for it
