@@ -127,6 +127,7 @@ def bf16_rounded(model: Transformer) -> Transformer:
     return copy
 
 
+@torch.enable_grad()  # whatever the caller left autograd at
 def train(cfg: TrainConfig, train_data: Tensor, heldout: Tensor, out: Path, device: torch.device) -> dict[str, float]:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)

@@ -4,6 +4,7 @@ learns, a CPU smoke run works, and the committed checkpoint's held-out bits per 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,13 @@ from replay.train import SLICE_WINDOWS, TrainConfig, bits_per_byte, lm_loss, tra
 from replay.weights import DEFAULT_CHECKPOINT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(autouse=True)
+def grad_enabled() -> Iterator[None]:
+    """Other modules' tests run code that turns autograd off for the process (the demo, the benchmarks)."""
+    with torch.enable_grad():
+        yield
 #: the card's stated tolerance between the CPU recomputation and the GPU's float32 slice evaluation
 BPB_TOLERANCE = 0.01
 
