@@ -43,7 +43,7 @@ from kvstore import chunk
 from kvstore.client import Client
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import get_layout
-from kvstore.store import Manifest
+from kvstore.manifest import Manifest
 
 LAYOUT = "deepseek-v4.1-flash"
 CHUNK_TOKENS = 256

@@ -37,8 +37,9 @@ from benchmarks.common import machine, markdown_table, median_time, write_result
 from kvstore import chunk
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import EntryFormat, Layout, get_layout
+from kvstore.manifest import Manifest
 from kvstore.quant import quantize_indexer, quantize_main
-from kvstore.store import BytesPerToken, Manifest, StoreConfig, bytes_per_token, open_store
+from kvstore.store import BytesPerToken, StoreConfig, bytes_per_token, open_store
 from kvstore.tiers import HostTierConfig, SsdTierConfig
 from kvstore.tiers.host import HostTier
 

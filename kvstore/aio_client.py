@@ -21,7 +21,8 @@ from kvstore.client import (
     _retention,
     _save_requests,
 )
-from kvstore.store import LookupResult, Manifest, Retention, SaveResult
+from kvstore.manifest import Manifest, Retention
+from kvstore.results import LookupResult, SaveResult
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

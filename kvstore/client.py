@@ -30,8 +30,9 @@ from kvstore.errors import (
     ResourceExhausted,
     Unavailable,
 )
+from kvstore.manifest import Manifest, Retention
+from kvstore.results import LookupResult, SaveResult
 from kvstore.server.config import DEFAULT_PORT
-from kvstore.store import LookupResult, Manifest, Retention, SaveResult
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

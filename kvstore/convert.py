@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from kvstore.layout import layout_by_id
-from kvstore.store import BytesPerToken, Manifest, Retention, StoreStats
+from kvstore.manifest import Manifest, Retention
+from kvstore.store import BytesPerToken, StoreStats
 from kvstore.v1 import kvstore_pb2 as pb
 
 

@@ -23,7 +23,7 @@ import torch
 from kvstore import chunk
 from kvstore.client import Client
 from kvstore.keys import ROOT, chunk_key
-from kvstore.store import Manifest, Retention
+from kvstore.manifest import Manifest, Retention
 from replay.fidelity import exact_replay_length
 from replay.model import SessionState, Transformer
 

@@ -30,7 +30,7 @@ from kvstore.client import Client, Unauthenticated
 from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError, NotFound, PermissionDenied
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import EntryFormat, Layout, get_layout
-from kvstore.store import Manifest, Retention
+from kvstore.manifest import Manifest, Retention
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

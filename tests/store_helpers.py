@@ -19,8 +19,9 @@ import zstandard
 from kvstore import chunk
 from kvstore.keys import ROOT, chain_keys, chunk_key
 from kvstore.layout import EntryFormat, Layout, get_layout
+from kvstore.manifest import Manifest, Retention
 from kvstore.quant import quantize_indexer, quantize_main
-from kvstore.store import Manifest, Retention, SessionStore, StoreConfig, TieredStore
+from kvstore.store import SessionStore, StoreConfig, TieredStore
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierConfig, make_tier
 
 TINY8 = get_layout("tiny-8")

@@ -21,7 +21,7 @@ from daemon_helpers import (
 from kvstore.client import Client
 from kvstore.keys import ROOT
 from kvstore.layout import get_layout
-from kvstore.store import Retention
+from kvstore.manifest import Retention
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 TINY16 = get_layout("tiny-16")

@@ -45,8 +45,8 @@ from store_helpers import (
 from kvstore import chunk
 from kvstore.errors import NotFound
 from kvstore.keys import ROOT
-from kvstore.store import Manifest, SessionStore, StoreConfig, open_store
-from kvstore.store.manifest import KEY_PREFIX
+from kvstore.manifest import KEY_PREFIX, Manifest
+from kvstore.store import SessionStore, StoreConfig, open_store
 from kvstore.tiers.ssd import DB_NAME, META_DB_NAME
 
 NS = "crash"

@@ -38,7 +38,7 @@ from kvstore.client import Client, ClientConfig
 from kvstore.errors import KvstoreError, NotFound
 from kvstore.keys import ROOT
 from kvstore.layout import get_layout
-from kvstore.store import Retention
+from kvstore.manifest import Retention
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

@@ -30,7 +30,7 @@ from kvstore import transport
 from kvstore.client import Client
 from kvstore.errors import KvstoreError
 from kvstore.keys import ROOT, chain_keys
-from kvstore.store import Retention
+from kvstore.manifest import Retention
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

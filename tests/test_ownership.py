@@ -19,8 +19,8 @@ from store_helpers import TINY8, Session, build_session, encode_chunk, save, sto
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import get_layout
+from kvstore.manifest import manifest_key
 from kvstore.store import SessionStore, open_store
-from kvstore.store.manifest import manifest_key
 from kvstore.tiers import TierError
 
 CT = 16

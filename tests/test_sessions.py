@@ -28,8 +28,8 @@ from kvstore import chunk
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvstore.keys import ROOT, chunk_key
 from kvstore.layout import get_layout
-from kvstore.store import Retention, SessionStore, bytes_per_token, open_store
-from kvstore.store.manifest import manifest_key
+from kvstore.manifest import Retention, manifest_key
+from kvstore.store import SessionStore, bytes_per_token, open_store
 
 CT = CHUNK_TOKENS
 HOST, SSD = 0, 1

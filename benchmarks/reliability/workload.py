@@ -20,7 +20,7 @@ import numpy as np
 from kvstore import chunk
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import Layout, get_layout
-from kvstore.store import Manifest
+from kvstore.manifest import Manifest
 
 LAYOUT = "tiny-16"
 CHUNK_TOKENS = 64  # tiny-16: ~14 KB chunks, several LMDB pages each

@@ -28,11 +28,11 @@ from kvstore.errors import (
     Unavailable,
 )
 from kvstore.layout import PRESETS
+from kvstore.manifest import check_namespace
 from kvstore.server.arenas import Arenas
 from kvstore.server.auth import Auth, Unauthenticated
 from kvstore.server.handlers import Undecodable
 from kvstore.store import SessionStore, store_stats
-from kvstore.store.manifest import check_namespace
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

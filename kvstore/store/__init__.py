@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from kvstore import chunk
+from kvstore.manifest import Manifest, Retention
+from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
-from kvstore.store.manifest import Manifest, Retention
-from kvstore.store.sessions import LookupResult, SaveResult, SessionStore
+from kvstore.store.sessions import SessionStore
 from kvstore.store.stats import BytesPerToken, StoreStats, bytes_per_token, store_stats
 from kvstore.store.tiered import TieredStore
 from kvstore.tiers import SsdTierConfig, make_tier

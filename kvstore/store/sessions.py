@@ -24,9 +24,7 @@ from kvstore import chunk
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvstore.keys import ROOT, chain_keys, chunk_key
 from kvstore.layout import Layout, layout_by_id
-from kvstore.store.chunk_index import ChunkIndex, chunk_matches
-from kvstore.store.config import StoreConfig
-from kvstore.store.manifest import (
+from kvstore.manifest import (
     KEY_PREFIX,
     Manifest,
     ManifestError,
@@ -36,26 +34,13 @@ from kvstore.store.manifest import (
     is_legacy_manifest,
     manifest_key,
 )
+from kvstore.results import LookupResult, SaveResult
+from kvstore.store.chunk_index import ChunkIndex, chunk_matches
+from kvstore.store.config import StoreConfig
 from kvstore.store.tiered import TieredStore
 
 log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    """How many leading tokens the store holds, and in which tiers (chunks per fastest holder)."""
-
-    cached_tokens: int
-    requested_tokens: int
-    chunks: int
-    tiers: dict[str, int]
-
-
-@dataclass(frozen=True)
-class SaveResult:
-    keys: list[bytes]  # every chunk's key, in order
-    written: int  # how many were new (the rest were already stored: shared prefix or a resend)
 
 
 @dataclass
