@@ -16,9 +16,13 @@ import argparse
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +43,29 @@ def table(results: list[StormResult]) -> str:
                      f"{r.start_s_p50:.3f}", f"{r.duration_s:.0f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+@contextmanager
+def redis_server(wanted: bool, workdir: Path) -> Iterator[str]:
+    """A throwaway redis-server without persistence (its URL), or "" when not ``wanted``."""
+    if not wanted:
+        yield ""
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True).stdout.strip() != b"PONG":
+            if time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def progress(r: StormResult) -> None:
@@ -66,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--launcher", choices=["fork", "exec"], default=d.launcher)
     p.add_argument("--fresh-clients", action="store_true", help="a new Client per daemon start (else kept)")
+    p.add_argument("--redis", action="store_true", help="add a Redis tier (starts its own redis-server)")
     p.add_argument("--out", type=Path, default=RESULTS / "storm.json")
     args = p.parse_args(argv)
     modes = ["through", "back"] if args.mode == "both" else [args.mode]
@@ -73,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                        reuse_clients=not args.fresh_clients)
     results = []
     for mode in modes:
-        with tempfile.TemporaryDirectory(prefix=f"storm-{mode}-") as tmp:
-            results.append(run_storm(replace(base, write_mode=mode), Path(tmp), progress))
+        with tempfile.TemporaryDirectory(prefix=f"storm-{mode}-") as tmp, redis_server(args.redis, Path(tmp)) as url:
+            results.append(run_storm(replace(base, write_mode=mode, redis_url=url), Path(tmp), progress))
         print(f"{mode}: {results[-1].kill_points} kill points, {results[-1].lost_or_corrupt} violations", flush=True)
     print()
     print(table(results))

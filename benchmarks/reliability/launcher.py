@@ -1,7 +1,7 @@
 """Start, SIGKILL and restart real ``kvstore serve`` processes, fast enough for a thousand kills.
 
 Two launchers with one interface:
-- ``ExecLauncher`` runs the installed ``kvstore serve`` command: a fresh interpreter per start
+- ``ExecLauncher`` runs ``kvstore serve`` (the CLI's ``main``) in a fresh interpreter per start
   (about 2 s here, most of it importing torch), exactly what an operator runs;
 - ``ForkLauncher`` keeps one helper process (a "zygote", started once with ``python -c``) that has
   imported the CLI, the daemon, its tiers and torch, and forks it for each start: the child is a
@@ -50,8 +50,9 @@ class ExecLauncher:
         self._procs: dict[int, subprocess.Popen[bytes]] = {}
 
     def spawn(self, argv: list[str], out: Path, err: Path) -> int:
-        script = Path(sys.executable).with_name("kvstore")
-        cmd = [str(script)] if script.exists() else [sys.executable, "-c", "from cli.main import main; main()"]
+        # The console script would import the installed (editable) checkout; `-c` from REPO imports
+        # this tree's code, so an exported copy of a commit runs that commit's daemon.
+        cmd = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main(sys.argv[1:]))"]
         with open(out, "wb") as fo, open(err, "ab") as fe:
             proc = subprocess.Popen([*cmd, *argv], cwd=REPO, env=_env(), stdin=subprocess.DEVNULL, stdout=fo,
                                     stderr=fe)

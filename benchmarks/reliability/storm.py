@@ -64,6 +64,9 @@ class StormConfig:
     #: fresh Client per start, on a fresh port (the workaround while clients could not re-attach).
     reuse_clients: bool = True
     max_run_s: float = 0.4  # longest stretch the writers run before a "running" kill
+    #: Add a shared Redis tier behind the ssd tier (Redis itself is not killed); writers then also
+    #: evict sessions down to it.
+    redis_url: str = ""
 
 
 @dataclass
@@ -125,12 +128,15 @@ class Storm:
         self.port = _free_port() if config.reuse_clients else 0
         self.argv = ["serve", "--port", str(self.port), "--data-dir", str(workdir / "data"), "--write-mode",
                      config.write_mode, "--chunk-tokens", str(CHUNK_TOKENS), "--log-format", "text"]
+        if config.redis_url:
+            self.argv += ["--redis-url", config.redis_url]
         self.result = StormResult(config)
         self.launcher = make_launcher(config.launcher)
         refs = _sessions(config)
         self.oracle = Oracle(config.seed, [r for rs in refs for r in rs])
         self.gate = Gate()
-        self.writers = [Writer(i, rs, self.oracle, self.gate, config.seed * 1000 + i, self.violation)
+        evict_to = ("ssd", "redis") if config.redis_url else ("ssd",)
+        self.writers = [Writer(i, rs, self.oracle, self.gate, config.seed * 1000 + i, self.violation, evict_to)
                         for i, rs in enumerate(refs)]
         self.start_times: list[float] = []
         self.kill_times: dict[int, float] = {}  # generation -> when its daemon was killed

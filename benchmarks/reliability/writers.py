@@ -96,11 +96,12 @@ class Gate:
 
 class Writer(threading.Thread):
     def __init__(self, index: int, refs: list[Ref], oracle: Oracle, gate: Gate, seed: int,
-                 on_violation: Callable[[str], None]) -> None:
+                 on_violation: Callable[[str], None], evict_to: tuple[str, ...] = ("ssd",)) -> None:
         super().__init__(name=f"storm-writer-{index}", daemon=True)
         self.index, self.refs, self.oracle, self.gate = index, refs, oracle, gate
         self.rng = random.Random(seed)
         self.on_violation = on_violation
+        self.evict_to = evict_to
         self.errors: list[OpError] = []
         self.acked = {op: 0 for op in OPS}
         self.next_version = dict.fromkeys(refs, 0)
@@ -156,7 +157,7 @@ class Writer(threading.Thread):
     def evict(self, client: Client, ref: Ref, allowed: set[int]) -> None:
         self.gate.about_to("evict")
         try:
-            client.evict(*ref, "ssd")
+            client.evict(*ref, self.rng.choice(self.evict_to))
         except NotFound:
             if ABSENT not in allowed:
                 self.on_violation(f"{ref}: LOST: evict answered NOT_FOUND; it must exist (states {sorted(allowed)})")
