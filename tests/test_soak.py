@@ -5,7 +5,8 @@ The harness is ``benchmarks/reliability/soak.py``; the 10-minute figure is
 load compared byte for byte), a clean SIGTERM exit, and a daemon RSS that does not climb after the
 warm-up by more than a leak would (a generous bound: allocator noise is a few MiB here).
 It found that 16 arenas per identity made the 17th+ concurrent same-host client of one identity
-fail its saves with "unknown arena" (fixed in 609af58).
+fail its saves with "unknown arena" (fixed in 609af58), and that a closed client's arena stays
+mapped in the daemon for 300 s (defect C: the fd check below reports it as an expected failure).
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.reliability.soak import SoakConfig, run_soak
 
 CONFIG = SoakConfig(duration_s=25.0, warmup_s=8.0)
 RSS_GROWTH_BOUND_MIB = 64.0
+FD_SLACK = 8  # gRPC connections and transfer files in flight
 
 
 def test_64_clients_mixing_rpcs_see_no_error_and_flat_rss(tmp_path: Path) -> None:
@@ -28,3 +32,7 @@ def test_64_clients_mixing_rpcs_see_no_error_and_flat_rss(tmp_path: Path) -> Non
     assert r.daemon_exit == "exit code 0", summary
     assert set(r.rpcs) == {"SaveChunks", "CommitSession", "LoadSession", "Lookup", "Stats"}, summary
     assert r.rss_growth_mib < RSS_GROWTH_BOUND_MIB, summary
+    if r.fds_end - r.fds_warm > FD_SLACK:
+        # open defect C in benchmarks/results/reliability.md: a closed Client's arena stays mapped
+        # (one fd, its pages resident) for 300 s; the churning clients here leave theirs behind
+        pytest.xfail(f"open defect C (closed clients' arenas stay mapped): {summary}")
