@@ -211,8 +211,10 @@ def verify_checksum(blob: bytes | bytearray | memoryview) -> None:
         raise ChecksumMismatch("chunk checksum mismatch: the stored bytes are corrupted")
 
 
-def decode(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool = True) -> Chunk:
-    """Parse a chunk written under ``layout``: zero-copy views, checksum verified unless told not to."""
+def check(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool = True) -> Header:
+    """Everything ``decode`` rejects, without building a view: the header parsed once, the
+    checksum (unless told not to), the layout, and every section's bounds. What a store needs
+    to accept a chunk: one header parse and one checksum pass, no numpy."""
     h = read_header(blob)
     if verify:
         verify_checksum(blob)
@@ -221,10 +223,8 @@ def decode(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool
                              f"expected {layout.name} ({layout.layout_hex})")
     if h.n_sections != 2 * len(layout.caches):
         raise MalformedChunk(f"{h.n_sections} sections, layout {layout.name} needs {2 * len(layout.caches)}")
-    mv = memoryview(blob)
-    parts: dict[str, dict[int, np.ndarray]] = {c.name: {} for c in layout.caches}
-    for s_i in range(h.n_sections):
-        cache_i, kind, _pad_b, n, off, length = _SECTION.unpack_from(mv, HEADER_BYTES + s_i * SECTION_BYTES)
+    seen: set[tuple[int, int]] = set()
+    for s_i, (cache_i, kind, n, off, length) in enumerate(_sections(blob, h)):
         if cache_i >= len(layout.caches) or kind not in (KIND_CODES, KIND_SCALES):
             raise MalformedChunk(f"section {s_i}: cache {cache_i} kind {kind} is not in the layout")
         c = layout.caches[cache_i]
@@ -232,11 +232,37 @@ def decode(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool
         if n != c.entries_for(h.token_count) or length != n * width or off + length > h.tokens_offset:
             raise MalformedChunk(f"section {s_i} ({c.name}) has {n} entries / {length} bytes at {off}; "
                                  f"expected {c.entries_for(h.token_count)} x {width}")
+        seen.add((cache_i, kind))
+    if len(seen) != h.n_sections:
+        raise MalformedChunk("a cache is missing its codes or scales section")
+    return h
+
+
+def _sections(blob: bytes | bytearray | memoryview, h: Header) -> list[tuple[int, int, int, int, int]]:
+    """(cache index, kind, entries, offset, length) of each section-table entry."""
+    mv = memoryview(blob)
+    out = []
+    for s_i in range(h.n_sections):
+        cache_i, kind, _pad_b, n, off, length = _SECTION.unpack_from(mv, HEADER_BYTES + s_i * SECTION_BYTES)
+        out.append((cache_i, kind, n, off, length))
+    return out
+
+
+def token_ids_raw(blob: bytes | bytearray | memoryview, h: Header) -> memoryview:
+    """The token ids as stored (uint32 LE bytes): a view, ready to hash (``keys.chunk_key_raw``)."""
+    return memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
+
+
+def decode(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool = True) -> Chunk:
+    """Parse a chunk written under ``layout``: zero-copy views, checksum verified unless told not to."""
+    h = check(blob, layout, verify=verify)
+    mv = memoryview(blob)
+    parts: dict[str, dict[int, np.ndarray]] = {c.name: {} for c in layout.caches}
+    for cache_i, kind, n, off, length in _sections(blob, h):
+        c = layout.caches[cache_i]
+        width = c.code_bytes if kind == KIND_CODES else c.scale_bytes
         parts[c.name][kind] = np.frombuffer(mv, np.uint8, length, off).reshape(n, width)
-    try:
-        entries = {name: Entries(p[KIND_CODES], p[KIND_SCALES]) for name, p in parts.items()}
-    except KeyError:
-        raise MalformedChunk("a cache is missing its codes or scales section") from None
+    entries = {name: Entries(p[KIND_CODES], p[KIND_SCALES]) for name, p in parts.items()}
     ids = np.frombuffer(mv, "<u4", h.token_count, h.tokens_offset)
     return Chunk(h, ids, entries)
 

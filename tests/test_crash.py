@@ -77,7 +77,8 @@ def crash_session(sid: str, version: int) -> Session:
 def child_main(argv: list[str]) -> None:
     """Save forever (until killed). ``pause`` = ``partial:N`` or ``saved:N`` parks the child at a
     known point of its N-th save (after its first new chunk, or after all its chunks but before the
-    commit) for the parent to kill it there."""
+    commit) for the parent to kill it there; ``turn`` saves each version in one call
+    (``save_session``: the new chunks and the manifest in one transaction)."""
     root, pause = Path(argv[0]), argv[1]
     pause_kind, _, n = pause.partition(":")
     pause_at = int(n) if n else -1
@@ -97,6 +98,11 @@ def child_main(argv: list[str]) -> None:
                 first += 1  # incremental: only chunks past the common prefix travel
             saves += 1
             emit(f"saving {sid} {version}")
+            if pause_kind == "turn":
+                sessions.save_session(NS, TINY8.layout_id, s.parent(first), first, s.blobs[first:],
+                                      s.manifest(version=version))
+                emit(f"committed {sid} {version}")
+                continue
             written = 0
             for i in range(first, len(s.keys)):  # one call per chunk: a kill can land between them
                 written += sessions.save_chunks(NS, TINY8.layout_id, s.parent(i), i, [s.blobs[i]]).written
@@ -209,9 +215,10 @@ def kill_plan(rng: random.Random) -> list[tuple[str, float]]:
     return plan
 
 
-def run_until_killed(forker: Forker, root: Path, kind: str, param: float, rng: random.Random) -> list[str]:
+def run_until_killed(forker: Forker, root: Path, kind: str, param: float, rng: random.Random,
+                     turns: bool = False) -> list[str]:
     """Start a writer, kill it at the planned point, return every line it printed."""
-    pause = f"{kind}:{int(param)}" if kind in ("partial", "saved") else "none"
+    pause = f"{kind}:{int(param)}" if kind in ("partial", "saved") else "turn" if turns else "none"
     forker.send(f"spawn {root} {pause}")
     assert forker.next_line() == "ready"
     seen: list[str] = []
@@ -289,6 +296,29 @@ def test_sigkill_mid_save_never_loses_or_tears_a_commit(tmp_path: Path) -> None:
             orphans = check_wreck(tmp_path, acked)
             if kind in ("partial", "saved"):
                 assert orphans > 0, f"kill point {n} ({kind}) left no uncommitted chunks to collect"
+    finally:
+        forker.stop()
+    assert len(acked) == len(SESSION_IDS) and min(acked.values()) >= 2, f"too little progress: {acked}"
+
+
+def test_sigkill_mid_turn_save_leaves_the_old_version_or_the_new_one(tmp_path: Path) -> None:
+    """One-call turn saves (chunks and manifest in one transaction): a kill at any point leaves
+    every acknowledged version (or a later one), whole. (Chunks an old version alone used are
+    freed after the commit: a kill in between leaves them for the next open to collect.)"""
+    rng = random.Random(20261130)
+    acked: dict[str, int] = {}
+    plan = [p for p in kill_plan(rng) if p[0] not in ("partial", "saved")]  # a turn has no midpoint
+    forker = Forker.start()
+    try:
+        for kind, param in plan:
+            lines = run_until_killed(forker, tmp_path, kind, param, rng, turns=True)
+            assert "done" not in lines, "the writer finished before it was killed"
+            assert not any(line.startswith("crashed") for line in lines), lines
+            for line in lines:
+                word, *rest = line.split()
+                if word == "committed":
+                    acked[rest[0]] = max(acked.get(rest[0], -1), int(rest[1]))
+            check_wreck(tmp_path, acked)
     finally:
         forker.stop()
     assert len(acked) == len(SESSION_IDS) and min(acked.values()) >= 2, f"too little progress: {acked}"

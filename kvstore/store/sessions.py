@@ -20,10 +20,9 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from kvstore import chunk
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
-from kvstore.keys import ROOT, chain_keys, chunk_key
-from kvstore.layout import Layout, layout_by_id
+from kvstore.keys import ROOT, chain_keys
+from kvstore.layout import Layout
 from kvstore.manifest import (
     KEY_PREFIX,
     Manifest,
@@ -38,6 +37,7 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.store.chunk_index import ChunkIndex, chunk_matches
 from kvstore.store.config import StoreConfig
 from kvstore.store.tiered import TieredStore
+from kvstore.store.validate import chunk_batch_keys, chunk_layout, known_layout, manifest_layout
 
 log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
@@ -61,13 +61,6 @@ class HitCounters:
     loads: int = 0
     loaded_chunks: int = 0
     missed_chunks: int = 0
-
-
-def known_layout(layout_id: bytes) -> Layout:
-    lay = layout_by_id(layout_id)
-    if lay is None:
-        raise InvalidArgument(f"unknown layout id {layout_id.hex()}; see `kvstore layout list`")
-    return lay
 
 
 class SessionStore:
@@ -156,81 +149,86 @@ class SessionStore:
         ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
         written again. Returns their keys."""
         check_namespace(namespace)
-        lay = known_layout(layout_id)
-        ct = self.config.chunk_tokens
-        if ct % lay.granularity:
-            raise InvalidArgument(f"chunk size {ct} is not a multiple of layout {lay.name}'s m")
-        if first_index < 0 or (first_index == 0) != (parent == ROOT):
-            raise InvalidArgument("the first chunk (index 0) and only it has the all-zero parent key")
-        keys: list[bytes] = []
-        first_parent = parent
-        new: list[tuple[bytes, bytes | memoryview]] = []
-        seen: set[bytes] = set()
-        for n, blob in enumerate(blobs):
-            idx = first_index + n
-            try:
-                c = chunk.decode(blob, lay)
-            except chunk.ChunkError as e:
-                raise InvalidArgument(f"chunk {idx}: {e}") from e
-            if c.token_count != ct or c.start != idx * ct:
-                raise InvalidArgument(f"chunk {idx}: holds tokens [{c.start}, {c.start + c.token_count}), "
-                                      f"expected [{idx * ct}, {(idx + 1) * ct}) (chunk size {ct})")
-            want = chunk_key(lay.layout_id, namespace, parent, c.token_ids)
-            if c.key != want:
-                raise InvalidArgument(f"chunk {idx}: key {c.key.hex()} does not match its tokens, namespace "
-                                      f"and parent (expected {want.hex()})")
-            if want not in seen and not self.store.holds_durably(want):
-                new.append((want, blob))
-                seen.add(want)
-            keys.append(want)
-            parent = want
+        lay = chunk_layout(layout_id, self.config.chunk_tokens)
+        keys = chunk_batch_keys(namespace, lay, self.config.chunk_tokens, parent, first_index, blobs)
         # everything was validated first: bad input changes nothing stored; a failed write leaves
         # nothing behind either (put_many is all or nothing), and the index learns only of success
+        new = self._new_chunks(keys, blobs)
         self.store.put_many(new)
         with self._lock:
-            self._chunks.add_sequence(namespace, lay.layout_id, keys, first_index, first_parent)
+            self._chunks.add_sequence(namespace, lay.layout_id, keys, first_index, parent)
         return SaveResult(keys, len(new))
+
+    def _new_chunks(self, keys: Sequence[bytes], blobs: Sequence[bytes | memoryview]
+                    ) -> list[tuple[bytes, bytes | memoryview]]:
+        """The chunks of a batch the durable tier does not hold yet, each once."""
+        new: dict[bytes, bytes | memoryview] = {}
+        for key, blob in zip(keys, blobs):
+            if key not in new and not self.store.holds_durably(key):
+                new[key] = blob
+        return list(new.items())
 
     def commit(self, m: Manifest) -> Manifest:
         """Atomically publish a session version. Every chunk it names must already be stored."""
-        lay = known_layout(m.layout_id)
-        if m.chunk_tokens != self.config.chunk_tokens:
-            raise InvalidArgument(f"manifest uses {m.chunk_tokens}-token chunks; this store uses "
-                                  f"{self.config.chunk_tokens}")
-        try:
-            tail = chunk.decode(m.tail, lay)
-        except chunk.ChunkError as e:
-            raise InvalidArgument(f"trailing span: {e}") from e
-        if tail.token_count != m.tail_tokens or tail.start != len(m.chunk_keys) * m.chunk_tokens:
-            raise InvalidArgument(f"trailing span holds tokens [{tail.start}, {tail.start + tail.token_count}); "
-                                  f"the manifest needs {m.tail_tokens} from {len(m.chunk_keys) * m.chunk_tokens}")
-        # Checked under the lock: a concurrent delete of a session sharing these chunks cannot free
-        # one between this check and the new manifest joining the index.
+        return self.save_session(m.namespace, m.layout_id, ROOT, 0, (), m)[0]
+
+    def save_session(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
+                     blobs: Sequence[bytes | memoryview], manifest: Manifest) -> tuple[Manifest, SaveResult]:
+        """Save a turn: store ``blobs`` (consecutive complete chunks from chunk ``first_index``,
+        whose parent key is ``parent``) and publish ``manifest``, in one durable transaction: one
+        fsync, and a crash at any point leaves the previous version or this one, complete.
+
+        ``manifest`` must name the blobs' keys at positions ``first_index...``; every other chunk
+        it names must already be stored. Everything is validated before anything is written: bad
+        input changes nothing. Returns the committed manifest (stamped with the store's clock)
+        and the chunks' keys with how many were new. With no blobs this is ``commit``."""
+        check_namespace(namespace)
+        if manifest.namespace != namespace or manifest.layout_id != layout_id:
+            raise InvalidArgument("the manifest must name the save's namespace and layout")
+        ct = self.config.chunk_tokens
+        manifest_layout(manifest, ct)
+        keys: list[bytes] = []
+        if blobs:
+            lay = chunk_layout(layout_id, ct)
+            keys = chunk_batch_keys(namespace, lay, ct, parent, first_index, blobs)
+            end = first_index + len(keys)
+            if list(manifest.chunk_keys[first_index:end]) != keys:
+                raise InvalidArgument(f"the manifest does not name the saved chunks as its chunks "
+                                      f"{first_index} to {end - 1}")
+        batch = range(first_index, first_index + len(keys))
+        # Checked and written under the lock: a concurrent delete of a session sharing these chunks
+        # cannot free one between this check and the new manifest joining the index.
         with self._lock:
-            self._check_chunks(m)
+            self._check_chunks(manifest, skip=batch)
+            new = self._new_chunks(keys, blobs)
             if self.config.write_mode == "back":
-                self.store.flush(m.chunk_keys)
-            ref = (m.namespace, m.session_id)
+                self.store.flush([k for i, k in enumerate(manifest.chunk_keys) if i not in batch])
+            ref = (manifest.namespace, manifest.session_id)
             old = self._manifests.get(ref)
             now = self.clock()  # the store's clock stamps versions: TTLs never trust a caller's times
-            m = replace(m, created_at=old.created_at if old is not None else now, updated_at=now)
-            self.store.put_meta(m.key, m.encode())
+            m = replace(manifest, created_at=old.created_at if old is not None else now, updated_at=now)
+            self.store.put_many(new, meta=[(m.key, m.encode())])
+            if keys:
+                self._chunks.add_sequence(namespace, layout_id, keys, first_index, parent)
             freed = self._unindex(ref)
             self._index(m)
             self._free([k for k in freed if not self._refs.get(k)])
-        return m
+        return m, SaveResult(keys, len(new))
 
-    def _check_chunks(self, m: Manifest) -> None:
-        """Every chunk ``m`` names is stored, owned by its namespace, and in its place."""
+    def _check_chunks(self, m: Manifest, skip: range = range(0)) -> None:
+        """Every chunk ``m`` names is stored, owned by its namespace, and in its place; except the
+        positions in ``skip``, whose chunks this save brings (validated against their keys)."""
         infos = [self._chunks.owned(m.namespace, k) for k in m.chunk_keys]
         # Another namespace's chunk and an absent one are one case, answered with one message:
         # a commit must not tell a tenant what another one holds.
-        missing = [k.hex() for k, info in zip(m.chunk_keys, infos)
-                   if info is None or not self.store.holds_durably(k)]
+        missing = [k.hex() for i, (k, info) in enumerate(zip(m.chunk_keys, infos))
+                   if i not in skip and (info is None or not self.store.holds_durably(k))]
         if missing:
             raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored in namespace "
                                      f"{m.namespace!r} (first: {missing[0]}); save them before committing")
         for i, (k, info) in enumerate(zip(m.chunk_keys, infos)):
+            if i in skip:
+                continue
             assert info is not None
             if info.layout_id != m.layout_id:
                 raise InvalidArgument(f"chunk {i} ({k.hex()}) was saved under layout {info.layout_id.hex()}, "

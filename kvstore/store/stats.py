@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvstore import chunk
-from kvstore.store.sessions import HitCounters, SessionStore, known_layout
+from kvstore.store.sessions import HitCounters, SessionStore
 from kvstore.store.tiered import TierReport
+from kvstore.store.validate import known_layout
 
 
 @dataclass(frozen=True)

@@ -106,15 +106,18 @@ class TieredStore:
         """Store a chunk. Write-through: returns once the durable tier holds it (else Unavailable)."""
         self.put_many([(key, blob)])
 
-    def put_many(self, items: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
-        """Store chunks; the durable tier gets them in one batch (one transaction, one fsync).
+    def put_many(self, items: Sequence[tuple[bytes, bytes | memoryview]],
+                 meta: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        """Store chunks; the durable tier gets them in one batch (one transaction, one fsync),
+        together with ``meta`` records (a turn's manifest) when given: then the chunks are written
+        through even in write-back mode, since the record must never name a chunk not yet durable.
         All or nothing: if the durable tier fails, what this call put in a faster tier is removed
         again (a chunk a faster tier already held before is left alone)."""
-        if not items:
+        if not items and not meta:
             return
         with self._lock:
             size = sum(len(b) for _, b in items)
-            back = self.config.write_mode == "back" and self.durable != 0
+            back = self.config.write_mode == "back" and self.durable != 0 and not meta
             if back:
                 try:
                     self._make_room(0, size)
@@ -124,7 +127,7 @@ class TieredStore:
                 except TierError:
                     pass  # the fast tier cannot take them: write them through instead
             fast: list[bytes] = []  # keys this call added to the fast tier
-            if not back and self.durable != 0:
+            if not back and self.durable != 0 and items:
                 had = {k for k, _ in items if self._try(0, "contains", k, default=False)}
                 try:
                     self._make_room(0, size)
@@ -134,11 +137,15 @@ class TieredStore:
                     pass  # a fast tier is a cache: the durable write below is what counts
             try:
                 self._make_room(self.durable, size)
-                self._call(self.durable, "put_many", items)
+                if meta:
+                    self._call(self.durable, "put_with_meta", items, meta)
+                else:
+                    self._call(self.durable, "put_many", items)
             except TierError as e:
                 for k in fast:
                     self._try(0, "delete", k)
                 raise self._durable_error(e) from e
+            self._dirty.difference_update(k for k, _ in items)
 
     def _durable_error(self, e: TierError) -> Exception:
         name = self.tiers[self.durable].name

@@ -184,6 +184,14 @@ class Tier(abc.ABC):
         for key, value in items:
             self.put(key, value)
 
+    def put_with_meta(self, items: Sequence[tuple[bytes, Value]], meta: Sequence[tuple[bytes, bytes]]) -> None:
+        """Store values and meta records together (a turn: its new chunks and its manifest). A tier
+        with transactions writes them in one, so a crash leaves all of them or none; this default
+        writes the values first, then the records, which is safe for a tier that does not persist."""
+        self.put_many(items)
+        for key, value in meta:
+            self.meta().put(key, value)
+
     def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
         """``get`` for each key, in order, None for each miss."""
         return [self.get(key) for key in keys]

@@ -253,6 +253,11 @@ class SsdTier(Tier):
         records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in items]
         self._commit("put_many", records)  # one transaction: one fsync for the batch
 
+    def put_with_meta(self, items: Sequence[tuple[bytes, Value]], meta: Sequence[tuple[bytes, bytes]]) -> None:
+        records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in items]
+        # values and meta records in one LMDB transaction: one commit, one fsync, all or nothing
+        self._commit("put_with_meta", records, meta_puts=[(check_key(key), bytes(value)) for key, value in meta])
+
     def get(self, key: bytes) -> Stored | None:
         return self._read([check_key(key)])[0]
 
@@ -313,7 +318,7 @@ class SsdTier(Tier):
 
     def lmdb_stats(self) -> dict[str, int]:
         """LMDB's own page statistics for the values and meta sub-databases together, to report
-        storage overhead."""
+        storage overhead; ``last_txnid`` counts write transactions (each one commit, one fsync)."""
         self._check_open()
         with _lmdb_errors("lmdb_stats failed"), self._gate.shared(), self._env.begin(db=self._db) as txn:
             stats, info = [txn.stat(self._db), txn.stat(self._meta_db)], self._env.info()
@@ -322,7 +327,7 @@ class SsdTier(Tier):
         psize = stats[0]["psize"]
         file_bytes = (info["last_pgno"] + 1) * psize
         return {"psize": psize, "depth": stats[0]["depth"], **pages, "map_size": info["map_size"],
-                "last_pgno": info["last_pgno"], "file_bytes": file_bytes}
+                "last_pgno": info["last_pgno"], "file_bytes": file_bytes, "last_txnid": info["last_txnid"]}
 
     def flush(self) -> None:
         """Force everything written so far to disk (a no-op cost-wise with ``sync=True``)."""

@@ -1,0 +1,130 @@
+"""SessionStore.save_session: a turn (its new chunks and its manifest) in one durable transaction,
+validated whole before anything is written, over a real host + LMDB store in a tmp dir."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from store_helpers import TINY8, Session, build_session, save, store_config, token_stream
+
+from kvstore.errors import FailedPrecondition, InvalidArgument, Unavailable
+from kvstore.keys import ROOT
+from kvstore.manifest import Manifest
+from kvstore.results import SaveResult
+from kvstore.store import SessionStore, open_store
+from kvstore.tiers.base import TierError
+
+HOST, SSD = 0, 1
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[SessionStore]:
+    ss = open_store(store_config(tmp_path))
+    yield ss
+    ss.store.close()
+
+
+def txns(ss: SessionStore) -> int:
+    """LMDB write transactions committed so far (each one fsync)."""
+    return ss.store.tiers[SSD].lmdb_stats()["last_txnid"]  # type: ignore[attr-defined]
+
+
+def turn(ss: SessionStore, s: Session, first: int = 0, **manifest_kw: object) -> tuple[Manifest, SaveResult]:
+    return ss.save_session(s.namespace, s.layout.layout_id, s.parent(first), first, s.blobs[first:],
+                           s.manifest(**manifest_kw))  # type: ignore[arg-type]
+
+
+def loads_whole(ss: SessionStore, s: Session) -> bool:
+    m = ss.get(s.namespace, s.session_id)
+    got = list(ss.load(s.namespace, m.chunk_keys))
+    return m.chunk_keys == s.keys and m.tail == s.tail and all(b is not None for _, b in got)
+
+
+def test_a_turn_is_one_transaction(sessions: SessionStore) -> None:
+    ids = token_stream(1, 5 * 16 + 3)
+    first, second = build_session("ns", "a", ids[: 2 * 16 + 5]), build_session("ns", "a", ids)
+    before = txns(sessions)
+    m, res = turn(sessions, first)
+    assert txns(sessions) == before + 1
+    assert (res.keys, res.written) == (list(first.keys), 2)
+    assert m.updated_at > 0 and loads_whole(sessions, first)
+    before = txns(sessions)
+    m2, res = turn(sessions, second, first=2)  # incremental: only the chunks past the saved prefix
+    assert txns(sessions) == before + 1
+    assert (res.keys, res.written) == (list(second.keys[2:]), 3)
+    assert m2.created_at == m.created_at and loads_whole(sessions, second)
+
+
+def test_a_turn_resending_stored_chunks_writes_only_the_manifest(sessions: SessionStore) -> None:
+    s = build_session("ns", "a", token_stream(2, 3 * 16))
+    save(sessions, build_session("ns", "b", token_stream(2, 3 * 16)))  # same prefix, other session
+    before = sessions.store.tiers[SSD].usage().items
+    _, res = turn(sessions, s)
+    assert res.written == 0 and sessions.store.tiers[SSD].usage().items == before
+    assert loads_whole(sessions, s)
+
+
+def test_a_turn_with_no_chunks_is_a_commit(sessions: SessionStore) -> None:
+    s = build_session("ns", "a", token_stream(3, 2 * 16 + 1))
+    sessions.save_chunks("ns", TINY8.layout_id, ROOT, 0, list(s.blobs))
+    m, res = sessions.save_session("ns", TINY8.layout_id, s.parent(2), 2, [], s.manifest())
+    assert res.keys == [] and m.chunk_keys == s.keys and loads_whole(sessions, s)
+
+
+def bad_turns(s: Session, other: Session) -> dict[str, tuple[tuple, type[Exception], str]]:
+    corrupt = bytearray(s.blobs[1])
+    corrupt[300] ^= 1
+    lid, m = TINY8.layout_id, s.manifest()
+    return {
+        "manifest names other chunks": (("ns", lid, ROOT, 0, list(other.blobs), m), InvalidArgument,
+                                        "does not name the saved chunks"),
+        "corrupt chunk": (("ns", lid, ROOT, 0, [s.blobs[0], bytes(corrupt)], m), InvalidArgument, "chunk 1"),
+        "other namespace": (("zz", lid, ROOT, 0, list(s.blobs), m), InvalidArgument, "namespace and layout"),
+        "earlier chunk missing": (("ns", lid, s.keys[0], 1, list(s.blobs[1:]), m), FailedPrecondition,
+                                  "not stored"),
+    }
+
+
+@pytest.mark.parametrize("case", ["manifest names other chunks", "corrupt chunk", "other namespace",
+                                  "earlier chunk missing"])
+def test_a_bad_turn_changes_nothing(sessions: SessionStore, case: str) -> None:
+    old = build_session("ns", "a", token_stream(4, 16 + 2))
+    save(sessions, old)
+    s = build_session("ns", "a", token_stream(5, 2 * 16 + 2))
+    other = build_session("ns", "x", token_stream(6, 2 * 16 + 2))
+    args, error, message = bad_turns(s, other)[case]
+    before = (txns(sessions), sessions.store.chunk_keys())
+    with pytest.raises(error, match=message):
+        sessions.save_session(*args)
+    assert (txns(sessions), sessions.store.chunk_keys()) == before
+    assert loads_whole(sessions, old)
+
+
+def test_a_failed_durable_write_keeps_the_previous_version(sessions: SessionStore) -> None:
+    old = build_session("ns", "a", token_stream(7, 16 + 2))
+    save(sessions, old)
+    s = build_session("ns", "a", token_stream(8, 3 * 16 + 2))
+
+    def broken(*_: object) -> None:
+        raise TierError("disk on fire")
+
+    sessions.store.tiers[SSD].put_with_meta = broken  # type: ignore[method-assign]
+    with pytest.raises(Unavailable):
+        turn(sessions, s)
+    assert not any(sessions.store.tiers[HOST].contains(k) for k in s.keys)  # nothing left half-saved
+    assert loads_whole(sessions, old)
+
+
+def test_a_turn_in_write_back_mode_is_durable_at_once(tmp_path: Path) -> None:
+    ss = open_store(store_config(tmp_path, write_mode="back"))
+    s = build_session("ns", "a", token_stream(9, 3 * 16 + 2))
+    ss.save_chunks("ns", TINY8.layout_id, ROOT, 0, [s.blobs[0]])  # chunk 0 waits in the fast tier
+    ss.save_session("ns", TINY8.layout_id, s.keys[0], 1, list(s.blobs[1:]), s.manifest())
+    ss.store.close()
+    again = open_store(store_config(tmp_path, write_mode="back"))
+    try:
+        assert loads_whole(again, s)
+    finally:
+        again.store.close()
