@@ -23,6 +23,7 @@ from kvstore.manifest import Manifest, Retention
 from kvstore.quant import quantize_indexer, quantize_main
 from kvstore.store import SessionStore, StoreConfig, TieredStore
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierConfig, make_tier
+from kvstore.tiers.base import WriteBatch
 
 TINY8 = get_layout("tiny-8")
 CHUNK_TOKENS = 16  # small chunks keep the tests fast; a multiple of every m of the tiny layouts
@@ -155,12 +156,13 @@ def save(sessions: SessionStore, s: Session, *, first: int = 0, **manifest_kw: o
 
 
 def count_puts(store: TieredStore, tier: int) -> list[bytes]:
-    """Record the key of every value written into ``store.tiers[tier]``, by put or put_many (the
-    list grows as writes happen)."""
+    """Record the key of every value written into ``store.tiers[tier]``, by put, put_many or write
+    (the list grows as writes happen)."""
     t = store.tiers[tier]
     seen: list[bytes] = []
     real_put: Callable[..., None] = t.put
     real_many: Callable[..., None] = t.put_many
+    real_write: Callable[..., int] = t.write
     batching = [False]  # a default put_many calls put: count each value once
 
     def put(key: bytes, value: object) -> None:
@@ -177,7 +179,16 @@ def count_puts(store: TieredStore, tier: int) -> list[bytes]:
         finally:
             batching[0] = False
 
+    def write(batch: WriteBatch) -> int:
+        seen.extend(key for key, _ in batch.puts)
+        batching[0] = True
+        try:
+            return real_write(batch)
+        finally:
+            batching[0] = False
+
     t.put = put  # type: ignore[method-assign]
+    t.write = write  # type: ignore[method-assign]
     t.put_many = put_many  # type: ignore[method-assign]
     return seen
 

@@ -11,7 +11,7 @@ from store_helpers import TINY8, Session, build_session, save, store_config, tok
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, Unavailable
 from kvstore.keys import ROOT
-from kvstore.manifest import Manifest
+from kvstore.manifest import Manifest, Retention
 from kvstore.results import SaveResult
 from kvstore.store import SessionStore, open_store
 from kvstore.tiers.base import TierError
@@ -110,7 +110,7 @@ def test_a_failed_durable_write_keeps_the_previous_version(sessions: SessionStor
     def broken(*_: object) -> None:
         raise TierError("disk on fire")
 
-    sessions.store.tiers[SSD].put_with_meta = broken  # type: ignore[method-assign]
+    sessions.store.tiers[SSD].write = broken  # type: ignore[method-assign]
     with pytest.raises(Unavailable):
         turn(sessions, s)
     assert not any(sessions.store.tiers[HOST].contains(k) for k in s.keys)  # nothing left half-saved
@@ -128,3 +128,46 @@ def test_a_turn_in_write_back_mode_is_durable_at_once(tmp_path: Path) -> None:
         assert loads_whole(again, s)
     finally:
         again.store.close()
+
+
+# -- deletes: one transaction per call ----------------------------------------------------------------
+def test_deleting_a_session_is_one_transaction(sessions: SessionStore) -> None:
+    shared = token_stream(10, 4 * 16 + 1)
+    a, b = build_session("ns", "a", shared), build_session("ns", "b", shared[: 2 * 16 + 1])
+    save(sessions, a)
+    save(sessions, b)
+    before = txns(sessions)
+    assert sessions.delete("ns", "a") == 2  # only a's own chunks go; the shared two stay for b
+    assert txns(sessions) == before + 1
+    assert {k for k in a.keys[2:] if sessions.store.contains(k)} == set()
+    assert loads_whole(sessions, b)
+
+
+def test_replacing_a_version_frees_its_chunks_in_the_same_transaction(sessions: SessionStore) -> None:
+    old = build_session("ns", "a", token_stream(11, 3 * 16 + 1))
+    turn(sessions, old)
+    new = build_session("ns", "a", token_stream(12, 2 * 16 + 1))
+    before = txns(sessions)
+    turn(sessions, new)
+    assert txns(sessions) == before + 1
+    assert not any(sessions.store.contains(k) for k in old.keys)
+    assert loads_whole(sessions, new)
+
+
+def test_garbage_and_expired_sessions_go_in_one_transaction_each(tmp_path: Path) -> None:
+    ss = open_store(store_config(tmp_path))
+    for n in range(3):
+        s = build_session("ns", f"t{n}", token_stream(20 + n, 2 * 16 + 1))
+        ss.clock = lambda: 100.0
+        save(ss, s, retention=Retention(ttl_s=10.0))
+    orphan = build_session("ns", "o", token_stream(30, 3 * 16))
+    ss.save_chunks("ns", TINY8.layout_id, ROOT, 0, list(orphan.blobs))  # never committed
+    before = txns(ss)
+    assert ss.collect_garbage() == 3
+    assert txns(ss) == before + 1
+    ss.clock = lambda: 1000.0
+    before = txns(ss)
+    assert ss.expire() == 3
+    assert txns(ss) == before + 1
+    assert ss.list() == [] and ss.store.chunk_keys() == set()
+    ss.store.close()

@@ -20,7 +20,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
-from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import Layout
 from kvstore.manifest import (
@@ -38,6 +38,7 @@ from kvstore.store.chunk_index import ChunkIndex, chunk_matches
 from kvstore.store.config import StoreConfig
 from kvstore.store.tiered import TieredStore
 from kvstore.store.validate import chunk_batch_keys, chunk_layout, known_layout, manifest_layout
+from kvstore.tiers.base import WriteBatch
 
 log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
@@ -138,9 +139,21 @@ class SessionStore:
         return freed
 
     def _free(self, keys: Sequence[bytes]) -> None:
+        """Delete chunks nobody references, in one batch (one transaction on the durable tier)."""
+        self.store.delete_many(keys, local_only=True)
+        self._forget(keys)
+
+    def _forget(self, keys: Sequence[bytes]) -> None:
         for k in keys:
-            self.store.delete(k, local_only=True)
             self._chunks.discard(k)
+
+    def _only_used_by(self, ref: SessionRef, keep: Sequence[bytes] = ()) -> list[bytes]:
+        """The chunks of session ``ref`` that no other session uses (and ``keep`` does not name):
+        what replacing or deleting it frees, deleted in the same transaction."""
+        old = self._manifests.get(ref)
+        kept = set(keep)
+        return list(dict.fromkeys(k for k in (old.chunk_keys if old else ())
+                                  if k not in kept and self._refs.get(k) == {ref}))
 
     # -- saving ---------------------------------------------------------------------------------
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
@@ -207,12 +220,14 @@ class SessionStore:
             old = self._manifests.get(ref)
             now = self.clock()  # the store's clock stamps versions: TTLs never trust a caller's times
             m = replace(manifest, created_at=old.created_at if old is not None else now, updated_at=now)
-            self.store.put_many(new, meta=[(m.key, m.encode())])
+            doomed = self._only_used_by(ref, keep=m.chunk_keys)
+            # new chunks, the manifest, and the chunks only the replaced version used: one transaction
+            self.store.commit(WriteBatch(puts=new, deletes=doomed, meta_puts=[(m.key, m.encode())]))
             if keys:
                 self._chunks.add_sequence(namespace, layout_id, keys, first_index, parent)
-            freed = self._unindex(ref)
+            self._unindex(ref)
             self._index(m)
-            self._free([k for k in freed if not self._refs.get(k)])
+            self._forget(doomed)
         return m, SaveResult(keys, len(new))
 
     def _check_chunks(self, m: Manifest, skip: range = range(0)) -> None:
@@ -255,10 +270,13 @@ class SessionStore:
     def delete(self, namespace: str, session_id: str) -> int:
         """Delete a session; returns how many chunks were freed (those no other session uses)."""
         m = self.get(namespace, session_id)
+        ref = (m.namespace, m.session_id)
         with self._lock:
-            self.store.delete_meta(m.key)
-            freed = self._unindex((m.namespace, m.session_id))
-            self._free(freed)
+            freed = self._only_used_by(ref)
+            # the manifest and the chunks only it used: one transaction (one fsync)
+            self.store.commit(WriteBatch(deletes=freed, meta_deletes=[m.key]))
+            self._unindex(ref)
+            self._forget(freed)
         return len(freed)
 
     def touch(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
@@ -274,9 +292,15 @@ class SessionStore:
         now = self.clock()
         with self._lock:
             gone = [ref for ref, m in self._manifests.items() if m.expired(now)]
-            for ns, sid in gone:
-                self.store.delete_meta(manifest_key(ns, sid))
-                self._free(self._unindex((ns, sid)))
+            freed = []
+            for ref in gone:
+                freed.extend(self._unindex(ref))
+            # every expired manifest and the chunks only they used: one transaction
+            try:
+                self.store.commit(WriteBatch(deletes=freed, meta_deletes=[manifest_key(*ref) for ref in gone]))
+            except (Unavailable, ResourceExhausted) as e:  # the index forgot them: the next open retries
+                log.error("could not delete %d expired sessions from the durable tier: %s", len(gone), e)
+            self._forget(freed)
         return len(gone)
 
     def pinned_keys(self) -> set[bytes]:

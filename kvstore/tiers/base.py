@@ -13,6 +13,7 @@ from __future__ import annotations
 import abc
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import NamedTuple, TypeVar
 
@@ -69,6 +70,20 @@ def check_value(value: Value) -> memoryview:
     if not view.contiguous:
         raise ValueError("tier values must be contiguous buffers")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+@dataclass(frozen=True)
+class WriteBatch:
+    """Writes a tier applies together (``Tier.write``): a turn's new values and its manifest, the
+    values a replaced or deleted session alone used and its manifest's removal."""
+
+    puts: Sequence[tuple[bytes, Value]] = ()
+    deletes: Sequence[bytes] = ()
+    meta_puts: Sequence[tuple[bytes, bytes]] = ()
+    meta_deletes: Sequence[bytes] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.puts or self.deletes or self.meta_puts or self.meta_deletes)
 
 
 class MetaMap(abc.ABC):
@@ -184,13 +199,18 @@ class Tier(abc.ABC):
         for key, value in items:
             self.put(key, value)
 
-    def put_with_meta(self, items: Sequence[tuple[bytes, Value]], meta: Sequence[tuple[bytes, bytes]]) -> None:
-        """Store values and meta records together (a turn: its new chunks and its manifest). A tier
-        with transactions writes them in one, so a crash leaves all of them or none; this default
-        writes the values first, then the records, which is safe for a tier that does not persist."""
-        self.put_many(items)
-        for key, value in meta:
-            self.meta().put(key, value)
+    def write(self, batch: WriteBatch) -> int:
+        """Apply ``batch`` (see ``WriteBatch``); returns how many of its deleted keys (values and
+        meta records) were present. A tier with transactions applies it in one, so a crash leaves
+        all of it or none; this default goes in the order that keeps a crash safe without one:
+        values, then meta records (a manifest never names a value not yet written), then the meta
+        deletes, then the value deletes (a manifest is gone before the values it named)."""
+        self.put_many(batch.puts)
+        meta = self.meta()
+        for key, value in batch.meta_puts:
+            meta.put(key, value)
+        gone = sum(meta.delete(key) for key in batch.meta_deletes)
+        return gone + self.delete_many(batch.deletes)
 
     def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
         """``get`` for each key, in order, None for each miss."""

@@ -33,6 +33,7 @@ from kvstore.tiers.base import (
     TierError,
     Usage,
     Value,
+    WriteBatch,
     check_key,
     check_value,
 )
@@ -179,6 +180,8 @@ class SsdTier(Tier):
         map whenever it fills, then update the in-memory sizes. Returns how many deleted keys
         (of the values and the meta records) were present."""
         deletes = list(deletes)
+        if not (puts or deletes or meta_puts or meta_deletes):
+            return 0  # nothing to write: no transaction, no fsync
         needed = sum(len(r) for _, r in puts) + sum(len(r) for _, r in meta_puts)
         with self._write_lock, _lmdb_errors(f"{op} failed"):
             self._check_open()
@@ -253,10 +256,12 @@ class SsdTier(Tier):
         records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in items]
         self._commit("put_many", records)  # one transaction: one fsync for the batch
 
-    def put_with_meta(self, items: Sequence[tuple[bytes, Value]], meta: Sequence[tuple[bytes, bytes]]) -> None:
-        records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in items]
-        # values and meta records in one LMDB transaction: one commit, one fsync, all or nothing
-        self._commit("put_with_meta", records, meta_puts=[(check_key(key), bytes(value)) for key, value in meta])
+    def write(self, batch: WriteBatch) -> int:
+        records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in batch.puts]
+        # values and meta records, puts and deletes, in one LMDB transaction: one commit, one fsync
+        return self._commit("write", records, [check_key(key) for key in batch.deletes],
+                            meta_puts=[(check_key(key), bytes(value)) for key, value in batch.meta_puts],
+                            meta_deletes=[check_key(key) for key in batch.meta_deletes])
 
     def get(self, key: bytes) -> Stored | None:
         return self._read([check_key(key)])[0]
