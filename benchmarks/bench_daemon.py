@@ -41,7 +41,7 @@ from benchmarks.ceilings import Combo, Op, Rows
 from benchmarks.common import RESULTS, Stamps, machine, markdown_table, write_result
 from kvstore import chunk
 from kvstore.client import Client
-from kvstore.keys import ROOT, chain_keys
+from kvstore.keys import chain_keys
 from kvstore.layout import get_layout
 from kvstore.manifest import Manifest
 
@@ -65,7 +65,6 @@ class KvPath:
 
 KV_PATHS = (
     KvPath("grpc", False, {"shared_memory": False}, {}),
-    KvPath("shm-file", True, {"shared_memory": True, "arena_bytes": 0}, {"zero_copy": False}),
     KvPath("arena", True, {"shared_memory": True, "arena_bytes": ARENA_BYTES}, {"zero_copy": True}),
 )
 LOAD_BASE = ("redis GET xN", "redis GET 1", "lmdb get")
@@ -83,10 +82,11 @@ def open_client(address: str, path: KvPath) -> Client:
 
 
 def save_turn(c: Client, ns: str, manifest: Manifest, blobs: list[bytes]) -> None:
-    """A durable turn save: the new chunks, then the manifest."""
-    if c.save_chunks(ns, manifest.layout_id, ROOT, 0, blobs).written != len(blobs):
+    """A durable turn save: the new chunks and the manifest, in one call."""
+    if manifest.namespace != ns:
+        raise RuntimeError(f"the manifest is under {manifest.namespace!r}, not {ns!r}")
+    if c.save_session(manifest, blobs).written != len(blobs):
         raise RuntimeError("chunks were already stored: the save would not be measured")
-    c.commit(manifest)
 
 
 def load_blobs(c: Client, ns: str, session_id: str, path: KvPath) -> list[Any]:
@@ -313,9 +313,10 @@ relative residuals; a negative fixed part means the op slows down faster than li
   channel's first calls), then one untimed round per row, except in rows moving >= {BIG_ROW_MIB} MiB
   per op (size x clients), which run 3 timed rounds on the channels and daemon the rows before warmed.
 - kvstore paths: {paths}.
-  Save = `save_chunks` + `commit`, durable (LMDB tier fsynced), checked to write every chunk,
-  each followed by an untimed delete. Load = LoadSession + every blob iterated, from the daemon's
-  host-memory tier, checksums verified by the daemon; bytes checked equal once per row.
+  Save = `save_session` (chunks + the manifest's commit, one call), durable (LMDB tier fsynced),
+  checked to write every chunk, each followed by an untimed delete. Load = LoadSession + every blob
+  iterated, from the daemon's host-memory tier, checksums verified by the daemon; bytes checked
+  equal once per row.
 {ceilings.METHODOLOGY}"""
     run |= {"gbps": [{"mib": m, "clients": nc, **r} for (m, nc), r in gbps.items()],
             "targets": [{**t._asdict(), "status": t.status} for t in tgts]}

@@ -1,43 +1,50 @@
-"""asyncio client for the kvstore daemon, over grpc.aio, built on the same wire helpers as
-:class:`kvstore.client.Client` (same methods, awaitable; no same-host arena: saves stream, loads
-from the same host come back in a shared-memory file the daemon writes)."""
+"""asyncio client for the kvstore daemon, over grpc.aio: the same methods as
+:class:`kvstore.client.Client` (awaitable), the same requests and answers (``kvstore.wire``) and the
+same carrier, chosen once when it connects. Blobs read through the arena are copied out before the
+call returns: tasks sharing one client must not see each other's batches."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
 
-from kvstore import convert, transport
-from kvstore.client import (
-    ClientConfig,
-    _Base,
-    _channel_options,
-    _ChunkReader,
-    _domain_error,
-    _lookup_result,
-    _retention,
-    _save_requests,
-)
+from kvstore import convert, shm, transport, wire
+from kvstore.client_config import ClientConfig, default_address
+from kvstore.errors import InvalidArgument, KvstoreError
+from kvstore.framing import Blob
 from kvstore.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+from kvstore.wire import SavedSession
 
 
-class AsyncClient(_Base):
+class AsyncClient:
     """asyncio client over grpc.aio, with the same methods as :class:`Client` (awaitable)."""
 
     def __init__(self, config: ClientConfig | None = None, **kwargs: Any) -> None:
-        super().__init__(config, **kwargs)
-        opts = _channel_options(self.config)
+        cfg = config or ClientConfig()
+        self.config = ClientConfig(**{**cfg.__dict__, **kwargs}) if kwargs else cfg
+        self.address = self.config.address or default_address()
+        self._metadata = wire.metadata(self.config)
+        opts = wire.channel_options(self.config)
         self._channel = (grpc.aio.secure_channel(self.address, self.config.tls.credentials(), opts)
                          if self.config.tls else grpc.aio.insecure_channel(self.address, opts))
         self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._conn: wire.Connection | None = None
+        self._carrier: transport.Carrier | None = None
+        self._used = 0.0
+        self._lock = asyncio.Lock()  # one batch in the arena at a time
+        self._connecting = asyncio.Lock()  # one connect or re-attach at a time
 
     async def close(self) -> None:
+        self._drop_arena()
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -46,74 +53,138 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # -- connecting: the carrier, chosen once ---------------------------------------------------------
+    async def connect(self) -> transport.Carrier:
+        async with self._connecting:
+            if self._carrier is None:
+                info = await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
+                conn = self._conn = wire.connection(info, self.config)
+                self._carrier = await self._attach(conn) if conn.arena_dir is not None else conn.stream()
+            return self._carrier
+
+    @property
+    def uses_shared_memory(self) -> bool:
+        """Which carrier the client chose (False before it connected)."""
+        return self._carrier is not None and self._carrier.name == transport.ARENA
+
+    async def _attach(self, conn: wire.Connection) -> transport.Carrier:
+        assert conn.arena_dir is not None
+        arena = shm.Arena.create(conn.arena_dir, self.config.arena_bytes)
+        try:
+            r = await self._call(self._stub.AttachArena, wire.attach_request(arena))
+        except InvalidArgument:
+            arena.close()
+            return conn.stream()
+        finally:
+            os.unlink(arena.path)
+        self._used = time.monotonic()
+        return transport.ArenaCarrier(arena, r.arena_id, conn.message_bytes)
+
+    def _drop_arena(self) -> None:
+        if isinstance(self._carrier, transport.ArenaCarrier):
+            self._carrier.arena.close()
+
+    async def _reattach(self) -> transport.Carrier:
+        """As Client._reattach: never left holding a closed arena."""
+        assert self._conn is not None
+        async with self._connecting:
+            self._drop_arena()
+            self._carrier = None
+            self._carrier = await self._attach(self._conn)
+            return self._carrier
+
+    @contextlib.asynccontextmanager
+    async def _batch(self) -> AsyncIterator[transport.Carrier]:
+        """The carrier for one batch, held for it (tasks sharing this client wait for the arena)."""
+        async with self._lock if (await self.connect()).arena_id else contextlib.nullcontext():
+            carrier = await self.connect()
+            if carrier.arena_id and time.monotonic() - self._used > wire.ARENA_REATTACH_S:
+                carrier = await self._reattach()
+            self._used = time.monotonic()
+            yield carrier
+
+    # -- calls ----------------------------------------------------------------------------------------
     async def _call(self, fn: Callable[..., Any], request: Any) -> Any:
         for attempt in range(self.config.retries + 1):
             try:
                 return await fn(request, timeout=self.config.timeout_s, metadata=self._metadata)
             except grpc.aio.AioRpcError as e:
-                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt == self.config.retries:
-                    raise _domain_error(e) from None
-                await asyncio.sleep(self._delay(attempt))
+                if not wire.retryable(e) or attempt == self.config.retries:
+                    raise wire.domain_error(e) from None
+                await asyncio.sleep(wire.backoff(self.config, attempt))
         raise AssertionError("unreachable")
 
     async def info(self) -> pb.ServerInfo:
-        if self._info is None:
-            self._negotiate(await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()))
-        return self._info  # type: ignore[return-value]
+        await self.connect()
+        assert self._conn is not None
+        return self._conn.info
+
+    async def _save(self, header: pb.SaveHeader, blobs: Iterable[Blob]) -> pb.SaveChunksResponse:
+        if (await self.connect()).arena_id:
+            blobs = list(blobs)
+        async with self._batch() as carrier:
+            for attempt in range(2):
+                try:
+                    reqs = wire.save_requests(header, carrier.send(enumerate(blobs)))
+                    return await self._stub.SaveChunks(reqs, timeout=self.config.timeout_s, metadata=self._metadata)
+                except grpc.aio.AioRpcError as e:
+                    if attempt == 0 and carrier.arena_id and wire.unknown_arena(e):
+                        carrier = await self._reattach()
+                        continue
+                    raise wire.domain_error(e) from None
+        raise AssertionError("unreachable")
 
     async def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                          blobs: Iterable[transport.Blob]) -> SaveResult:
-        """Saves take the stream: the daemon no longer opens per-call shared-memory files a request
-        names (one tenant could name another's), and this client keeps no arena."""
-        info = await self.info()
-        header = pb.SaveHeader(namespace=namespace, layout_id=layout_id, parent_key=parent, first_index=first_index)
-        try:
-            reqs = _save_requests(header, blobs, min(transport.DEFAULT_MESSAGE_BYTES, info.max_message_bytes // 2))
-            r = await self._stub.SaveChunks(reqs, timeout=self.config.timeout_s, metadata=self._metadata)
-        except grpc.aio.AioRpcError as e:
-            raise _domain_error(e) from None
-        return SaveResult(list(r.keys), r.written)
+                          blobs: Iterable[Blob]) -> SaveResult:
+        return wire.save_result(await self._save(wire.save_header(namespace, layout_id, parent, first_index), blobs))
 
-    async def load_chunks(self, namespace: str, keys: Sequence[bytes]) -> AsyncIterator[tuple[int, transport.Blob]]:
-        await self.info()
-        req = pb.LoadChunksRequest(namespace=namespace, keys=list(keys), shared_memory=self.uses_shared_memory)
-        reader = _ChunkReader(self._shm_dir)
-        try:
-            async for msg in self._stub.LoadChunks(req, timeout=self.config.timeout_s, metadata=self._metadata):
-                for item in reader.feed(msg):
-                    yield item
-        except grpc.aio.AioRpcError as e:
-            raise _domain_error(e) from None
-        reader.assembler.finish()
+    async def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob]) -> SavedSession:
+        """As :meth:`Client.save_session`: the new chunks and the manifest's commit in one call."""
+        return wire.saved_session(await self._save(wire.turn_header(manifest, len(new_blobs)), new_blobs))
+
+    async def _open(self, rpc: Callable[..., Any], build: Callable[[transport.Carrier], Any],
+                    chunks_of: Callable[[Any], pb.ChunkData | None]
+                    ) -> tuple[Any, list[tuple[int, Blob]], transport.Receiver, AsyncIterator[Any]]:
+        """Start a load: its first message, the pairs in it (copied out of the arena), the receiver
+        and the rest of the stream (which never touches the arena: its part comes first)."""
+        async with self._batch() as carrier:
+            for attempt in range(2):
+                receiver = carrier.receiver(copy=True)
+                # one iterator for the whole call: grpc.aio refuses read() and iteration on the same RPC
+                stream = aiter(rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata))
+                try:
+                    first = await anext(stream, None)
+                except grpc.aio.AioRpcError as e:
+                    if attempt == 0 and carrier.arena_id and wire.unknown_arena(e):
+                        carrier = await self._reattach()
+                        continue
+                    raise wire.domain_error(e) from None
+                c = chunks_of(first) if first is not None else None
+                return first, receiver.feed(c) if c is not None else [], receiver, stream
+        raise AssertionError("unreachable")
+
+    async def load_chunks(self, namespace: str, keys: Sequence[bytes]) -> AsyncIterator[tuple[int, Blob]]:
+        keys = list(keys)
+        _, head, receiver, stream = await self._open(
+            self._stub.LoadChunks, lambda c: pb.LoadChunksRequest(namespace=namespace, keys=keys, arena_id=c.arena_id),
+            lambda m: m)
+        async for item in _pairs(head, stream, receiver, lambda m: m):
+            yield item
 
     async def load_session(self, namespace: str, session_id: str
-                           ) -> tuple[Manifest, AsyncIterator[tuple[int, transport.Blob]]]:
+                           ) -> tuple[Manifest, AsyncIterator[tuple[int, Blob]]]:
         """The manifest, and an async iterator of (chunk index, blob) for the chunks still stored."""
-        await self.info()
-        req = pb.LoadSessionRequest(namespace=namespace, session_id=session_id, shared_memory=self.uses_shared_memory)
-        # one iterator for the whole call: grpc.aio refuses read() and iteration on the same RPC
-        stream = aiter(self._stub.LoadSession(req, timeout=self.config.timeout_s, metadata=self._metadata))
-        try:
-            first = await anext(stream)
-        except grpc.aio.AioRpcError as e:
-            raise _domain_error(e) from None
-        reader = _ChunkReader(self._shm_dir)
-
-        async def chunks() -> AsyncIterator[tuple[int, transport.Blob]]:
-            try:
-                async for msg in stream:
-                    for item in reader.feed(msg.chunks):
-                        yield item
-            except grpc.aio.AioRpcError as e:
-                raise _domain_error(e) from None
-            reader.assembler.finish()
-
-        return convert.session_from_pb(first.session), chunks()
+        first, head, receiver, stream = await self._open(
+            self._stub.LoadSession,
+            lambda c: pb.LoadSessionRequest(namespace=namespace, session_id=session_id, arena_id=c.arena_id),
+            wire.session_chunks)
+        if first is None:
+            raise KvstoreError("the daemon ended LoadSession without the manifest")
+        return convert.session_from_pb(first.session), _pairs(head, stream, receiver, wire.session_chunks)
 
     async def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
-        r = await self._call(self._stub.Lookup, pb.LookupRequest(namespace=namespace, layout_id=layout_id,
-                                                                 token_ids=list(map(int, token_ids))))
-        return _lookup_result(r)
+        return wire.lookup_result(await self._call(self._stub.Lookup,
+                                                   wire.lookup_request(namespace, layout_id, token_ids)))
 
     async def commit(self, manifest: Manifest) -> Manifest:
         r = await self._call(self._stub.CommitSession,
@@ -122,7 +193,7 @@ class AsyncClient(_Base):
 
     async def get_session(self, namespace: str, session_id: str) -> tuple[Manifest, dict[str, int]]:
         r = await self._call(self._stub.GetSession, pb.GetSessionRequest(namespace=namespace, session_id=session_id))
-        return convert.session_from_pb(r.session), {t.tier: t.chunks for t in r.tiers}
+        return convert.session_from_pb(r.session), wire.tier_counts(r.tiers)
 
     async def list_sessions(self, namespace: str = "") -> list[pb.SessionSummary]:
         return list((await self._call(self._stub.ListSessions, pb.ListSessionsRequest(namespace=namespace))).sessions)
@@ -132,7 +203,8 @@ class AsyncClient(_Base):
         return (await self._call(self._stub.DeleteSession, req)).freed_chunks
 
     async def touch_session(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
-        req = pb.TouchSessionRequest(namespace=namespace, session_id=session_id, retention=_retention(retention))
+        req = pb.TouchSessionRequest(namespace=namespace, session_id=session_id,
+                                     retention=convert.retention_to_pb(retention))
         return convert.session_from_pb((await self._call(self._stub.TouchSession, req)).session)
 
     async def stats(self) -> pb.StatsResponse:
@@ -141,3 +213,18 @@ class AsyncClient(_Base):
     async def evict(self, namespace: str, session_id: str, tier: str) -> int:
         req = pb.EvictSessionRequest(namespace=namespace, session_id=session_id, tier=tier)
         return (await self._call(self._stub.EvictSession, req)).moved_chunks
+
+
+async def _pairs(head: list[tuple[int, Blob]], stream: AsyncIterator[Any], receiver: transport.Receiver,
+                 chunks_of: Callable[[Any], pb.ChunkData | None]) -> AsyncIterator[tuple[int, Blob]]:
+    for item in head:
+        yield item
+    try:
+        async for msg in stream:
+            c = chunks_of(msg)
+            if c is not None:
+                for item in receiver.feed(c):
+                    yield item
+    except grpc.aio.AioRpcError as e:
+        raise wire.domain_error(e) from None
+    receiver.finish()

@@ -34,3 +34,7 @@ class Unavailable(KvstoreError):
 class ResourceExhausted(KvstoreError):
     """The store is out of space (a full disk, its configured size limit): nothing was written,
     everything stored before is still served, and the same request may succeed once space returns."""
+
+
+class Unauthenticated(KvstoreError):
+    """No bearer token, or one the daemon does not know."""

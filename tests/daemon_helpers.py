@@ -25,10 +25,17 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore import chunk, quant, transport
-from kvstore.client import Client, Unauthenticated
-from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError, NotFound, PermissionDenied
-from kvstore.keys import ROOT, chain_keys
+from kvstore import chunk, quant, shm
+from kvstore.client import Client
+from kvstore.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    KvstoreError,
+    NotFound,
+    PermissionDenied,
+    Unauthenticated,
+)
+from kvstore.keys import chain_keys
 from kvstore.layout import EntryFormat, Layout, get_layout
 from kvstore.manifest import Manifest, Retention
 from kvstore.v1 import kvstore_pb2 as pb
@@ -200,9 +207,8 @@ def make_session(layout: str | Layout = "tiny-16", namespace: str = "ns", sessio
 
 
 def save_session(client: Client, s: SyntheticSession) -> Manifest:
-    """Save every chunk of ``s`` and commit its manifest."""
-    client.save_chunks(s.namespace, s.layout.layout_id, ROOT, 0, s.blobs)
-    return client.commit(s.manifest)
+    """Save every chunk of ``s`` and commit its manifest, in one call."""
+    return client.save_session(s.manifest, s.blobs).manifest
 
 
 # -- calls that must fail, and same-host arenas ----------------------------------------------------
@@ -226,10 +232,10 @@ def attach_arena(stub: pb_grpc.KVStoreStub, size: int = 64 << 10, claimed: int |
                  metadata: tuple[tuple[str, str], ...] = (), nonce: bytes | None = None) -> str:
     """Create a 64 KiB arena, attach it (claiming ``claimed`` bytes, proving it with ``nonce``,
     by default the one written in it), drop our side; its id."""
-    directory = transport.default_shm_dir()
+    directory = shm.default_shm_dir()
     if directory is None:
         pytest.skip("no writable /dev/shm on this host")
-    arena = transport.Arena.create(directory, size)
+    arena = shm.Arena.create(directory, size)
     try:
         req = pb.AttachArenaRequest(path=arena.path, size=claimed or size,
                                     nonce=arena.nonce if nonce is None else nonce)

@@ -32,10 +32,11 @@ from daemon_helpers import (
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from kvstore import chunk, transport
+from kvstore import chunk, shm
 from kvstore.aio_client import AsyncClient
 from kvstore.client import Client, ClientConfig
 from kvstore.errors import KvstoreError, NotFound
+from kvstore.framing import Blob
 from kvstore.keys import ROOT
 from kvstore.layout import get_layout
 from kvstore.manifest import Retention
@@ -71,7 +72,7 @@ def ns() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
 
-def blobs_of(items: Iterable[tuple[int, transport.Blob]]) -> dict[int, bytes]:
+def blobs_of(items: Iterable[tuple[int, Blob]]) -> dict[int, bytes]:
     return {i: bytes(b) for i, b in items}
 
 
@@ -89,24 +90,24 @@ def test_health_and_server_info(client: Client) -> None:
     assert info.write_mode == "through"
 
 
-@pytest.mark.parametrize("path", ["stream", "shm-file", "arena"])
+@pytest.mark.parametrize("path", ["stream", "arena", "arena-overflow"])
 def test_save_commit_load_round_trip(daemon: Daemon, ns: str, path: str) -> None:
-    """The three ways chunks travel: gRPC messages; a /dev/shm file per call; a shared arena."""
-    if path != "stream" and transport.default_shm_dir() is None:
+    """The ways chunks travel: gRPC messages; a shared arena; an arena too small for the batch, so
+    what does not fit follows on the stream in the same call."""
+    if path != "stream" and shm.default_shm_dir() is None:
         pytest.skip("no writable /dev/shm on this host")
     s = make_session(namespace=ns, session_id="chat-1", tokens=1000, metadata={"model": "tiny"})
     config = ClientConfig(address=daemon.address, shared_memory=path != "stream",
-                          arena_bytes=(4 << 20) if path == "arena" else 0)
+                          arena_bytes={"stream": 0, "arena": 4 << 20, "arena-overflow": 64 << 10}[path])
     with Client(config) as c:
-        c.info()
         assert c.uses_shared_memory == (path != "stream")  # this host has a writable /dev/shm
         res = c.save_chunks(ns, TINY16.layout_id, ROOT, 0, s.blobs)
         assert res.keys == s.keys and res.written == 3
         committed = c.commit(s.manifest)
         assert committed.created_at > 0 and committed.updated_at == committed.created_at
-        manifest, chunks = c.load_session(ns, "chat-1", zero_copy=path == "arena")
+        manifest, chunks = c.load_session(ns, "chat-1", zero_copy=path != "stream")
         loaded = blobs_of(chunks)  # copies: zero-copy views are valid only until the next call
-        again = blobs_of(c.load_chunks(ns, [bytes(16), *s.keys], zero_copy=path == "arena"))
+        again = blobs_of(c.load_chunks(ns, [bytes(16), *s.keys], zero_copy=path != "stream"))
     assert manifest.chunk_keys == tuple(s.keys)
     assert manifest.tail == s.manifest.tail
     assert manifest.token_count == 1000 and manifest.last_token_ids == s.manifest.last_token_ids
@@ -273,9 +274,8 @@ def _raw_save(stub: pb_grpc.KVStoreStub, *requests: pb.SaveChunksRequest) -> Non
     stub.SaveChunks(iter(requests), timeout=30)
 
 
-def _header(shm_path: str = "", **fields: object) -> pb.SaveChunksRequest:
-    return pb.SaveChunksRequest(header=pb.SaveHeader(namespace="val", layout_id=TINY16.layout_id, shm_path=shm_path,
-                                                     **fields))
+def _header(**fields: object) -> pb.SaveChunksRequest:
+    return pb.SaveChunksRequest(header=pb.SaveHeader(namespace="val", layout_id=TINY16.layout_id, **fields))
 
 
 def _raw_load(stub: pb_grpc.KVStoreStub, s: SyntheticSession, **fields: object) -> list[pb.ChunkData]:
@@ -363,15 +363,6 @@ BAD: dict[str, tuple[Case, grpc.StatusCode, str]] = {
                                NOT_FOUND, "no session"),
     "unknown session: evict": (lambda c, _, s: c.evict("val", "nope", "ssd"), NOT_FOUND, "no session"),
     "negative ttl": (lambda c, _, s: c.touch_session("val", "s1", Retention(ttl_s=-1)), INVALID, "ttl_s must be >= 0"),
-    # the daemon opens no file a save names: whatever the path, it is refused before any open
-    "shm path outside /dev/shm": (lambda c, stub, s: _raw_save(stub, _header(f"/tmp/{SHM_FILE}")),
-                                  INVALID, "shm_path is not accepted"),
-    "shm path escaping /dev/shm": (lambda c, stub, s: _raw_save(stub, _header("/dev/shm/../../etc/passwd")),
-                                   INVALID, "shm_path is not accepted"),
-    "shm file that does not exist": (lambda c, stub, s: _raw_save(stub, _header(f"/dev/shm/{SHM_FILE}")),
-                                     INVALID, "shm_path is not accepted"),
-    "shm path that is a directory": (lambda c, stub, s: _raw_save(stub, _header("/dev/shm")),
-                                     INVALID, "shm_path is not accepted"),
     "parent key of 5 bytes": (lambda c, stub, s: _raw_save(stub, _header(parent_key=b"12345", first_index=1),
                                                            _data(s.blobs[1])),
                               INVALID, "parent_key must be 16 bytes"),
@@ -529,8 +520,6 @@ def test_a_fifo_at_a_transfer_path_stalls_nothing(daemon: Daemon, client: Client
     a FIFO for reading blocks until a writer comes), and the daemon still serves loads afterwards."""
     fifo = _shm_dir_entry(os.mkfifo)
     for _ in range(12):
-        code, message = status_of(lambda: _raw_save(stub, _header(fifo)))
-        assert code == INVALID
         code, message = status_of(lambda: stub.AttachArena(pb.AttachArenaRequest(path=fifo, size=4096,
                                                                                  nonce=bytes(16)), timeout=30))
         assert code == INVALID and "not a regular file" in message
@@ -540,10 +529,10 @@ def test_a_fifo_at_a_transfer_path_stalls_nothing(daemon: Daemon, client: Client
 
 def test_an_arena_reached_by_a_hard_link_is_refused(stub: pb_grpc.KVStoreStub) -> None:
     """A second name for a file (it could be another user's) is not an arena, under either name."""
-    directory = transport.default_shm_dir()
+    directory = shm.default_shm_dir()
     if directory is None:
         pytest.skip("no writable /dev/shm on this host")
-    arena = transport.Arena.create(directory, 64 << 10)
+    arena = shm.Arena.create(directory, 64 << 10)
     link = directory / f"kvstore-cli-{uuid.uuid4().hex}"
     os.link(arena.path, link)
     try:
@@ -559,10 +548,10 @@ def test_an_arena_reached_by_a_hard_link_is_refused(stub: pb_grpc.KVStoreStub) -
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
 def test_an_arena_of_another_user_is_refused(stub: pb_grpc.KVStoreStub) -> None:
-    directory = transport.default_shm_dir()
+    directory = shm.default_shm_dir()
     if directory is None:
         pytest.skip("no writable /dev/shm on this host")
-    arena = transport.Arena.create(directory, 64 << 10)
+    arena = shm.Arena.create(directory, 64 << 10)
     try:
         os.chown(arena.path, 65534, 65534)
         code, message = status_of(lambda: stub.AttachArena(pb.AttachArenaRequest(

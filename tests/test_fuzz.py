@@ -28,7 +28,7 @@ from daemon_helpers import Daemon, make_session, running_daemon, save_session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, convert, transport
+from kvstore import chunk, convert, shm
 from kvstore.client import Client
 from kvstore.layout import get_layout
 from kvstore.v1 import kvstore_pb2 as pb
@@ -61,7 +61,7 @@ class Target:
     channel: grpc.Channel
     stub: pb_grpc.KVStoreStub
     paths: list[str]  # shm paths worth naming: FIFOs, directories, real files, arenas
-    arena: transport.Arena  # an arena the fuzzer's token may attach (it knows the nonce)
+    arena: shm.Arena  # an arena the fuzzer's token may attach (it knows the nonce)
     arena_ids: list[str]  # attached by the admin and by team-a: unknown to the fuzzer's token
     cases: dict[str, int] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)
@@ -81,15 +81,15 @@ def _checksums(admin: Client) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
-    shm = transport.default_shm_dir()
-    if shm is None:
+    shm_dir = shm.default_shm_dir()
+    if shm_dir is None:
         pytest.skip("no writable /dev/shm on this host")
     tmp = tmp_path_factory.mktemp("fuzz")
     (tmp / "tokens.toml").write_text(TOKENS)
     made: list[Path] = []
 
     def entry(make: Callable[[Path], object]) -> str:
-        p = shm / f"kvstore-cli-{uuid.uuid4().hex}"
+        p = shm_dir / f"kvstore-cli-{uuid.uuid4().hex}"
         make(p)
         made.append(p)
         return str(p)
@@ -97,7 +97,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     paths = [entry(os.mkfifo), entry(os.mkdir), entry(lambda p: p.write_bytes(b"".join(SESSIONS[2].blobs))),
              entry(lambda p: p.write_bytes(b"")), "/dev/shm", "/etc/passwd", "/dev/shm/../etc/passwd",
              f"/dev/shm/kvstore-srv-{uuid.uuid4().hex}", f"/tmp/kvstore-cli-{uuid.uuid4().hex}", ""]
-    arena = transport.Arena.create(shm, 1 << 20)
+    arena = shm.Arena.create(shm_dir, 1 << 20)
     paths.append(arena.path)
     with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml")) as d, \
             grpc.insecure_channel(d.address) as channel:
@@ -107,7 +107,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
                 save_session(c, s)
                 list(c.load_chunks(s.namespace, s.keys, zero_copy=True))
                 if token != "tok-fuzz":
-                    arena_ids.append(c._arena_id)
+                    arena_ids.append(c.carrier.arena_id)
         with Client(address=d.address, token="tok-admin") as admin:
             before = _checksums(admin)
         t = Target(d, channel, pb_grpc.KVStoreStub(channel), paths, arena, arena_ids)
@@ -209,14 +209,17 @@ def test_fuzz_save_chunks(target: Target, data: st.DataObject) -> None:
     t = target
     header = pb.SaveHeader(namespace=data.draw(namespaces), layout_id=data.draw(layout_ids),
                            parent_key=data.draw(st.one_of(st.just(b""), keys)), first_index=data.draw(u64),
-                           shm_path=data.draw(st.one_of(st.just(""), shm_paths(t))),
                            arena_id=data.draw(arena_ids(t)), arena_bytes=data.draw(u64))
     if data.draw(st.booleans()):  # a valid header for the fuzzer's session, one field left random
-        keep = data.draw(st.sampled_from(["namespace", "layout_id", "parent_key", "first_index", "shm_path",
-                                          "arena_id"]))
+        keep = data.draw(st.sampled_from(["namespace", "layout_id", "parent_key", "first_index", "arena_id"]))
         valid = pb.SaveHeader(namespace="fuzz", layout_id=TINY16.layout_id)
         valid.MergeFrom(pb.SaveHeader(**{keep: getattr(header, keep)}))
         header = valid
+    if data.draw(st.booleans()):  # a turn: chunks, then the commit of the fuzzer's session (or another namespace's)
+        turn = convert.session_to_pb(SESSIONS[2].manifest)
+        turn.namespace = data.draw(st.one_of(st.just(header.namespace), namespaces))
+        turn.session_id = data.draw(st.sampled_from(["f1", "f2"]))
+        header.commit.CopyFrom(turn)
     stream = b"".join(data.draw(st.lists(chunk_bytes(), max_size=4)))
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=4)))
     pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
@@ -231,12 +234,12 @@ def test_fuzz_save_chunks(target: Target, data: st.DataObject) -> None:
 @given(data=st.data())
 def test_fuzz_loads(target: Target, data: st.DataObject) -> None:
     t = target
-    arena_id, shared = data.draw(arena_ids(t)), data.draw(st.booleans())
+    arena_id = data.draw(arena_ids(t))
     call(t, "LoadChunks", pb.LoadChunksRequest(namespace=data.draw(namespaces),
                                                keys=data.draw(st.lists(keys, max_size=12)),
-                                               shared_memory=shared, arena_id=arena_id), data.draw(read_tokens))
+                                               arena_id=arena_id), data.draw(read_tokens))
     call(t, "LoadSession", pb.LoadSessionRequest(namespace=data.draw(namespaces), session_id=data.draw(session_ids),
-                                                 shared_memory=shared, arena_id=arena_id), data.draw(read_tokens))
+                                                 arena_id=arena_id), data.draw(read_tokens))
 
 
 @FUZZ

@@ -1,5 +1,5 @@
 """Tenant isolation on a real daemon with per-namespace tokens: with team-a's token, no RPC and no
-transfer path (stream, shared-memory file, arena) reads, lists, deletes, overwrites or reveals the
+carrier (stream, arena, an arena overflowing to the stream) reads, lists, deletes, overwrites or reveals the
 existence of team-b's data.
 
 Every probe is made twice: once naming team-b's real thing (a chunk key, a session id, an arena
@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import numpy as np
 import pytest
 from daemon_helpers import CODE, Daemon, SyntheticSession, make_session, running_daemon, save_session
 
-from kvstore import transport
+from kvstore import shm, transport
 from kvstore.client import Client
 from kvstore.errors import KvstoreError
 from kvstore.keys import ROOT, chain_keys
@@ -143,12 +142,12 @@ def _keys_as_a(s: object) -> tuple[bytes | str, ...]:
 def test_a_cannot_read_b_chunks_on_any_path(world: World, round_: int) -> None:
     d = world.daemon
     with Client(address=d.address, token="tok-a", shared_memory=False) as stream, \
-            Client(address=d.address, token="tok-a", arena_bytes=0) as shm_file, \
+            Client(address=d.address, token="tok-a", arena_bytes=64 << 10) as overflow, \
             Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as arena:
         for s in world.b_sessions:
             decoy = decoy_session(round_)
             for ns in (A, B):  # B's keys under A's own namespace (a miss), and under B's (denied)
-                for path, c, zero_copy in (("stream", stream, False), ("shm file", shm_file, False),
+                for path, c, zero_copy in (("stream", stream, False), ("arena overflow", overflow, True),
                                            ("arena", arena, True)):
                     code, text = probe(world, f"LoadChunks {path}",
                                        lambda x: loaded(c.load_chunks(ns, x.keys, zero_copy=zero_copy)),  # noqa: B023
@@ -199,15 +198,19 @@ def test_a_learns_nothing_from_lookups_commits_and_saves(world: World, round_: i
                                                                         [int(t) for t in x.token_ids]), s, decoy)
                 assert code == "PERMISSION_DENIED" or "cached_tokens=0" in text
             # a team-a manifest naming B's chunks: the same refusal as naming chunks nobody stored
-            for kind, names in (("CommitSession", lambda x: x.keys), ("CommitSession one chunk", lambda x: x.keys[:1])):
-                def commit(x: object, names: Callable[[SyntheticSession], list[bytes]] = names) -> object:
+            for kind, names in (("CommitSession", lambda x: x.keys), ("CommitSession one chunk", lambda x: x.keys[:1]),
+                                ("SaveChunks turn", lambda x: x.keys)):
+                def commit(x: object, names: Callable[[SyntheticSession], list[bytes]] = names,
+                           kind: str = kind) -> object:
                     assert isinstance(x, SyntheticSession)
                     m = x.manifest
                     keys = tuple(names(x))
                     tail = make_session(namespace=A, tokens=len(keys) * 256 + 10, seed=5).manifest.tail
-                    return c.commit(type(m)(**{**m.__dict__, "namespace": A, "session_id": "stolen",
-                                               "chunk_keys": keys, "tail": tail,
-                                               "token_count": len(keys) * 256 + 10}))
+                    stolen = type(m)(**{**m.__dict__, "namespace": A, "session_id": "stolen", "chunk_keys": keys,
+                                        "tail": tail, "token_count": len(keys) * 256 + 10})
+                    if kind == "SaveChunks turn":  # no new chunks, a commit naming B's: in one call
+                        return arena.save_session(stolen, [])
+                    return c.commit(stolen)
                 code, _ = probe(world, kind, commit, s, decoy, _keys_and_ids)
                 assert code != "OK"
             # B's chunk bytes saved under A (stream and arena): refused, since keys are namespace-salted
@@ -232,9 +235,9 @@ def test_a_cannot_use_b_arena_id(world: World) -> None:
     with Client(address=d.address, token="tok-b", arena_bytes=1 << 20) as b:
         s = world.b_sessions[0]
         assert dict(loaded(b.load_chunks(B, s.keys, zero_copy=True))) == dict(enumerate(s.blobs))
-        if b._arena is None:
+        if not isinstance(b.carrier, transport.ArenaCarrier):
             pytest.skip("no same-host arena here")
-        b_id, before = b._arena_id, bytes(b._arena.view)
+        b_id, before = b.carrier.arena_id, bytes(b.carrier.arena.view)
         for stub in _stub(d):
             calls: dict[str, Callable[[object], object]] = {
                 "LoadChunks arena id": lambda x: list(stub.LoadChunks(pb.LoadChunksRequest(  # noqa: B023
@@ -248,20 +251,18 @@ def test_a_cannot_use_b_arena_id(world: World) -> None:
             for kind, call in calls.items():
                 code, text = probe(world, kind, call, b_id, uuid.uuid4().hex, lambda x: (x,))
                 assert code == "INVALID_ARGUMENT" and text.startswith(transport.UNKNOWN_ARENA), text
-        assert bytes(b._arena.view) == before  # A's load wrote nothing into B's arena
+        assert bytes(b.carrier.arena.view) == before  # A's load wrote nothing into B's arena
         assert dict(loaded(b.load_chunks(B, s.keys, zero_copy=True))) == dict(enumerate(s.blobs))
 
 
-def test_a_cannot_attach_or_delete_b_transfer_files(world: World) -> None:
+def test_a_cannot_attach_b_arena_file(world: World) -> None:
     """B's arena file, named by A before B attached it: refused without B's nonce, left in place, and
-    B attaches it afterwards. B's in-flight transfer file named in A's save: refused before any
-    open, same answer as a made-up path, the file untouched."""
-    directory = transport.default_shm_dir()
+    B attaches it afterwards."""
+    directory = shm.default_shm_dir()
     if directory is None:
         pytest.skip("no writable /dev/shm on this host")
     d = world.daemon
-    b_arena = transport.Arena.create(directory, 1 << 20)
-    b_file, _, _ = transport.write_shm(directory, world.b_sessions[0].blobs, "cli")
+    b_arena = shm.Arena.create(directory, 1 << 20)
     try:
         for stub in _stub(d):
             for guess in (bytes(16), os.urandom(16)):
@@ -269,20 +270,13 @@ def test_a_cannot_attach_or_delete_b_transfer_files(world: World) -> None:
                     path=b_arena.path, size=b_arena.size, nonce=guess), metadata=META_A, timeout=30))  # noqa: B023
                 assert code == "INVALID_ARGUMENT" and "does not hold the nonce" in text
                 world.attempts["AttachArena B's file"] = world.attempts.get("AttachArena B's file", 0) + 1
-            fake = str(directory / f"kvstore-cli-{uuid.uuid4().hex}")
-            probe(world, "SaveChunks shm file", lambda p: stub.SaveChunks(iter([pb.SaveChunksRequest(  # noqa: B023
-                header=pb.SaveHeader(namespace=A, layout_id=world.a_session.layout.layout_id, shm_path=p))]),
-                metadata=META_A, timeout=30), b_file, fake, lambda p: (p,))
-            assert Path(b_arena.path).exists() and Path(b_file).exists()
+            assert Path(b_arena.path).exists()
             r = stub.AttachArena(pb.AttachArenaRequest(path=b_arena.path, size=b_arena.size, nonce=b_arena.nonce),
                                  metadata=(("authorization", "Bearer tok-b"),), timeout=30)
             assert r.arena_id
-            assert np.frombuffer(transport.open_shm(b_file, directory), np.uint8).tobytes() == \
-                b"".join(world.b_sessions[0].blobs)
     finally:
-        for p in (b_arena.path, b_file):
-            if os.path.exists(p):
-                os.unlink(p)
+        if os.path.exists(b_arena.path):
+            os.unlink(b_arena.path)
         b_arena.close()
 
 
@@ -291,8 +285,8 @@ def test_one_owner_attaching_many_arenas_never_unmaps_another_owners(tmp_path: P
     from kvstore.server.arenas import Arenas
 
     arenas = Arenas(per_owner=3)
-    b_id = arenas.add("b", transport.Arena.create(tmp_path, 4096))
-    a_ids = [arenas.add("a", transport.Arena.create(tmp_path, 4096)) for _ in range(5)]
+    b_id = arenas.add("b", shm.Arena.create(tmp_path, 4096))
+    a_ids = [arenas.add("a", shm.Arena.create(tmp_path, 4096)) for _ in range(5)]
     assert arenas.get("b", b_id).size == 4096
     for gone in a_ids[:2]:
         with pytest.raises(KvstoreError, match=transport.UNKNOWN_ARENA):

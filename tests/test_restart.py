@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from daemon_helpers import Daemon, SyntheticSession, free_port, make_session, save_session, start_daemon
 
-from kvstore import transport
 from kvstore.aio_client import AsyncClient
 from kvstore.client import Client
+from kvstore.framing import Blob
 from kvstore.keys import ROOT
 
 
-def blobs_of(items: Iterable[tuple[int, transport.Blob]]) -> dict[int, bytes]:
+def blobs_of(items: Iterable[tuple[int, Blob]]) -> dict[int, bytes]:
     return {i: bytes(b) for i, b in items}
 
 
@@ -56,22 +56,21 @@ def test_a_client_kept_across_restarts_reattaches_its_arena(restartable: Restart
     """Before the fix, each of these failed with "unknown arena" for 240 s after a restart. After
     each restart the first call is a different one: a save, a chunk load, a session load."""
     with Client(address=restartable.address, arena_bytes=4 << 20, retries=8) as c:
-        c.info()
         if not c.uses_shared_memory:
             pytest.skip("the daemon is not reachable through shared memory here")
         save_session(c, SESSIONS[0])
         assert _loads(c, SESSIONS[0])["load_chunks"]() == dict(enumerate(SESSIONS[0].blobs))
-        arena_ids = {c._arena_id}
+        arena_ids = {c.carrier.arena_id}
 
         restartable.restart()
         save_session(c, SESSIONS[1])  # through a freshly attached arena
-        arena_ids.add(c._arena_id)
+        arena_ids.add(c.carrier.arena_id)
         for first in ("load_chunks", "load_session"):
             restartable.restart()
             for s in SESSIONS[:2]:
                 for name in (first, *(n for n in _loads(c, s) if n != first)):
                     assert _loads(c, s)[name]() == dict(enumerate(s.blobs)), (first, name)
-            arena_ids.add(c._arena_id)
+            arena_ids.add(c.carrier.arena_id)
         assert len(arena_ids) == 4  # one arena per daemon incarnation, attached once each
 
 

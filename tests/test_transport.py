@@ -1,4 +1,4 @@
-"""Stream framing (BlobAssembler, pack) and the same-host shared-memory files, without a daemon."""
+"""Stream framing (kvstore.framing) and the guarded open of same-host arenas (kvstore.shm), without a daemon."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, transport
+from kvstore import chunk, framing, shm
 from kvstore.errors import InvalidArgument
 from kvstore.layout import get_layout
 
@@ -34,7 +34,7 @@ STREAM = b"".join(BLOBS)
 
 
 def assemble(*messages: bytes) -> list[bytes]:
-    a = transport.BlobAssembler()
+    a = framing.BlobAssembler()
     out = [bytes(b) for m in messages for b in a.feed(m)]
     a.finish()
     return out
@@ -52,7 +52,7 @@ def test_every_split_into_two_or_three_messages() -> None:
 
 def test_a_blob_within_one_message_is_not_copied() -> None:
     message = STREAM + BLOBS[0][:100]
-    a = transport.BlobAssembler()
+    a = framing.BlobAssembler()
     out = a.feed(message)
     assert [bytes(b) for b in out] == BLOBS
     assert all(isinstance(b, memoryview) and b.obj is message for b in out)  # slices of the message
@@ -70,7 +70,7 @@ def test_any_split_of_a_longer_stream(cuts: list[int], repeat: int) -> None:
 
 @pytest.mark.parametrize("cut", [1, 5, 11, 12, 13, 200, len(BLOBS[0]) - 1, len(BLOBS[0]) + 3])
 def test_truncated_stream_fails_at_finish(cut: int) -> None:
-    a = transport.BlobAssembler()
+    a = framing.BlobAssembler()
     a.feed(STREAM[:cut])
     with pytest.raises(InvalidArgument, match="truncated"):
         a.finish()
@@ -92,7 +92,7 @@ def test_declared_size_is_checked_before_buffering() -> None:
     huge = bytearray(BLOBS[0])
     struct.pack_into("<I", huge, 8, 1 << 30)
     with pytest.raises(InvalidArgument, match="exceeds the 4096-byte limit"):
-        transport.BlobAssembler(max_blob=4096).feed(bytes(huge[:12]))  # before any payload arrives
+        framing.BlobAssembler(max_blob=4096).feed(bytes(huge[:12]))  # before any payload arrives
     tiny = bytearray(BLOBS[0])
     struct.pack_into("<I", tiny, 8, 40)
     with pytest.raises(InvalidArgument, match="less than a header"):
@@ -103,7 +103,7 @@ def test_declared_size_is_checked_before_buffering() -> None:
 @pytest.mark.parametrize("max_bytes", [1, 7, 12, 216, 217, 400, 10_000])
 def test_pack_respects_max_bytes_and_indices(max_bytes: int) -> None:
     blobs = [*BLOBS, small_chunk(2, 4)]
-    messages = list(transport.pack(blobs, max_bytes))
+    messages = list(framing.pack(blobs, max_bytes))
     assert all(0 < len(data) <= max_bytes for data, _ in messages)
     assert b"".join(data for data, _ in messages) == b"".join(blobs)
     # each blob's index is reported in the message holding its first byte, and only there
@@ -113,7 +113,7 @@ def test_pack_respects_max_bytes_and_indices(max_bytes: int) -> None:
         holder = int(np.searchsorted(offsets, start, side="right")) - 1
         assert [m for m, (_, idx) in enumerate(messages) if i in idx] == [holder]
     # the receiver pairs blobs with indices as the client does: a blob may complete messages later
-    a, pending, got = transport.BlobAssembler(), [], []
+    a, pending, got = framing.BlobAssembler(), [], []
     for data, idx in messages:
         pending.extend(idx)
         got += [(pending.pop(0), bytes(b)) for b in a.feed(data)]
@@ -122,101 +122,67 @@ def test_pack_respects_max_bytes_and_indices(max_bytes: int) -> None:
 
 
 def test_pack_of_nothing_is_no_message() -> None:
-    assert list(transport.pack([], 100)) == []
+    assert list(framing.pack([], 100)) == []
 
 
-# -- shared memory ----------------------------------------------------------------------------------
-def test_shm_round_trip(tmp_path: Path) -> None:
-    path, offsets, sizes = transport.write_shm(tmp_path, BLOBS, "cli")
-    p = Path(path)
-    assert p.parent == tmp_path and p.name.startswith("kvstore-cli-")
-    assert stat.S_IMODE(p.stat().st_mode) == 0o600
-    assert sizes == [len(b) for b in BLOBS] and offsets == [0, len(BLOBS[0]), len(BLOBS[0]) + len(BLOBS[1])]
-    view = transport.open_shm(path, tmp_path, expect_size=sum(sizes))
-    assert not p.exists()  # the reader owns it now
-    assert [bytes(view[o : o + n]) for o, n in zip(offsets, sizes)] == BLOBS
-
-
-def test_shm_round_trip_in_dev_shm() -> None:
-    d = transport.default_shm_dir()
-    if d is None:
-        pytest.skip("no writable /dev/shm")
-    path, _, sizes = transport.write_shm(d, BLOBS, "srv")
-    assert bytes(transport.open_shm(path, d, sum(sizes))) == STREAM
-    assert not os.path.exists(path)
-
-
-def test_empty_shm_file(tmp_path: Path) -> None:
-    path, offsets, sizes = transport.write_shm(tmp_path, [], "cli")
-    assert (offsets, sizes) == ([], [])
-    assert bytes(transport.open_shm(path, tmp_path)) == b""
-
-
-def test_open_shm_checks_the_size(tmp_path: Path) -> None:
-    path, _, sizes = transport.write_shm(tmp_path, BLOBS, "cli")
-    with pytest.raises(InvalidArgument, match="expected"):
-        transport.open_shm(path, tmp_path, expect_size=sum(sizes) + 1)
-
-
+# -- arenas: what the guarded open refuses --------------------------------------------------------
 NAME = "kvstore-cli-" + "ab" * 16
+SIZE = 1 << 16
+
+
+def attach(path: str | Path, directory: Path, nonce: bytes = bytes(16)) -> shm.Arena:
+    return shm.Arena.attach(str(path), directory, SIZE, nonce)
+
+
+def write_file(path: Path) -> None:
+    path.write_bytes(bytes(SIZE))
 
 
 @pytest.mark.parametrize("name", ["other-file", "kvstore-cli-1234", "kvstore-xyz-" + "ab" * 16, NAME + "0",
-                                  "kvstore-cli-" + "AB" * 16])
-def test_open_shm_refuses_wrong_names(tmp_path: Path, name: str) -> None:
-    (tmp_path / name).write_bytes(STREAM)
-    with pytest.raises(InvalidArgument, match="not a kvstore transfer file"):
-        transport.open_shm(str(tmp_path / name), tmp_path)
+                                  "kvstore-cli-" + "AB" * 16, "kvstore-srv-" + "ab" * 16])
+def test_attach_refuses_wrong_names(tmp_path: Path, name: str) -> None:
+    write_file(tmp_path / name)
+    with pytest.raises(InvalidArgument, match="not a kvstore client file"):
+        attach(tmp_path / name, tmp_path)
     assert (tmp_path / name).exists()  # refused files are left alone
 
 
-def test_open_shm_refuses_paths_outside_the_directory(tmp_path: Path) -> None:
-    shm, elsewhere = tmp_path / "shm", tmp_path / "elsewhere"
-    shm.mkdir()
+def test_attach_refuses_paths_outside_the_directory(tmp_path: Path) -> None:
+    d, elsewhere = tmp_path / "shm", tmp_path / "elsewhere"
+    d.mkdir()
     elsewhere.mkdir()
-    (elsewhere / NAME).write_bytes(STREAM)
-    (shm / "sub").mkdir()
-    (shm / "sub" / NAME).write_bytes(STREAM)
-    (shm / "link").symlink_to(elsewhere)
-    for path in (elsewhere / NAME, shm / "sub" / NAME, shm / "link" / NAME, f"{shm}/../elsewhere/{NAME}"):
-        with pytest.raises(InvalidArgument, match="not a kvstore transfer file"):
-            transport.open_shm(str(path), shm)
-    assert (elsewhere / NAME).exists() and (shm / "sub" / NAME).exists()
+    write_file(elsewhere / NAME)
+    (d / "sub").mkdir()
+    write_file(d / "sub" / NAME)
+    (d / "link").symlink_to(elsewhere)
+    for path in (elsewhere / NAME, d / "sub" / NAME, d / "link" / NAME, f"{d}/../elsewhere/{NAME}"):
+        with pytest.raises(InvalidArgument, match="not a kvstore client file"):
+            attach(path, d)
+    assert (elsewhere / NAME).exists() and (d / "sub" / NAME).exists()
 
 
-def test_open_shm_does_not_follow_symlinks(tmp_path: Path) -> None:
-    shm = tmp_path / "shm"
-    shm.mkdir()
+def test_attach_does_not_follow_symlinks(tmp_path: Path) -> None:
+    d = tmp_path / "shm"
+    d.mkdir()
     secret = tmp_path / "secret"
     secret.write_bytes(b"not yours")
-    (shm / NAME).symlink_to(secret)
-    with pytest.raises(InvalidArgument, match="cannot open shared-memory file"):
-        transport.open_shm(str(shm / NAME), shm)
+    (d / NAME).symlink_to(secret)
+    with pytest.raises(InvalidArgument, match="cannot open arena"):
+        attach(d / NAME, d)
     assert secret.read_bytes() == b"not yours"
-    with pytest.raises(InvalidArgument, match="cannot open shared-memory file"):
-        transport.open_shm(str(shm / ("kvstore-srv-" + "cd" * 16)), shm)  # missing
+    with pytest.raises(InvalidArgument, match="cannot open arena"):
+        attach(d / ("kvstore-cli-" + "cd" * 16), d)  # missing
 
 
-def test_sweep_removes_only_stale_files_of_its_role(tmp_path: Path) -> None:
-    stale, fresh = transport.write_shm(tmp_path, BLOBS, "srv")[0], transport.write_shm(tmp_path, BLOBS, "srv")[0]
-    client_file = transport.write_shm(tmp_path, BLOBS, "cli")[0]
-    os.utime(stale, (0, 0))
-    os.utime(client_file, (0, 0))
-    now = os.stat(fresh).st_mtime + 1
-    assert transport.sweep_shm(tmp_path, "srv", 60.0, now) == 1
-    assert not os.path.exists(stale) and os.path.exists(fresh) and os.path.exists(client_file)
-
-
-# -- what the guarded open refuses: FIFOs, directories, hard links, other users' files ---------------
-def test_open_shm_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
-    """Opening a FIFO for reading blocks until a writer comes: it must be refused at once instead
-    (the call runs in a thread, so the old blocking open fails the join rather than hanging the run)."""
+def test_attach_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
+    """Opening a FIFO blocks until the other end opens: it must be refused at once instead (the call
+    runs in a thread, so a blocking open fails the join rather than hanging the run)."""
     os.mkfifo(tmp_path / NAME)
     outcome: list[BaseException | None] = []
 
     def call() -> None:
         try:
-            transport.open_shm(str(tmp_path / NAME), tmp_path)
+            attach(tmp_path / NAME, tmp_path)
             outcome.append(None)
         except BaseException as e:
             outcome.append(e)
@@ -224,43 +190,52 @@ def test_open_shm_refuses_a_fifo_without_blocking(tmp_path: Path) -> None:
     t = threading.Thread(target=call, daemon=True)
     t.start()
     t.join(60)
-    if t.is_alive():  # unblock the old code's open so the thread ends
-        with open(tmp_path / NAME, "wb"):
+    if t.is_alive():  # unblock a blocking open so the thread ends
+        with open(tmp_path / NAME, "rb"):
             pass
     assert outcome and isinstance(outcome[0], InvalidArgument) and "not a regular file" in str(outcome[0])
     assert (tmp_path / NAME).exists()
 
 
-def test_open_shm_refuses_a_directory(tmp_path: Path) -> None:
+def test_attach_refuses_a_directory(tmp_path: Path) -> None:
     (tmp_path / NAME).mkdir()
-    with pytest.raises(InvalidArgument, match="not a regular file"):
-        transport.open_shm(str(tmp_path / NAME), tmp_path)
+    with pytest.raises(InvalidArgument, match="Is a directory"):
+        attach(tmp_path / NAME, tmp_path)
 
 
-def test_open_shm_refuses_a_hard_link(tmp_path: Path) -> None:
-    path, _, _ = transport.write_shm(tmp_path, BLOBS, "srv")
-    os.link(path, tmp_path / NAME)
-    for p in (path, str(tmp_path / NAME)):
+def test_attach_refuses_a_hard_link(tmp_path: Path) -> None:
+    arena = shm.Arena.create(tmp_path, SIZE)
+    os.link(arena.path, tmp_path / NAME)
+    for p in (arena.path, str(tmp_path / NAME)):
         with pytest.raises(InvalidArgument, match="hard link is refused"):
-            transport.open_shm(p, tmp_path)
-    assert os.path.exists(path) and (tmp_path / NAME).exists()  # refused files are left alone
+            attach(p, tmp_path, arena.nonce)
+    assert os.path.exists(arena.path) and (tmp_path / NAME).exists()  # refused files are left alone
+    arena.close()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
-def test_open_shm_refuses_another_users_file(tmp_path: Path) -> None:
-    path, _, _ = transport.write_shm(tmp_path, BLOBS, "srv")
-    os.chown(path, 65534, 65534)
+def test_attach_refuses_another_users_file(tmp_path: Path) -> None:
+    arena = shm.Arena.create(tmp_path, SIZE)
+    os.chown(arena.path, 65534, 65534)
     with pytest.raises(InvalidArgument, match="not owned by"):
-        transport.open_shm(path, tmp_path)
+        attach(arena.path, tmp_path, arena.nonce)
+    arena.close()
+
+
+def test_arena_files_are_private(tmp_path: Path) -> None:
+    arena = shm.Arena.create(tmp_path, SIZE)
+    assert stat.S_IMODE(os.stat(arena.path).st_mode) == 0o600
+    assert bytes(arena.view[: shm.NONCE_BYTES]) == arena.nonce
+    arena.close()
 
 
 def test_arena_attach_needs_the_creators_nonce(tmp_path: Path) -> None:
-    arena = transport.Arena.create(tmp_path, 1 << 16)
+    arena = shm.Arena.create(tmp_path, 1 << 16)
     for nonce, message in ((bytes(16), "does not hold the nonce"), (b"", "nonce must be 16 bytes"),
                            (arena.nonce[:8], "nonce must be 16 bytes")):
         with pytest.raises(InvalidArgument, match=message):
-            transport.Arena.attach(arena.path, tmp_path, arena.size, nonce)
-    attached = transport.Arena.attach(arena.path, tmp_path, arena.size, arena.nonce)
+            shm.Arena.attach(arena.path, tmp_path, arena.size, nonce)
+    attached = shm.Arena.attach(arena.path, tmp_path, arena.size, arena.nonce)
     arena.view[100:104] = b"abcd"  # both map the same memory
     assert bytes(attached.view[100:104]) == b"abcd"
     attached.close()

@@ -9,13 +9,9 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvstore.errors import KvstoreError, PermissionDenied
+from kvstore.errors import PermissionDenied, Unauthenticated
 
 ADMIN = "*"
-
-
-class Unauthenticated(KvstoreError):
-    """No bearer token, or one the daemon does not know."""
 
 
 class Auth:

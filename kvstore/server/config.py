@@ -13,10 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from kvstore.defaults import DEFAULT_PORT
 from kvstore.store import StoreConfig
 from kvstore.tiers import HbmTierConfig, HostTierConfig, RedisTierConfig, SsdTierConfig
-
-DEFAULT_PORT = 50151
 
 
 @dataclass(frozen=True)

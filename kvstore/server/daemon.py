@@ -8,14 +8,13 @@ import json
 import logging
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvstore import transport
+from kvstore import framing, shm
 from kvstore.server.auth import Auth
 from kvstore.server.config import DaemonConfig
 from kvstore.server.handlers import add_service
@@ -74,9 +73,9 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
 
 
 async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callable[[int], None] | None) -> None:
-    shm_dir = transport.default_shm_dir() if config.shared_memory else None
-    opts = [("grpc.max_receive_message_length", transport.MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", transport.MAX_MESSAGE_BYTES), *SERVER_OPTIONS]
+    shm_dir = shm.default_shm_dir() if config.shared_memory else None
+    opts = [("grpc.max_receive_message_length", framing.MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", framing.MAX_MESSAGE_BYTES), *SERVER_OPTIONS]
     server = grpc.aio.server(options=opts)
     service = KVStoreService(sessions, Auth.from_file(config.tokens_file), shm_dir)
     add_service(service, server)
@@ -104,11 +103,9 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
         while True:
             await asyncio.sleep(MAINTENANCE_S)
             expired = await asyncio.to_thread(sessions.expire)
-            swept = transport.sweep_shm(shm_dir, "srv", 60.0, time.time()) if shm_dir else 0
-            idle = service.arenas.close_idle()
-            if expired or swept or idle:
-                log.info("maintenance: expired %d sessions, swept %d shm files, closed %d idle arenas",
-                         expired, swept, idle)
+            idle = service.carriers.arenas.close_idle()
+            if expired or idle:
+                log.info("maintenance: expired %d sessions, closed %d idle arenas", expired, idle)
 
     task = asyncio.create_task(maintenance())
     await stop.wait()
@@ -118,4 +115,4 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     task.cancel()
     if metrics is not None:
         metrics.shutdown()
-    service.arenas.close_all()
+    service.carriers.arenas.close_all()

@@ -27,7 +27,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "chunk_tokens", "layouts", "tiers", "host_id", "shm_dir", "max_message_bytes", "write_mode")
+    __slots__ = ("version", "chunk_tokens", "layouts", "tiers", "host_id", "shm_dir", "max_message_bytes", "write_mode", "carriers")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class ServerInfo(_message.Message):
     SHM_DIR_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WRITE_MODE_FIELD_NUMBER: _ClassVar[int]
+    CARRIERS_FIELD_NUMBER: _ClassVar[int]
     version: str
     chunk_tokens: int
     layouts: _containers.RepeatedScalarFieldContainer[str]
@@ -44,25 +45,26 @@ class ServerInfo(_message.Message):
     shm_dir: str
     max_message_bytes: int
     write_mode: str
-    def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ...) -> None: ...
+    carriers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ..., carriers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SaveHeader(_message.Message):
-    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "shm_path", "arena_id", "arena_bytes")
+    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
     FIRST_INDEX_FIELD_NUMBER: _ClassVar[int]
-    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     layout_id: bytes
     parent_key: bytes
     first_index: int
-    shm_path: str
     arena_id: str
     arena_bytes: int
-    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., shm_path: _Optional[str] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ...) -> None: ...
+    commit: Session
+    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., commit: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class SaveChunksRequest(_message.Message):
     __slots__ = ("header", "data")
@@ -73,24 +75,24 @@ class SaveChunksRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[SaveHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SaveChunksResponse(_message.Message):
-    __slots__ = ("keys", "written")
+    __slots__ = ("keys", "written", "session")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     written: int
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ...) -> None: ...
+    session: Session
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class LoadChunksRequest(_message.Message):
-    __slots__ = ("namespace", "keys", "shared_memory", "arena_id")
+    __slots__ = ("namespace", "keys", "arena_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
-    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
-    shared_memory: bool
     arena_id: str
-    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., shared_memory: _Optional[bool] = ..., arena_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., arena_id: _Optional[str] = ...) -> None: ...
 
 class ChunkData(_message.Message):
     __slots__ = ("data", "indices", "shm")
@@ -103,20 +105,18 @@ class ChunkData(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., indices: _Optional[_Iterable[int]] = ..., shm: _Optional[_Union[ShmHandle, _Mapping]] = ...) -> None: ...
 
 class ShmHandle(_message.Message):
-    __slots__ = ("path", "size", "indices", "offsets", "sizes", "arena_id")
-    PATH_FIELD_NUMBER: _ClassVar[int]
+    __slots__ = ("size", "indices", "offsets", "sizes", "arena_id")
     SIZE_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
-    path: str
     size: int
     indices: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     arena_id: str
-    def __init__(self, path: _Optional[str] = ..., size: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., arena_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, size: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., arena_id: _Optional[str] = ...) -> None: ...
 
 class Retention(_message.Message):
     __slots__ = ("pinned", "ttl_s")
@@ -164,16 +164,14 @@ class Session(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., layout_name: _Optional[str] = ..., token_count: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., tail: _Optional[bytes] = ..., last_token_ids: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class LoadSessionRequest(_message.Message):
-    __slots__ = ("namespace", "session_id", "shared_memory", "arena_id")
+    __slots__ = ("namespace", "session_id", "arena_id")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
-    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     session_id: str
-    shared_memory: bool
     arena_id: str
-    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., shared_memory: _Optional[bool] = ..., arena_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., arena_id: _Optional[str] = ...) -> None: ...
 
 class LoadSessionResponse(_message.Message):
     __slots__ = ("session", "chunks")
@@ -366,7 +364,7 @@ class BytesPerToken(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., unique_chunks: _Optional[int] = ..., formula: _Optional[float] = ..., payload: _Optional[int] = ..., chunk_overhead: _Optional[int] = ..., manifests: _Optional[int] = ..., stored: _Optional[int] = ..., raw: _Optional[int] = ..., lmdb_overhead: _Optional[int] = ..., measured: _Optional[float] = ..., baseline_swa_snapshot: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "lookups", "requested_tokens", "hit_tokens", "loaded_chunks", "missed_chunks", "sessions", "bytes_per_token")
+    __slots__ = ("tiers", "lookups", "requested_tokens", "hit_tokens", "loaded_chunks", "missed_chunks", "sessions", "bytes_per_token", "transport")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +373,7 @@ class StatsResponse(_message.Message):
     MISSED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     lookups: int
     requested_tokens: int
@@ -383,7 +382,22 @@ class StatsResponse(_message.Message):
     missed_chunks: int
     sessions: int
     bytes_per_token: BytesPerToken
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ...) -> None: ...
+    transport: TransportStats
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ..., transport: _Optional[_Union[TransportStats, _Mapping]] = ...) -> None: ...
+
+class TransportStats(_message.Message):
+    __slots__ = ("arenas", "arena_calls", "overflow_calls", "stream_calls", "attaches")
+    ARENAS_FIELD_NUMBER: _ClassVar[int]
+    ARENA_CALLS_FIELD_NUMBER: _ClassVar[int]
+    OVERFLOW_CALLS_FIELD_NUMBER: _ClassVar[int]
+    STREAM_CALLS_FIELD_NUMBER: _ClassVar[int]
+    ATTACHES_FIELD_NUMBER: _ClassVar[int]
+    arenas: int
+    arena_calls: int
+    overflow_calls: int
+    stream_calls: int
+    attaches: int
+    def __init__(self, arenas: _Optional[int] = ..., arena_calls: _Optional[int] = ..., overflow_calls: _Optional[int] = ..., stream_calls: _Optional[int] = ..., attaches: _Optional[int] = ...) -> None: ...
 
 class EvictSessionRequest(_message.Message):
     __slots__ = ("namespace", "session_id", "tier")

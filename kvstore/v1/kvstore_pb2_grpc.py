@@ -114,8 +114,12 @@ class KVStoreServicer:
     def SaveChunks(self, request_iterator, context):
         """Store consecutive complete chunks of one sequence. The first message carries the header;
         every message may carry data: the concatenation of the chunk blobs, split anywhere (each blob
-        says its own length), or, same-host, the path of a shared-memory file holding them.
-        Chunks the store already holds are not written again. Returns their keys.
+        says its own length). Same host, the first blobs may instead be in the caller's attached arena
+        (SaveHeader.arena_id); the rest, if any, follow as data. Chunks the store already holds are not
+        written again. Returns their keys.
+        A turn in one call: with SaveHeader.commit, the daemon stores the chunks, then commits that
+        session version (as CommitSession would) and returns it. If the commit fails, the call fails
+        and no new version of the session is visible; the chunks may stay stored, unreferenced.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -129,7 +133,8 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LoadSession(self, request, context):
-        """Stream a whole session: the first message carries the manifest, the rest its chunks.
+        """Stream a whole session: the first message carries the manifest and the first chunks (through
+        an arena, usually all of them: one message), the rest its other chunks.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,7 +197,8 @@ class KVStoreServicer:
     def AttachArena(self, request, context):
         """Same-host: share a client-created memory file (under ServerInfo.shm_dir) that both sides keep
         mapped. Loads that name the arena are written into it (no file, no page faults per call); the
-        client reads the chunks in place. The client deletes the file name once attached.
+        client reads the chunks in place. What does not fit follows on the stream, in the same answer.
+        The client deletes the file name once attached.
         The file must be a regular file with one name, owned by the daemon's user, holding `nonce` at
         offset 0 (proof that the caller created it: names in /dev/shm are visible to everyone). The
         arena id works only with the token that attached it; with any other token, and after a daemon

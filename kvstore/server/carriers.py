@@ -1,0 +1,63 @@
+"""The daemon's side of the carriers (kvstore/transport.py): the carrier of each call, built from
+the arena id it names (the caller's own, from the pool in arenas.py, or none: the stream), the
+arenas clients attach, and counts of how each call's chunks travelled (Stats: TransportStats)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvstore import shm, transport
+from kvstore.errors import InvalidArgument
+from kvstore.server.arenas import Arenas
+from kvstore.v1 import kvstore_pb2 as pb
+
+
+@dataclass
+class _Counts:
+    arena_calls: int = 0
+    overflow_calls: int = 0
+    stream_calls: int = 0
+    attaches: int = 0
+
+
+class Carriers:
+    def __init__(self, shm_dir: Path | None, message_bytes: int, arenas: Arenas | None = None) -> None:
+        self.shm_dir = shm_dir
+        self.message_bytes = message_bytes
+        self.arenas = arenas or Arenas()
+        self._counts = _Counts()
+
+    @property
+    def offered(self) -> list[str]:
+        return [transport.STREAM, transport.ARENA] if self.shm_dir is not None else [transport.STREAM]
+
+    def for_call(self, owner: str, arena_id: str) -> transport.Carrier:
+        """The carrier a call asked for: ``owner``'s arena ``arena_id``, or the stream. Another
+        identity's arena id is as unknown as a made-up one (arenas.py)."""
+        if not arena_id:
+            return transport.StreamCarrier(self.message_bytes)
+        return transport.ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)
+
+    def count(self, carrier: transport.Carrier, streamed: bool = False) -> None:
+        """After a call: which way its chunks went (``streamed``: a save's data part was non-empty)."""
+        c = self._counts
+        if isinstance(carrier, transport.ArenaCarrier):
+            c.arena_calls += 1
+            c.overflow_calls += carrier.overflowed or streamed
+        else:
+            c.stream_calls += 1
+
+    async def attach(self, owner: str, request: pb.AttachArenaRequest) -> str:
+        if self.shm_dir is None:
+            raise InvalidArgument("shared memory is disabled on this daemon")
+        arena = await asyncio.to_thread(shm.Arena.attach, request.path, self.shm_dir, request.size,
+                                        bytes(request.nonce))
+        self._counts.attaches += 1
+        return self.arenas.add(owner, arena)
+
+    def stats(self) -> pb.TransportStats:
+        c = self._counts
+        return pb.TransportStats(arenas=len(self.arenas), arena_calls=c.arena_calls, overflow_calls=c.overflow_calls,
+                                 stream_calls=c.stream_calls, attaches=c.attaches)

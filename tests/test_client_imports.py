@@ -1,0 +1,26 @@
+"""The clients import no daemon code: ``kvstore.client`` and ``kvstore.aio_client`` load no module
+of ``kvstore.server`` or ``kvstore.store`` (a client installs and starts without the store's
+dependencies: LMDB, zstd, redis, the tiers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+PROBE = """
+import json, sys
+import kvstore.client, kvstore.aio_client
+print(json.dumps(sorted(m for m in sys.modules if m.startswith(("kvstore.server", "kvstore.store")))))
+"""
+
+
+def test_clients_import_no_server_or_store_module() -> None:
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(out.stdout) == []
+
+
+def test_clients_import_no_server_module() -> None:
+    """What holds already: nothing of the daemon (config, auth, servicer) reaches a client."""
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True)
+    assert [m for m in json.loads(out.stdout) if m.startswith("kvstore.server")] == []
