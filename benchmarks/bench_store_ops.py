@@ -87,10 +87,14 @@ def txnid(ss: Any) -> int:
     return ss.store.tiers[-1]._env.info()["last_txnid"]
 
 
-def single(root: Path, turns: Turns, repeats: int) -> dict[str, tuple[float, float, float]]:
+def config(root: Path, zstd_level: int) -> StoreConfig:
+    return StoreConfig(tiers=(HostTierConfig(pin_memory=False), SsdTierConfig(path=str(root), zstd_level=zstd_level)),
+                       chunk_tokens=CHUNK_TOKENS)
+
+
+def single(root: Path, turns: Turns, repeats: int, zstd_level: int) -> dict[str, tuple[float, float, float]]:
     """op -> (p50 ms, MB/s at p50, txns per call) for save, hot load, cold load, delete."""
-    ss = open_store(StoreConfig(tiers=(HostTierConfig(pin_memory=False), SsdTierConfig(path=str(root))),
-                                chunk_tokens=CHUNK_TOKENS))
+    ss = open_store(config(root, zstd_level))
     t: dict[str, list[float]] = {"save": [], "load (host tier)": [], "load (ssd tier)": [], "delete": []}
     tx: dict[str, list[int]] = {k: [] for k in t}
     try:
@@ -119,10 +123,9 @@ def single(root: Path, turns: Turns, repeats: int) -> dict[str, tuple[float, flo
     return out
 
 
-def concurrent(root: Path, turns: Turns, savers: int, repeats: int) -> tuple[float, float, float]:
+def concurrent(root: Path, turns: Turns, savers: int, repeats: int, zstd_level: int) -> tuple[float, float, float]:
     """``savers`` threads each saving ``repeats`` new sessions: (aggregate MB/s, p50 ms, txns per save)."""
-    ss = open_store(StoreConfig(tiers=(HostTierConfig(pin_memory=False), SsdTierConfig(path=str(root))),
-                                chunk_tokens=CHUNK_TOKENS))
+    ss = open_store(config(root, zstd_level))
     work = [[turns.make(f"c{w}", f"s{n}") for n in range(repeats)] for w in range(savers)]
     lat: list[float] = []
     start = threading.Barrier(savers + 1)
@@ -154,17 +157,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--savers", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--label", default="")
+    ap.add_argument("--zstd", type=int, default=SsdTierConfig().zstd_level, help="the ssd tier's zstd level (0 = off)")
     args = ap.parse_args()
     small, large = Turns(5), Turns(73)  # ~1.1 MiB and ~16.7 MiB of chunk bytes
     rows, crows = [], []
     with tempfile.TemporaryDirectory(dir=REPO.parent, prefix="bench-ops-") as tmp:
         for turns, reps in ((small, args.repeats), (large, max(3, args.repeats // 3))):
-            for op, (p50, rate, tx) in single(Path(tmp) / f"s{turns.bytes}", turns, reps).items():
+            for op, (p50, rate, tx) in single(Path(tmp) / f"s{turns.bytes}", turns, reps, args.zstd).items():
                 rows.append([f"{turns.bytes / MB:.1f}", op, f"{p50:.1f}", f"{rate:.0f}", f"{tx:.2f}"])
         for k in args.savers:
-            rate, p50, tx = concurrent(Path(tmp) / f"c{k}", small, k, args.repeats)
+            rate, p50, tx = concurrent(Path(tmp) / f"c{k}", small, k, args.repeats, args.zstd)
             crows.append([str(k), f"{small.bytes / MB:.1f}", f"{rate:.0f}", f"{p50:.1f}", f"{tx:.2f}"])
-    print(f"{args.label} {machine()}")
+    print(f"{args.label} zstd level {args.zstd}; {machine()}")
     print(markdown_table(["MB", "operation", "p50 ms", "MB/s at p50", "LMDB txns per call"], rows))
     print()
     print(markdown_table(["savers", "MB per save", "aggregate MB/s", "p50 ms per save", "LMDB txns per save"], crows))

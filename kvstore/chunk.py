@@ -32,6 +32,7 @@ VERSION = 1
 _HEADER = struct.Struct("<4sHHIIQ16s16sIHHII")  # see docs/FORMAT.md
 _SECTION = struct.Struct("<HBBIII")
 HEADER_BYTES = _HEADER.size  # 72
+_COMPRESSIBLE, _COMPRESSIBLE_AT = struct.Struct("<I"), 64  # the header's compressible_offset field
 SECTION_BYTES = _SECTION.size  # 16
 CHECKSUM_BYTES = 8
 ALIGN = 16
@@ -268,8 +269,11 @@ def decode(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool
 
 
 def compressible_offset(blob: bytes | bytearray | memoryview) -> int:
-    """Where the compressible tail (scales, token ids, checksum) starts; 0 if ``blob`` is no chunk."""
-    try:
-        return read_header(blob).compressible_offset
-    except ChunkError:
+    """Where the compressible tail (scales, token ids, checksum) starts; 0 if ``blob`` is no chunk.
+    A peek at one header field, not a parse: the store has parsed and checked the header already
+    (``check``), and a wrong answer here only costs compression, never correctness."""
+    mv = memoryview(blob)
+    if len(mv) < HEADER_BYTES or bytes(mv[:4]) != MAGIC:
         return 0
+    (offset,) = _COMPRESSIBLE.unpack_from(mv, _COMPRESSIBLE_AT)
+    return offset if offset <= len(mv) else 0

@@ -52,8 +52,10 @@ class RecordCodec:
                 return b"".join((HEADER.pack(ZSTD, raw_len, start), view[:start], frame))
         return b"".join((HEADER.pack(RAW, raw_len, raw_len), view))
 
-    def decode(self, key: bytes, record: memoryview | bytes) -> bytes:
-        """The original value; TierError when the framing is invalid (bad flag, lengths, frame)."""
+    def decode(self, key: bytes, record: memoryview | bytes) -> bytes | memoryview:
+        """The original value; TierError when the framing is invalid (bad flag, lengths, frame).
+        One copy out of ``record`` (LMDB's map): the raw prefix is copied into the value's buffer
+        and the zstd frame decompressed straight after it (no decompressed-then-joined tail)."""
         where = f"ssd tier: key {key.hex()}"
         if len(record) < HEADER.size:
             raise CorruptValue(f"{where}: record of {len(record)} bytes is shorter than its header")
@@ -72,9 +74,24 @@ class RecordCodec:
             # Check the frame's declared size first: a corrupt one must not make us allocate GBs.
             if zstd.frame_content_size(frame) != raw_len - prefix:
                 raise CorruptValue(f"{where}: zstd frame size does not match header length {raw_len}")
-            tail = self._ctx().dctx.decompress(frame)
+            out = bytearray(raw_len)
+            out[:prefix] = body[:prefix]
+            got = _decompress_into(self._ctx().dctx, frame, memoryview(out)[prefix:])
         except zstd.ZstdError as exc:
             raise CorruptValue(f"{where}: cannot decompress: {exc}") from exc
-        if len(tail) != raw_len - prefix:
-            raise CorruptValue(f"{where}: decompressed {len(tail)} bytes, header says {raw_len - prefix}")
-        return b"".join((body[:prefix], tail))
+        if got != raw_len - prefix:
+            raise CorruptValue(f"{where}: decompressed {got} bytes, header says {raw_len - prefix}")
+        return memoryview(out).toreadonly()
+
+
+def _decompress_into(dctx: Any, frame: memoryview, dest: memoryview) -> int:
+    """Decompress ``frame`` into ``dest``; how many bytes it gave (less than ``len(dest)`` only for a
+    frame shorter than it declared)."""
+    reader = dctx.stream_reader(frame)
+    got = 0
+    while got < len(dest):
+        n = reader.readinto(dest[got:])
+        if not n:
+            break
+        got += n
+    return got
