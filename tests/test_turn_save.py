@@ -3,6 +3,7 @@ validated whole before anything is written, over a real host + LMDB store in a t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +15,10 @@ from kvstore.keys import ROOT
 from kvstore.manifest import Manifest, Retention
 from kvstore.results import SaveResult
 from kvstore.store import SessionStore, open_store
-from kvstore.tiers.base import TierError
+from kvstore.tiers.base import TierError, WriteBatch
 
 HOST, SSD = 0, 1
+HANG_GUARD_S = 60.0  # only ever reached if something deadlocks
 
 
 @pytest.fixture
@@ -171,3 +173,37 @@ def test_garbage_and_expired_sessions_go_in_one_transaction_each(tmp_path: Path)
     assert txns(ss) == before + 1
     assert ss.list() == [] and ss.store.chunk_keys() == set()
     ss.store.close()
+
+
+# -- locks ---------------------------------------------------------------------------------------------
+def test_reads_never_wait_behind_a_saves_durable_commit(sessions: SessionStore) -> None:
+    """A save parked inside its durable commit (where the fsync happens) holds no lock that a load,
+    a lookup, a listing or a pin needs."""
+    old = build_session("ns", "old", token_stream(40, 2 * 16 + 1))
+    save(sessions, old)
+    ssd = sessions.store.tiers[SSD]
+    inside, release = threading.Event(), threading.Event()
+    real_write = ssd.write
+
+    def parked_write(batch: WriteBatch) -> int:
+        inside.set()
+        release.wait()
+        return real_write(batch)
+
+    ssd.write = parked_write  # type: ignore[method-assign]
+    saver = threading.Thread(target=turn, args=(sessions, build_session("ns", "new", token_stream(41, 3 * 16))))
+    saver.start()
+    try:
+        assert inside.wait(HANG_GUARD_S)
+        reader = threading.Thread(target=lambda: (
+            loads_whole(sessions, old),
+            sessions.lookup("ns", TINY8.layout_id, old.token_ids),
+            sessions.list("ns"),
+        ))
+        reader.start()
+        reader.join(HANG_GUARD_S)  # a hang guard, not a timing: the reader needs no lock the saver holds
+        assert not reader.is_alive(), "a read waited behind a save's durable commit"
+    finally:
+        release.set()
+        saver.join(HANG_GUARD_S)
+    assert loads_whole(sessions, build_session("ns", "new", token_stream(41, 3 * 16)))

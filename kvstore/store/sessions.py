@@ -71,6 +71,12 @@ class SessionStore:
         self.clock = clock
         self.hits = HitCounters()
         self.damage = DamageCounters()
+        #: Two locks, taken in this order. ``_write_lock`` orders every change of a manifest (save,
+        #: commit, delete, touch, expiry, GC) and is held across its durable commit (its fsync), so a
+        #: check and the write it guards see one state. ``_lock`` guards the in-memory index and the
+        #: counters and is never held across a tier call that writes: loads, lookups and listings
+        #: never wait behind a save's fsync.
+        self._write_lock = threading.RLock()
         self._lock = threading.RLock()
         self._manifests: dict[SessionRef, Manifest] = {}
         self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
@@ -97,8 +103,10 @@ class SessionStore:
     def collect_garbage(self) -> int:
         """Delete chunks (on the durable tier and faster ones) that no manifest references, e.g.
         the chunks of a save that crashed before its commit. Returns how many were deleted."""
-        with self._lock:
-            orphans = [k for k in self.store.chunk_keys(local_only=True) if not self._refs.get(k)]
+        with self._write_lock:
+            held = self.store.chunk_keys(local_only=True)
+            with self._lock:
+                orphans = [k for k in held if not self._refs.get(k)]
             self._free(orphans)
             return len(orphans)
 
@@ -144,8 +152,9 @@ class SessionStore:
         self._forget(keys)
 
     def _forget(self, keys: Sequence[bytes]) -> None:
-        for k in keys:
-            self._chunks.discard(k)
+        with self._lock:
+            for k in keys:
+                self._chunks.discard(k)
 
     def _only_used_by(self, ref: SessionRef, keep: Sequence[bytes] = ()) -> list[bytes]:
         """The chunks of session ``ref`` that no other session uses (and ``keep`` does not name):
@@ -209,9 +218,9 @@ class SessionStore:
                 raise InvalidArgument(f"the manifest does not name the saved chunks as its chunks "
                                       f"{first_index} to {end - 1}")
         batch = range(first_index, first_index + len(keys))
-        # Checked and written under the lock: a concurrent delete of a session sharing these chunks
-        # cannot free one between this check and the new manifest joining the index.
-        with self._lock:
+        # Checked and written under the write lock: a concurrent delete of a session sharing these
+        # chunks cannot free one between this check and the new manifest joining the index.
+        with self._write_lock:
             self._check_chunks(manifest, skip=batch)
             new = self._new_chunks(keys, blobs)
             if self.config.write_mode == "back":
@@ -223,17 +232,19 @@ class SessionStore:
             doomed = self._only_used_by(ref, keep=m.chunk_keys)
             # new chunks, the manifest, and the chunks only the replaced version used: one transaction
             self.store.commit(WriteBatch(puts=new, deletes=doomed, meta_puts=[(m.key, m.encode())]))
-            if keys:
-                self._chunks.add_sequence(namespace, layout_id, keys, first_index, parent)
-            self._unindex(ref)
-            self._index(m)
+            with self._lock:
+                if keys:
+                    self._chunks.add_sequence(namespace, layout_id, keys, first_index, parent)
+                self._unindex(ref)
+                self._index(m)
             self._forget(doomed)
         return m, SaveResult(keys, len(new))
 
     def _check_chunks(self, m: Manifest, skip: range = range(0)) -> None:
         """Every chunk ``m`` names is stored, owned by its namespace, and in its place; except the
         positions in ``skip``, whose chunks this save brings (validated against their keys)."""
-        infos = [self._chunks.owned(m.namespace, k) for k in m.chunk_keys]
+        with self._lock:
+            infos = [self._chunks.owned(m.namespace, k) for k in m.chunk_keys]
         # Another namespace's chunk and an absent one are one case, answered with one message:
         # a commit must not tell a tenant what another one holds.
         missing = [k.hex() for i, (k, info) in enumerate(zip(m.chunk_keys, infos))
@@ -269,32 +280,36 @@ class SessionStore:
 
     def delete(self, namespace: str, session_id: str) -> int:
         """Delete a session; returns how many chunks were freed (those no other session uses)."""
-        m = self.get(namespace, session_id)
-        ref = (m.namespace, m.session_id)
-        with self._lock:
-            freed = self._only_used_by(ref)
+        with self._write_lock:
+            m = self.get(namespace, session_id)
+            ref = (m.namespace, m.session_id)
+            with self._lock:
+                freed = self._only_used_by(ref)
             # the manifest and the chunks only it used: one transaction (one fsync)
             self.store.commit(WriteBatch(deletes=freed, meta_deletes=[m.key]))
-            self._unindex(ref)
+            with self._lock:
+                self._unindex(ref)
             self._forget(freed)
         return len(freed)
 
     def touch(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
-        m = self.get(namespace, session_id).with_retention(retention, self.clock())
-        with self._lock:
+        with self._write_lock:  # the version read here is the one replaced: no save slips in between
+            m = self.get(namespace, session_id).with_retention(retention, self.clock())
             self.store.put_meta(m.key, m.encode())
-            self._unindex((m.namespace, m.session_id))
-            self._index(m)
+            with self._lock:
+                self._unindex((m.namespace, m.session_id))
+                self._index(m)
         return m
 
     def expire(self) -> int:
         """Delete every session whose TTL has passed; returns how many."""
         now = self.clock()
-        with self._lock:
-            gone = [ref for ref, m in self._manifests.items() if m.expired(now)]
-            freed = []
-            for ref in gone:
-                freed.extend(self._unindex(ref))
+        with self._write_lock:
+            with self._lock:
+                gone = [ref for ref, m in self._manifests.items() if m.expired(now)]
+                freed = []
+                for ref in gone:
+                    freed.extend(self._unindex(ref))
             # every expired manifest and the chunks only they used: one transaction
             try:
                 self.store.commit(WriteBatch(deletes=freed, meta_deletes=[manifest_key(*ref) for ref in gone]))
