@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import get_layout
 from kvstore.manifest import manifest_key
 from kvstore.store import SessionStore, open_store
-from kvstore.tiers import TierError
+from kvstore.tiers import Tier, TierError
 
 CT = 16
 HOST, SSD = 0, 1
@@ -51,13 +51,14 @@ def counters(ss: SessionStore) -> list[int]:
 def tier_calls(ss: SessionStore) -> list[str]:
     """Record every tier operation the tiered store makes from now on."""
     calls: list[str] = []
-    real = ss.store._call
+    for slot in ss.store._slots:  # every tier call goes through its slot's call()
+        real = slot.call
 
-    def spy(i: int, op: str, *args: object) -> object:
-        calls.append(op)
-        return real(i, op, *args)
+        def spy(what: str, op: Callable[[Tier], object], real: Callable[..., object] = real) -> object:
+            calls.append(what)
+            return real(what, op)
 
-    ss.store._call = spy  # type: ignore[method-assign]
+        slot.call = spy  # type: ignore[method-assign]
     return calls
 
 

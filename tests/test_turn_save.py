@@ -3,6 +3,7 @@ validated whole before anything is written, over a real host + LMDB store in a t
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from store_helpers import TINY8, Session, build_session, save, store_config, token_stream
 
-from kvstore.errors import FailedPrecondition, InvalidArgument, Unavailable
+from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kvstore.keys import ROOT
 from kvstore.manifest import Manifest, Retention
 from kvstore.results import SaveResult
@@ -207,3 +208,33 @@ def test_reads_never_wait_behind_a_saves_durable_commit(sessions: SessionStore) 
         release.set()
         saver.join(HANG_GUARD_S)
     assert loads_whole(sessions, build_session("ns", "new", token_stream(41, 3 * 16)))
+
+
+def test_concurrent_turns_and_loads_over_a_full_fast_tier(tmp_path: Path) -> None:
+    """Savers and loaders at once, with the host tier small enough to evict all the time: no
+    deadlock between the tiers' locks, and every session loads whole afterwards."""
+    chunk_bytes = len(build_session("ns", "x", token_stream(0, 16)).blobs[0])
+    ss = open_store(store_config(tmp_path, host_capacity=6 * chunk_bytes))
+    made = [[build_session("ns", f"w{w}-{n}", token_stream(100 * w + n, 3 * 16 + 1)) for n in range(4)]
+            for w in range(4)]
+    errors: list[BaseException] = []
+
+    def work(sessions_of_one_worker: list[Session]) -> None:
+        try:
+            for s in sessions_of_one_worker:
+                turn(ss, s)
+                for other in made[0][:2]:
+                    with contextlib.suppress(NotFound):  # not saved yet by worker 0
+                        loads_whole(ss, other)
+        except BaseException as e:  # reported below, with the thread's traceback
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(m,)) for m in made]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(HANG_GUARD_S)
+    assert not any(th.is_alive() for th in threads), "deadlock"
+    assert errors == []
+    assert all(loads_whole(ss, s) for m in made for s in m)
+    ss.store.close()
