@@ -6,13 +6,16 @@ from dataclasses import dataclass, field
 
 from kvstore.tiers.config import HostTierConfig, SsdTierConfig, TierConfig
 
+#: The default host tier's capacity (the daemon's config takes it from here too).
+DEFAULT_HOST_CAPACITY_BYTES = 1 << 30
+
 
 @dataclass(frozen=True)
 class StoreConfig:
     """Tiers ordered fast to slow, and how data moves between them."""
 
     tiers: tuple[TierConfig, ...] = field(
-        default_factory=lambda: (HostTierConfig(capacity_bytes=1 << 30), SsdTierConfig())
+        default_factory=lambda: (HostTierConfig(capacity_bytes=DEFAULT_HOST_CAPACITY_BYTES), SsdTierConfig())
     )
     #: "through": every acknowledged chunk is on the persistent tier before the call returns.
     #: "back": chunks land in the fastest tier and reach the persistent tier on demotion, on
