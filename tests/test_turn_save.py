@@ -238,3 +238,54 @@ def test_concurrent_turns_and_loads_over_a_full_fast_tier(tmp_path: Path) -> Non
     assert errors == []
     assert all(loads_whole(ss, s) for m in made for s in m)
     ss.store.close()
+
+
+# -- group commit --------------------------------------------------------------------------------------
+def test_concurrent_turns_share_one_transaction_and_fail_alone(sessions: SessionStore) -> None:
+    """While one turn commits, four more queue: they go in one transaction (one fsync) together.
+    One of them names a chunk nobody stored: it fails alone; a second turn of one session waits
+    for the next group."""
+    ssd = sessions.store.tiers[SSD]
+    inside, release = threading.Event(), threading.Event()
+    real_write = ssd.write
+
+    def first_write_parks(batch: WriteBatch) -> int:
+        if not inside.is_set():
+            inside.set()
+            release.wait()
+        return real_write(batch)
+
+    ssd.write = first_write_parks  # type: ignore[method-assign]
+    first = build_session("ns", "first", token_stream(50, 2 * 16 + 1))
+    good = [build_session("ns", f"g{n}", token_stream(51 + n, 2 * 16 + 1)) for n in range(2)]
+    again = build_session("ns", "g0", token_stream(60, 3 * 16 + 1))  # g0's next version
+    bad = build_session("ns", "bad", token_stream(61, 2 * 16 + 1))
+    outcome: dict[str, object] = {}
+
+    def run(name: str, s: Session, first_index: int = 0) -> None:
+        try:
+            outcome[name] = turn(sessions, s, first_index)
+        except Exception as e:  # the error this caller gets
+            outcome[name] = e
+
+    threads = [threading.Thread(target=run, args=("first", first))]
+    threads[0].start()
+    assert inside.wait(HANG_GUARD_S)
+    before = txns(sessions)
+    threads += [threading.Thread(target=run, args=(f"g{n}", s)) for n, s in enumerate(good)]
+    threads += [threading.Thread(target=run, args=("bad", bad, 1)),  # chunk 0 was never stored
+                threading.Thread(target=run, args=("again", again))]
+    for th in threads[1:]:
+        th.start()
+    guard = threading.Event()
+    while len(sessions._turns._queue) < 4:  # all four queued behind the parked commit
+        assert not guard.wait(0.01) and all(th.is_alive() for th in threads[1:]), outcome
+    release.set()
+    for th in threads:
+        th.join(HANG_GUARD_S)
+    assert isinstance(outcome["bad"], FailedPrecondition)
+    assert all(isinstance(outcome[n], tuple) for n in ("first", "g0", "g1", "again"))
+    # first's own transaction, then one for g0, g1 and bad's failure, then g0's second version
+    assert txns(sessions) == before + 3
+    assert loads_whole(sessions, first) and loads_whole(sessions, good[1])
+    assert sessions.get("ns", "g0").chunk_keys in (good[0].keys, again.keys)

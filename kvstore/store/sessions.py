@@ -36,12 +36,27 @@ from kvstore.manifest import (
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.chunk_index import ChunkIndex, chunk_matches
 from kvstore.store.config import StoreConfig
+from kvstore.store.group_commit import GroupCommit, Pending
 from kvstore.store.tiered import TieredStore
 from kvstore.store.validate import chunk_batch_keys, chunk_layout, known_layout, manifest_layout
 from kvstore.tiers.base import WriteBatch
 
 log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
+SavedTurn = tuple[Manifest, SaveResult]
+
+
+@dataclass(frozen=True)
+class _Turn:
+    """A validated turn waiting for its group commit."""
+
+    namespace: str
+    layout_id: bytes
+    parent: bytes
+    first_index: int
+    keys: list[bytes]
+    blobs: Sequence[bytes | memoryview]
+    manifest: Manifest
 
 
 @dataclass
@@ -78,6 +93,8 @@ class SessionStore:
         #: never wait behind a save's fsync.
         self._write_lock = threading.RLock()
         self._lock = threading.RLock()
+        #: Concurrent turn saves share one durable transaction (one fsync) per group.
+        self._turns: GroupCommit[_Turn, SavedTurn] = GroupCommit(self._write_lock, self._commit_turns)
         self._manifests: dict[SessionRef, Manifest] = {}
         self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
         #: Owner and place of every chunk saved or named by a manifest: reads, lookups and commits
@@ -203,7 +220,10 @@ class SessionStore:
         ``manifest`` must name the blobs' keys at positions ``first_index...``; every other chunk
         it names must already be stored. Everything is validated before anything is written: bad
         input changes nothing. Returns the committed manifest (stamped with the store's clock)
-        and the chunks' keys with how many were new. With no blobs this is ``commit``."""
+        and the chunks' keys with how many were new. With no blobs this is ``commit``.
+
+        Concurrent calls share transactions (group commit): a call returns once the transaction
+        holding its turn is durable, or with its own error."""
         check_namespace(namespace)
         if manifest.namespace != namespace or manifest.layout_id != layout_id:
             raise InvalidArgument("the manifest must name the save's namespace and layout")
@@ -217,28 +237,70 @@ class SessionStore:
             if list(manifest.chunk_keys[first_index:end]) != keys:
                 raise InvalidArgument(f"the manifest does not name the saved chunks as its chunks "
                                       f"{first_index} to {end - 1}")
-        batch = range(first_index, first_index + len(keys))
-        # Checked and written under the write lock: a concurrent delete of a session sharing these
-        # chunks cannot free one between this check and the new manifest joining the index.
-        with self._write_lock:
-            self._check_chunks(manifest, skip=batch)
-            new = self._new_chunks(keys, blobs)
-            if self.config.write_mode == "back":
-                self.store.flush([k for i, k in enumerate(manifest.chunk_keys) if i not in batch])
-            ref = (manifest.namespace, manifest.session_id)
+        return self._turns.submit(_Turn(namespace, layout_id, parent, first_index, keys, blobs, manifest))
+
+    def _commit_turns(self, group: list[Pending[_Turn, SavedTurn]]) -> list[Pending[_Turn, SavedTurn]]:
+        """Commit a group of turns (``group_commit.py``) in one durable transaction, under the write
+        lock: each turn is checked against the index as the group found it (a failing one fails
+        alone), then every accepted turn's new chunks and manifest, and the chunks only the
+        versions they replace used, go in one WriteBatch. A second turn of one session waits for
+        the next group. If the transaction fails, every turn of the group fails with it and the
+        index is untouched."""
+        accepted: list[tuple[Pending[_Turn, SavedTurn], Manifest, list[tuple[bytes, bytes | memoryview]]]] = []
+        later: list[Pending[_Turn, SavedTurn]] = []
+        refs: set[SessionRef] = set()
+        for p in group:
+            t = p.item
+            ref = (t.manifest.namespace, t.manifest.session_id)
+            if ref in refs:
+                later.append(p)
+                continue
+            batch = range(t.first_index, t.first_index + len(t.keys))
+            try:
+                self._check_chunks(t.manifest, skip=batch)
+                if self.config.write_mode == "back":
+                    self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in batch])
+            except Exception as e:  # this turn's own error, raised to its caller
+                p.fail(e)
+                continue
+            refs.add(ref)
             old = self._manifests.get(ref)
             now = self.clock()  # the store's clock stamps versions: TTLs never trust a caller's times
-            m = replace(manifest, created_at=old.created_at if old is not None else now, updated_at=now)
-            doomed = self._only_used_by(ref, keep=m.chunk_keys)
-            # new chunks, the manifest, and the chunks only the replaced version used: one transaction
-            self.store.commit(WriteBatch(puts=new, deletes=doomed, meta_puts=[(m.key, m.encode())]))
-            with self._lock:
-                if keys:
-                    self._chunks.add_sequence(namespace, layout_id, keys, first_index, parent)
-                self._unindex(ref)
+            m = replace(t.manifest, created_at=old.created_at if old is not None else now, updated_at=now)
+            accepted.append((p, m, self._new_chunks(t.keys, t.blobs)))
+        if not accepted:
+            return later
+        puts = {k: blob for _, _, new in accepted for k, blob in new}
+        doomed = self._replaced_only(refs, {k for _, m, _ in accepted for k in m.chunk_keys})
+        try:
+            self.store.commit(WriteBatch(puts=list(puts.items()), deletes=doomed,
+                                         meta_puts=[(m.key, m.encode()) for _, m, _ in accepted]))
+        except Exception as e:  # nothing of the group is stored: every turn of it fails
+            for p, _, _ in accepted:
+                p.fail(e)
+            return later
+        with self._lock:
+            for p, m, _ in accepted:
+                t = p.item
+                if t.keys:
+                    self._chunks.add_sequence(t.namespace, t.layout_id, t.keys, t.first_index, t.parent)
+                self._unindex((m.namespace, m.session_id))
                 self._index(m)
-            self._forget(doomed)
-        return m, SaveResult(keys, len(new))
+        self._forget(doomed)
+        for p, m, new in accepted:
+            p.succeed((m, SaveResult(p.item.keys, len(new))))
+        return later
+
+    def _replaced_only(self, refs: set[SessionRef], kept: set[bytes]) -> list[bytes]:
+        """Chunks that only the current versions of ``refs`` use and no new version names: what
+        replacing them frees."""
+        out: dict[bytes, None] = {}
+        for ref in refs:
+            old = self._manifests.get(ref)
+            for k in old.chunk_keys if old is not None else ():
+                if k not in kept and self._refs.get(k, set()) <= refs:
+                    out[k] = None
+        return list(out)
 
     def _check_chunks(self, m: Manifest, skip: range = range(0)) -> None:
         """Every chunk ``m`` names is stored, owned by its namespace, and in its place; except the
