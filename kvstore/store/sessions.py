@@ -1,8 +1,11 @@
 """Sessions, first-class: save chunks, commit manifests, look up prefixes, delete safely.
 
 Invariants:
-- a manifest is written after every chunk it references is durable, in one transaction, so a
-  manifest never references a missing chunk and a crashed save leaves the previous version;
+- a manifest is written in the same transaction as the new chunks it references (``save_session``)
+  or after they are durable (``save_chunks`` then ``commit``), so a manifest never references a
+  missing chunk and a crashed save leaves the previous version or the new one, complete;
+- every call is one durable transaction (docs/FORMAT.md, "Transactions"); concurrent turn saves
+  share one (group commit);
 - chunks are content-addressed and shared by every session of a namespace with the same prefix;
   which sessions reference a chunk is derived from the manifests (a reachability index rebuilt at
   open), so deleting one session never breaks another, and there is no refcount to drift;
@@ -18,7 +21,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from kvstore.keys import ROOT, chain_keys
@@ -36,47 +39,15 @@ from kvstore.manifest import (
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.chunk_index import ChunkIndex, chunk_matches
 from kvstore.store.config import StoreConfig
+from kvstore.store.counters import DamageCounters, HitCounters
 from kvstore.store.group_commit import GroupCommit, Pending
 from kvstore.store.tiered import TieredStore
+from kvstore.store.turn import SavedTurn, Turn
 from kvstore.store.validate import chunk_batch_keys, chunk_layout, known_layout, manifest_layout
 from kvstore.tiers.base import WriteBatch
 
 log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
-SavedTurn = tuple[Manifest, SaveResult]
-
-
-@dataclass(frozen=True)
-class _Turn:
-    """A validated turn waiting for its group commit."""
-
-    namespace: str
-    layout_id: bytes
-    parent: bytes
-    first_index: int
-    keys: list[bytes]
-    blobs: Sequence[bytes | memoryview]
-    manifest: Manifest
-
-
-@dataclass
-class DamageCounters:
-    """Damage found in the durable tier at open: manifests that do not decode (ignored), and
-    chunks a manifest references that the durable tier does not hold (the session then loads
-    with misses; a client re-prefills them)."""
-
-    manifests: int = 0
-    missing_chunks: int = 0
-
-
-@dataclass
-class HitCounters:
-    lookups: int = 0
-    requested_tokens: int = 0
-    hit_tokens: int = 0
-    loads: int = 0
-    loaded_chunks: int = 0
-    missed_chunks: int = 0
 
 
 class SessionStore:
@@ -94,7 +65,7 @@ class SessionStore:
         self._write_lock = threading.RLock()
         self._lock = threading.RLock()
         #: Concurrent turn saves share one durable transaction (one fsync) per group.
-        self._turns: GroupCommit[_Turn, SavedTurn] = GroupCommit(self._write_lock, self._commit_turns)
+        self._turns: GroupCommit[Turn, SavedTurn] = GroupCommit(self._write_lock, self._commit_turns)
         self._manifests: dict[SessionRef, Manifest] = {}
         self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
         #: Owner and place of every chunk saved or named by a manifest: reads, lookups and commits
@@ -173,15 +144,6 @@ class SessionStore:
             for k in keys:
                 self._chunks.discard(k)
 
-    def _only_used_by(self, ref: SessionRef, keep: Sequence[bytes] = ()) -> list[bytes]:
-        """The chunks of session ``ref`` that no other session uses (and ``keep`` does not name):
-        what replacing or deleting it frees, deleted in the same transaction."""
-        old = self._manifests.get(ref)
-        kept = set(keep)
-        return list(dict.fromkeys(k for k in (old.chunk_keys if old else ())
-                                  if k not in kept and self._refs.get(k) == {ref}))
-
-    # -- saving ---------------------------------------------------------------------------------
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
                     blobs: Sequence[bytes | memoryview]) -> SaveResult:
         """Validate and store consecutive complete chunks of one sequence, starting at chunk
@@ -237,17 +199,17 @@ class SessionStore:
             if list(manifest.chunk_keys[first_index:end]) != keys:
                 raise InvalidArgument(f"the manifest does not name the saved chunks as its chunks "
                                       f"{first_index} to {end - 1}")
-        return self._turns.submit(_Turn(namespace, layout_id, parent, first_index, keys, blobs, manifest))
+        return self._turns.submit(Turn(namespace, layout_id, parent, first_index, keys, blobs, manifest))
 
-    def _commit_turns(self, group: list[Pending[_Turn, SavedTurn]]) -> list[Pending[_Turn, SavedTurn]]:
+    def _commit_turns(self, group: list[Pending[Turn, SavedTurn]]) -> list[Pending[Turn, SavedTurn]]:
         """Commit a group of turns (``group_commit.py``) in one durable transaction, under the write
         lock: each turn is checked against the index as the group found it (a failing one fails
         alone), then every accepted turn's new chunks and manifest, and the chunks only the
         versions they replace used, go in one WriteBatch. A second turn of one session waits for
         the next group. If the transaction fails, every turn of the group fails with it and the
         index is untouched."""
-        accepted: list[tuple[Pending[_Turn, SavedTurn], Manifest, list[tuple[bytes, bytes | memoryview]]]] = []
-        later: list[Pending[_Turn, SavedTurn]] = []
+        accepted: list[tuple[Pending[Turn, SavedTurn], Manifest, list[tuple[bytes, bytes | memoryview]]]] = []
+        later: list[Pending[Turn, SavedTurn]] = []
         refs: set[SessionRef] = set()
         for p in group:
             t = p.item
@@ -255,11 +217,10 @@ class SessionStore:
             if ref in refs:
                 later.append(p)
                 continue
-            batch = range(t.first_index, t.first_index + len(t.keys))
             try:
-                self._check_chunks(t.manifest, skip=batch)
+                self._check_chunks(t.manifest, skip=t.batch)
                 if self.config.write_mode == "back":
-                    self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in batch])
+                    self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in t.batch])
             except Exception as e:  # this turn's own error, raised to its caller
                 p.fail(e)
                 continue
@@ -346,7 +307,7 @@ class SessionStore:
             m = self.get(namespace, session_id)
             ref = (m.namespace, m.session_id)
             with self._lock:
-                freed = self._only_used_by(ref)
+                freed = self._replaced_only({ref}, set())
             # the manifest and the chunks only it used: one transaction (one fsync)
             self.store.commit(WriteBatch(deletes=freed, meta_deletes=[m.key]))
             with self._lock:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvstore import chunk
-from kvstore.store.sessions import HitCounters, SessionStore
+from kvstore.store.counters import HitCounters
+from kvstore.store.sessions import SessionStore
 from kvstore.store.tiered import TierReport
 from kvstore.store.validate import known_layout
 
