@@ -34,6 +34,7 @@ from replay.model import (
     Transformer,
     _rank,
     block_pool,
+    n_selectable,
     rope,
     rope_angles,
     select_top_k,
@@ -80,12 +81,12 @@ def index_scores(ix: Indexer, h: Tensor, cs: Tensor, keys: Tensor) -> Tensor:
 @torch.no_grad()
 def select(att: Attention, scores: Tensor, nvis: Tensor, pool: tuple[Tensor, Tensor] | None
            ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor] | None]:
-    """As Attention.select, for every query at once. scores: [B, T, N], nvis: [T] -> ((entry ids [B, T, k]
+    """As Attention.select, for every query at once. scores: [B, T, N], nvis: [B, T] -> ((entry ids [B, T, k]
     ascending, valid [B, T, k]), the decoder's candidate pool (ids, valid) [B*T, P] or None)."""
     b, t, n = scores.shape
     k, flat = att.args.top_k, scores.reshape(b * t, n)
     ids = torch.arange(n, device=scores.device).expand(b * t, n)
-    nv = nvis.repeat(b)
+    nv = nvis.reshape(b * t)
     if att.mode == REINDEX:
         assert pool is not None
         pid, pok = pool
@@ -102,13 +103,13 @@ def select(att: Attention, scores: Tensor, nvis: Tensor, pool: tuple[Tensor, Ten
 
 def index_kl(q: Tensor, glob: Tensor, vis: Tensor, scores: Tensor, rows: Tensor) -> Tensor:
     """KL(p || softmax(scores)) over visible entries, p = head-mean softmax of the main attention logits.
-    q: [B, T, H, Dh], glob: [B, N, Dh], vis: [T, N], scores: [B, T, N], rows: [B, T] which queries count."""
+    q: [B, T, H, Dh], glob: [B, N, Dh], vis: [B, T, N], scores: [B, T, N], rows: [B, T] which queries count."""
     rows = rows & vis.any(-1)
     if not bool(rows.any()):
         return scores.sum() * 0
     with torch.no_grad():
         logit = torch.einsum("bthd,bnd->bhtn", q, glob).float() * q.shape[-1] ** -0.5
-        p = torch.softmax(logit.masked_fill(~vis, float("-inf")), -1).mean(1).nan_to_num_(0.0)  # [B, T, N]
+        p = torch.softmax(logit.masked_fill(~vis[:, None], float("-inf")), -1).mean(1).nan_to_num_(0.0)  # [B, T, N]
         plogp = torch.where(vis, p * p.clamp_min(1e-30).log(), 0.0).sum(-1)
     logq = torch.log_softmax(scores.masked_fill(~vis, -1e9), -1)
     kl = plogp - torch.where(vis, p * logq, 0.0).sum(-1)  # [B, T]
@@ -159,21 +160,21 @@ def forward(model: Transformer, tokens: Tensor, decoder_from: Tensor | None = No
         q = _rope(_lin(att.wq, h).view(b, t, a.n_heads, a.head_dim), cs)  # [B, T, H, Dh]
         k = fq_swa(_rope(att.kv_norm(_lin(att.wkv, h)), cs))  # [B, T, Dh]
         glob, glob_ok = k.new_zeros(b, t, 0, a.head_dim), torch.zeros(b, t, 0, dtype=torch.bool, device=dev)
+        lo = dfrom if i >= enc else torch.zeros_like(dfrom)  # where this layer's SWA run begins
         if att.mode != SWA:
             main, ikeys = caches[att.src]
-            nvis = (pos + 1) // a.m[att.src]  # group g is visible iff g < (p+1)//m
+            nvis = n_selectable(pos, lo[:, None], a.m[att.src], a).expand(b, t)  # [B, T]
             if att.indexer is not None:
                 scores = index_scores(att.indexer, h.detach(), cs, ikeys)
                 sel, pool = select(att, scores, nvis, pool)
                 if with_index_kl:
-                    vis = torch.arange(main.shape[1], device=dev)[None] < nvis[:, None]  # [T, N]
+                    vis = torch.arange(main.shape[1], device=dev) < nvis[..., None]  # [B, T, N]
                     rows = dec_rows if i >= enc else torch.ones_like(dec_rows)
                     kls.append(index_kl(q.detach(), main.detach(), vis, scores, rows))
             assert sel is not None
             if use_global:  # Reuse layers take the latest selection as it is
                 ids, glob_ok = sel
                 glob = main.gather(1, ids.reshape(b, -1, 1).expand(-1, -1, a.head_dim)).view(b, t, -1, a.head_dim)
-        lo = dfrom if i >= enc else torch.zeros_like(dfrom)
         x = x + _lin(att.wo, attend(q, k, lo, glob, glob_ok, a.window).reshape(b, t, -1))
         x = x + _lin(layer.feed_forward, layer.ffn_norm(x))
     logits = _lin(model.output, model.norm(x)).float()

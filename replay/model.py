@@ -49,6 +49,10 @@ class ModelArgs:
     pool_blocks: int = 32
     block_size: int = 8
     layout_name: str = "tiny-16"
+    # Global entries inside the query's own SWA window (MINIATURE.md is silent; docs/MODEL.md): False keeps them
+    # selectable (the spec's literal rule, counted twice: FP8 via SWA, FP4 via the selection); True drops from
+    # the indexer's candidates every entry whose tokens all lie in the window the query's SWA really sees.
+    exclude_in_window: bool = False
 
     @classmethod
     def tiny16(cls, **kw: object) -> ModelArgs:
@@ -191,6 +195,17 @@ class Indexer(nn.Module):
         return (s.relu_() * w[..., None]).sum(1).float()
 
 
+def n_selectable(pos: Tensor, win_lo: Tensor, m: int, args: ModelArgs) -> Tensor:
+    """Entries [0, n) of an m-ratio cache a query at ``pos`` may select: group g is visible iff g < (p+1)//m;
+    with ``exclude_in_window`` also only groups with a token before the query's SWA window, which starts at
+    max(win_lo, p - window + 1) (win_lo: where the layer's SWA run began). Shapes broadcast."""
+    nvis = (pos + 1) // m
+    if not args.exclude_in_window:
+        return nvis
+    first = torch.maximum(pos - args.window + 1, win_lo)
+    return torch.minimum(nvis, -(-first // m))
+
+
 def _rank(scores: Tensor, ids: Tensor, ok: Tensor) -> Tensor:
     # Ties (entries whose every head is ReLU-zero) go to the newest entry, whatever the tensor shapes.
     return (scores + ids * 1e-30).masked_fill(~ok, float("-inf"))
@@ -212,7 +227,7 @@ def block_pool(ranked: Tensor, nvis: Tensor, args: ModelArgs) -> tuple[Tensor, T
     t, n, bs = ranked.shape[0], ranked.shape[1], args.block_size
     nb = -(-n // bs)
     best = F.pad(ranked, (0, nb * bs - n), value=float("-inf")).view(t, nb, bs).amax(-1)  # [T, nb]
-    best = best.scatter(1, ((nvis - 1) // bs)[:, None], float("inf"))
+    best = best.scatter(1, ((nvis - 1).clamp_min(0) // bs)[:, None], float("inf"))  # nvis = 0: nothing is valid
     blocks = best.topk(min(args.pool_blocks, nb), dim=1).indices  # [T, B]
     pool = (blocks[..., None] * bs + torch.arange(bs, device=ranked.device)).flatten(1)
     return pool.clamp(max=n - 1), pool < nvis[:, None]
@@ -263,16 +278,16 @@ class Attention(nn.Module):
         glob, glob_ok = k.new_zeros(t, 0, a.head_dim), torch.zeros(t, 0, dtype=torch.bool, device=k.device)
         if self.mode != SWA:
             if self.indexer is not None:
-                ctx["topk"] = self.select(h, pos, cs, state, ctx)
+                ctx["topk"] = self.select(h, pos, cs, state, ctx, e0)
             sel, glob_ok = ctx["topk"]  # Reuse layers take the latest selection as it is
             glob = state.caches[f"main.L{self.src}"].values[sel]  # [T, k, Dh]
         return self.wo(attend(q, pos, ext, e0, glob, glob_ok, a.window).reshape(t, -1))
 
     def select(self, h: Tensor, pos: Tensor, cs: Tensor, state: SessionState,
-               ctx: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+               ctx: dict[str, tuple[Tensor, Tensor]], win_lo: int) -> tuple[Tensor, Tensor]:
         assert self.indexer is not None
         index, k = state.caches[f"index.L{self.src}"], self.args.top_k
-        nvis = (pos + 1) // self.args.m[self.src]  # [T]: group g is visible iff g < (p+1)//m
+        nvis = n_selectable(pos, pos.new_tensor(win_lo), self.args.m[self.src], self.args)  # [T]
         if self.mode == REINDEX:
             pool, pool_ok = ctx["pool"]
             return select_top_k(_rank(self.indexer(h, cs, index.values[pool]), pool, pool_ok), pool, k)

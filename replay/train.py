@@ -51,15 +51,17 @@ class TrainConfig:
     save_every: int = 250
     eval_windows: int = 64  # held-out windows of seq_len for the final evaluation (0 = all)
     max_minutes: float = 0.0  # stop early (and save) after this long; 0 = no limit
+    stop_at: int = 0  # stop after this many steps, on the schedule of ``steps`` (0 = run them all)
+    exclude_in_window: bool = False  # ModelArgs.exclude_in_window (the A/B of benchmarks/bench_overlap.py)
 
 
-def model_args(name: str) -> ModelArgs:
-    return {"tiny-16": ModelArgs.tiny16, "tiny-8": ModelArgs.tiny8}[name]()
+def model_args(cfg: TrainConfig) -> ModelArgs:
+    return {"tiny-16": ModelArgs.tiny16, "tiny-8": ModelArgs.tiny8}[cfg.model](exclude_in_window=cfg.exclude_in_window)
 
 
 def new_model(cfg: TrainConfig, device: torch.device) -> Transformer:
     """model.py's seeded init, with the residual-branch outputs (wo, w2) scaled by 1/sqrt(2 L)."""
-    model = Transformer(model_args(cfg.model), seed=cfg.seed)
+    model = Transformer(model_args(cfg), seed=cfg.seed)
     with torch.no_grad():
         for layer in model.layers:
             for w in (layer.attention.wo.weight, layer.feed_forward.w2.weight):
@@ -166,6 +168,8 @@ def train(cfg: TrainConfig, train_data: Tensor, heldout: Tensor, out: Path, devi
             print(json.dumps(rec), flush=True)
         if (step + 1) % cfg.save_every == 0:
             save_bf16(model, ckpt, {**meta, "steps": str(step + 1), "tokens_seen": str(tokens_seen)})
+        if cfg.stop_at and step + 1 >= cfg.stop_at:
+            break
         if cfg.max_minutes and elapsed > cfg.max_minutes * 60:
             print(f"stopping at step {step + 1}: {cfg.max_minutes} minutes", flush=True)
             break
@@ -196,7 +200,10 @@ def main() -> None:
     ap.add_argument("--data", help="a directory with train.bin and heldout.bin (default: this Python's stdlib)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     for f in fields(TrainConfig):
-        ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+        if isinstance(f.default, bool):
+            ap.add_argument("--" + f.name.replace("_", "-"), action="store_true")
+        else:
+            ap.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
     args = ap.parse_args()
     cfg = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
     torch.backends.cuda.matmul.allow_tf32 = False
