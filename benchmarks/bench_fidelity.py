@@ -194,6 +194,12 @@ the never-evicted session, so all of bounded replay's error is its own.
 """
 
 
+def _overlap_section() -> str:
+    from benchmarks.bench_overlap import COMMITTED, section  # it imports this module
+
+    return section(json.loads(COMMITTED.read_text())) if COMMITTED.exists() else ""
+
+
 def render(raw: dict, cal_path: Path) -> None:  # type: ignore[type-arg]
     """fidelity.md, fidelity.png and the calibration table from fidelity.json's numbers."""
     by_len = {int(n0): {k: [Fidelity(**f) for f in v] for k, v in agg.items()} for n0, agg in raw["by_history"].items()}
@@ -276,7 +282,7 @@ session (mean KL {bp.mean_kl:.2g}, top-1 {bp.top1_agreement:.2%} against a re-pr
 {sweep_table}
 
 ![fidelity vs replay length](fidelity.png)
-{_cpu_section(raw.get("cpu_check"))}
+{_cpu_section(raw.get("cpu_check"))}{_overlap_section()}
 ## What these numbers say
 
 - **A trained model loses little, not nothing.** With seeded random weights bounded replay left a mean KL of 0.2-0.3
