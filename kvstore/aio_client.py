@@ -44,6 +44,12 @@ class AsyncClient:
         self._connecting = asyncio.Lock()  # one connect or re-attach at a time
 
     async def close(self) -> None:
+        """As Client.close: detach the arena (best effort), close the channel."""
+        if self._carrier is not None and self._carrier.arena_id:
+            async with self._lock:
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
+                                                 timeout=wire.DETACH_TIMEOUT_S, metadata=self._metadata)
         self._drop_arena()
         await self._channel.close()
 

@@ -54,6 +54,11 @@ class Client:
         self._connecting = threading.Lock()  # one connect or re-attach at a time
 
     def close(self) -> None:
+        """Detach the arena (best effort: the daemon unmaps it after 300 s idle anyway), close the channel."""
+        if self._carrier is not None and self._carrier.arena_id:
+            with self._lock, contextlib.suppress(grpc.RpcError):
+                self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
+                                       timeout=wire.DETACH_TIMEOUT_S, metadata=self._metadata)
         self._drop_arena()
         self._channel.close()
 
@@ -169,8 +174,8 @@ class Client:
 
     def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob]) -> SavedSession:
         """Save a turn in one call: ``new_blobs`` are the manifest's last ``len(new_blobs)`` chunks;
-        the daemon stores them, then commits the manifest. If the commit fails, no new version of the
-        session is visible (the chunks may stay stored, unreferenced, until collected)."""
+        the daemon stores them and commits the manifest in one durable transaction. If that fails,
+        nothing is stored and the previous version of the session stays."""
         return wire.saved_session(self._save(wire.turn_header(manifest, len(new_blobs)), new_blobs))
 
     def _open(self, rpc: Callable[..., Any], build: Callable[[transport.Carrier], Any],

@@ -1,7 +1,7 @@
 """The one way chunk blobs travel between a client and the daemon: a ``Carrier``.
 
-A carrier sends a batch of (index, blob) pairs as ``ChunkData`` messages and a ``Receiver`` turns
-those messages back into pairs. Two carriers exist, used the same way by the sync client, the async
+A carrier sends a batch of (index, blob) pairs as ``Piece``s, one per ``ChunkData`` message, and a
+``Receiver`` turns those messages back into pairs. Two carriers exist, used the same way by the sync client, the async
 client and the servicer:
 
 - ``StreamCarrier``: the blobs back to back in the messages' ``data`` (kvstore.framing).
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from kvstore import framing, shm
 from kvstore.errors import InvalidArgument
@@ -33,6 +33,28 @@ UNKNOWN_ARENA = "unknown arena"
 STREAM, ARENA = "stream", "arena"
 
 
+class Piece(NamedTuple):
+    """One message's worth of a batch: stream bytes and the indices of the blobs that start in them,
+    or the handle of the blobs placed in the arena."""
+
+    data: bytes = b""
+    indices: Sequence[int] = ()
+    handle: pb.ShmHandle | None = None
+
+    def into(self, msg: pb.ChunkData) -> pb.ChunkData:
+        """Fill ``msg``: a fresh ChunkData or the field of an outer message. (Building the outer
+        message from a finished ChunkData would copy the data once more: 0.26 ms per 512 KiB.)"""
+        if self.handle is not None:
+            msg.shm.CopyFrom(self.handle)
+        else:
+            msg.data = self.data
+            msg.indices.extend(self.indices)
+        return msg
+
+    def message(self) -> pb.ChunkData:
+        return self.into(pb.ChunkData())
+
+
 class Carrier(ABC):
     """How one batch of chunk blobs travels. ``arena_id`` names the arena in requests ("" = none)."""
 
@@ -43,15 +65,15 @@ class Carrier(ABC):
         self.message_bytes = message_bytes
 
     @abstractmethod
-    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[pb.ChunkData]:
-        """The batch as messages, produced lazily in index order (a miss is simply left out)."""
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
+        """The batch, one piece per message, produced lazily in index order (a miss is simply left out)."""
 
     def receiver(self, copy: bool = True) -> Receiver:
         """Reads this carrier's messages. ``copy=False``: blobs may be views into the arena, valid
         until the carrier's next batch."""
         return Receiver(None, copy)
 
-    def stream(self, items: Iterable[tuple[int, Blob]]) -> Iterator[pb.ChunkData]:
+    def stream(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
         index: list[int] = []
 
         def blobs() -> Iterator[Blob]:
@@ -60,13 +82,13 @@ class Carrier(ABC):
                 yield b
 
         for data, starts in framing.pack(blobs(), self.message_bytes):
-            yield pb.ChunkData(data=data, indices=[index[s] for s in starts])
+            yield Piece(data, [index[s] for s in starts])
 
 
 class StreamCarrier(Carrier):
     name = STREAM
 
-    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[pb.ChunkData]:
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
         return self.stream(items)
 
 
@@ -81,7 +103,7 @@ class ArenaCarrier(Carrier):
         self.arena_id = arena_id
         self.overflowed = False  # the last batch did not fit whole (the daemon counts these)
 
-    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[pb.ChunkData]:
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
         self.overflowed = False
         handle = pb.ShmHandle(arena_id=self.arena_id)
         view, off = self.arena.view, 0
@@ -92,7 +114,7 @@ class ArenaCarrier(Carrier):
                 self.overflowed = True
                 if handle.indices:
                     handle.size = off
-                    yield pb.ChunkData(shm=handle)
+                    yield Piece(handle=handle)
                 yield from self.stream(_chain((i, blob), it))
                 return
             view[off : off + n] = blob
@@ -102,7 +124,7 @@ class ArenaCarrier(Carrier):
             off += n
         if handle.indices:
             handle.size = off
-            yield pb.ChunkData(shm=handle)
+            yield Piece(handle=handle)
 
     def receiver(self, copy: bool = True) -> Receiver:
         return Receiver(self, copy)

@@ -30,6 +30,7 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.v1 import kvstore_pb2 as pb
 
 ARENA_REATTACH_S = 240.0  # below the daemon's idle limit for arenas (server/arenas.py)
+DETACH_TIMEOUT_S = 2.0  # a closing client does not wait long for a daemon that is gone
 
 _ERRORS: dict[grpc.StatusCode, type[Exception]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
@@ -120,17 +121,17 @@ def turn_header(manifest: Manifest, new_chunks: int) -> pb.SaveHeader:
     return h
 
 
-def save_requests(header: pb.SaveHeader, messages: Iterator[pb.ChunkData]) -> Iterator[pb.SaveChunksRequest]:
+def save_requests(header: pb.SaveHeader, pieces: Iterator[transport.Piece]) -> Iterator[pb.SaveChunksRequest]:
     """The header (naming the arena part of the batch, if any), then the streamed part."""
     h = pb.SaveHeader()
     h.CopyFrom(header)
-    first = next(messages, None)
-    if first is not None and first.HasField("shm"):
-        h.arena_id, h.arena_bytes = first.shm.arena_id, first.shm.size
+    first = next(pieces, None)
+    if first is not None and first.handle is not None:
+        h.arena_id, h.arena_bytes = first.handle.arena_id, first.handle.size
         first = None
     yield pb.SaveChunksRequest(header=h, data=first.data if first is not None else b"")
-    for m in messages:
-        yield pb.SaveChunksRequest(data=m.data)
+    for p in pieces:
+        yield pb.SaveChunksRequest(data=p.data)
 
 
 def lookup_request(namespace: str, layout_id: bytes, token_ids: Any) -> pb.LookupRequest:

@@ -19,7 +19,8 @@ ITEMS = [(0, BLOBS[0]), (2, BLOBS[1]), (5, BLOBS[2]), (6, small_chunk(3, 9))]  #
 def round_trip(sender: transport.Carrier, receiver: transport.Receiver,
                items: list[tuple[int, Blob]] = ITEMS) -> tuple[list[tuple[int, bytes]], list[str]]:
     got, kinds = [], []
-    for msg in sender.send(iter(items)):
+    for piece in sender.send(iter(items)):
+        msg = piece.message()
         kinds.append("arena" if msg.HasField("shm") else "data")
         got += [(i, bytes(b)) for i, b in receiver.feed(msg)]
     receiver.finish()
@@ -66,7 +67,7 @@ def test_a_batch_with_no_room_at_all_is_all_stream(tmp_path: Path) -> None:
 
 def test_zero_copy_views_and_copies(arena_pair: tuple[shm.Arena, shm.Arena]) -> None:
     mine, theirs = arena_pair
-    msg = next(transport.ArenaCarrier(theirs, "id1").send(iter(ITEMS[:1])))
+    msg = next(transport.ArenaCarrier(theirs, "id1").send(iter(ITEMS[:1]))).message()
     (_, view), = transport.ArenaCarrier(mine, "id1").receiver(copy=False).feed(msg)
     (_, copy), = transport.ArenaCarrier(mine, "id1").receiver(copy=True).feed(msg)
     assert isinstance(view, memoryview) and view.obj is mine.view.obj and isinstance(copy, bytes)
@@ -75,7 +76,7 @@ def test_zero_copy_views_and_copies(arena_pair: tuple[shm.Arena, shm.Arena]) -> 
 def test_an_answer_naming_another_arena_or_bytes_beyond_it_is_refused(arena_pair: tuple[shm.Arena, shm.Arena]
                                                                       ) -> None:
     mine, theirs = arena_pair
-    msg = next(transport.ArenaCarrier(theirs, "id1").send(iter(ITEMS[:1])))
+    msg = next(transport.ArenaCarrier(theirs, "id1").send(iter(ITEMS[:1]))).message()
     with pytest.raises(InvalidArgument, match="did not"):
         transport.ArenaCarrier(mine, "id2").receiver().feed(msg)
     with pytest.raises(InvalidArgument, match="did not"):
@@ -89,8 +90,9 @@ def test_a_save_arena_part_is_copied_out_and_bounded(arena_pair: tuple[shm.Arena
     mine, theirs = arena_pair
     first = next(transport.ArenaCarrier(mine, "id1").send(enumerate(BLOBS)))
     receiver = transport.ArenaCarrier(theirs, "id1").receiver(copy=True)
-    blobs = receiver.arena_prefix(first.shm.size)
-    mine.view[: first.shm.size] = bytes(first.shm.size)  # the sender scribbles afterwards: no effect
+    assert first.handle is not None
+    blobs = receiver.arena_prefix(first.handle.size)
+    mine.view[: first.handle.size] = bytes(first.handle.size)  # the sender scribbles afterwards: no effect
     assert [bytes(b) for b in blobs] == BLOBS
     with pytest.raises(InvalidArgument, match="exceeds the arena's 4096"):
         receiver.arena_prefix(4097)

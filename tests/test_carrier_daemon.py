@@ -61,6 +61,15 @@ def test_the_path_is_chosen_once_at_connect(daemon: Daemon, ns: str) -> None:
     assert transport_stats(daemon).stream_calls == after.stream_calls + 1
 
 
+def test_a_closing_client_detaches_its_arena(daemon: Daemon, ns: str) -> None:
+    s = make_session(namespace=ns, tokens=300)
+    with Client(address=daemon.address, arena_bytes=1 << 20) as c:
+        c.save_session(s.manifest, s.blobs)
+        attached = transport_stats(daemon)
+    after = transport_stats(daemon)
+    assert after.arenas == attached.arenas - 1 and after.detaches == attached.detaches + 1
+
+
 def test_a_batch_larger_than_the_arena_takes_the_stream_for_that_call(daemon: Daemon, ns: str) -> None:
     small, large = make_session(namespace=ns, session_id="small", tokens=300), \
         make_session(namespace=ns, session_id="large", tokens=1200, seed=1)
@@ -89,8 +98,10 @@ def test_a_turn_is_one_call_and_a_failed_commit_publishes_nothing(daemon: Daemon
         with pytest.raises(InvalidArgument, match="trailing span"):
             c.save_session(dataclasses.replace(grown.manifest, tail=bytes(bad_tail)), grown.blobs[2:])
         assert c.get_session(ns, "t")[0] == v1  # the failed turn left the previous version
+        ids = [int(t) for t in grown.token_ids]
+        assert c.lookup(ns, grown.layout.layout_id, ids).chunks == 2  # and stored none of its chunks
         turn = c.save_session(grown.manifest, grown.blobs[2:])  # only the new chunks travel
-        assert turn.keys == grown.keys[2:] and turn.written == 0  # stored by the failed turn already
+        assert turn.keys == grown.keys[2:] and turn.written == 2
         m, chunks = c.load_session(ns, "t")
         assert m.chunk_keys == tuple(grown.keys) and {i: bytes(b) for i, b in chunks} == dict(enumerate(grown.blobs))
 

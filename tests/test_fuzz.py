@@ -294,6 +294,7 @@ def test_fuzz_attach_arena(target: Target, data: st.DataObject) -> None:
     size = data.draw(st.one_of(st.just(t.arena.size), u64))
     call(t, "AttachArena", pb.AttachArenaRequest(path=data.draw(shm_paths(t)), size=size, nonce=nonce),
          data.draw(user_tokens))
+    call(t, "DetachArena", pb.DetachArenaRequest(arena_id=data.draw(arena_ids(t))), data.draw(user_tokens))
 
 
 METHODS = [m.name for m in pb.DESCRIPTOR.services_by_name["KVStore"].methods]

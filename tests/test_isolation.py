@@ -248,11 +248,15 @@ def test_a_cannot_use_b_arena_id(world: World) -> None:
                     header=pb.SaveHeader(namespace=A, layout_id=a_s.layout.layout_id, arena_id=x,
                                          arena_bytes=len(s.blobs[0])))]), metadata=META_A, timeout=30),
             }
+            code, _ = probe(world, "DetachArena arena id", lambda x: stub.DetachArena(  # noqa: B023
+                pb.DetachArenaRequest(arena_id=x), metadata=META_A, timeout=30), b_id, uuid.uuid4().hex, lambda x: (x,))
+            assert code == "OK"  # ignored, like any id that is not the caller's
             for kind, call in calls.items():
                 code, text = probe(world, kind, call, b_id, uuid.uuid4().hex, lambda x: (x,))
                 assert code == "INVALID_ARGUMENT" and text.startswith(transport.UNKNOWN_ARENA), text
         assert bytes(b.carrier.arena.view) == before  # A's load wrote nothing into B's arena
         assert dict(loaded(b.load_chunks(B, s.keys, zero_copy=True))) == dict(enumerate(s.blobs))
+        assert b.carrier.arena_id == b_id  # B's arena is still mapped: B did not have to attach again
 
 
 def test_a_cannot_attach_b_arena_file(world: World) -> None:

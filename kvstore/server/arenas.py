@@ -60,6 +60,14 @@ class Arenas:
         entry.used = self.clock()
         return entry.arena
 
+    def remove(self, owner: str, arena_id: str) -> bool:
+        """Unmap ``owner``'s arena ``arena_id``; anyone else's, or an unknown id, is left alone."""
+        entry = self._by_id.get(arena_id)
+        if entry is None or entry.owner != owner:
+            return False
+        self._by_id.pop(arena_id).arena.close()
+        return True
+
     def close_idle(self, idle_s: float = ARENA_IDLE_S) -> int:
         """Unmap arenas nobody used for ``idle_s`` (their clients are gone or idle; a client whose
         arena was closed is told it is unknown, and attaches a new one)."""

@@ -20,6 +20,7 @@ class _Counts:
     overflow_calls: int = 0
     stream_calls: int = 0
     attaches: int = 0
+    detaches: int = 0
 
 
 class Carriers:
@@ -57,7 +58,10 @@ class Carriers:
         self._counts.attaches += 1
         return self.arenas.add(owner, arena)
 
+    def detach(self, owner: str, arena_id: str) -> None:
+        self._counts.detaches += self.arenas.remove(owner, arena_id)
+
     def stats(self) -> pb.TransportStats:
         c = self._counts
         return pb.TransportStats(arenas=len(self.arenas), arena_calls=c.arena_calls, overflow_calls=c.overflow_calls,
-                                 stream_calls=c.stream_calls, attaches=c.attaches)
+                                 stream_calls=c.stream_calls, attaches=c.attaches, detaches=c.detaches)

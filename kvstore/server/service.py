@@ -54,29 +54,33 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         return self.carriers.for_call(self.auth.identity(context.invocation_metadata()) if arena_id else "", arena_id)
 
     async def _send(self, carrier: transport.Carrier, namespace: str, keys: list[bytes]
-                    ) -> AsyncIterator[pb.ChunkData]:
+                    ) -> AsyncIterator[transport.Piece]:
         """Stream the verified chunks as they are read, a few messages per worker-thread hop (the
         arena part is written in the hop that reads it, while the chunk is still in cache)."""
         hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
-        messages = carrier.send(hits)
+        pieces = carrier.send(hits)
         try:
-            while batch := await asyncio.to_thread(_take, messages, MESSAGES_PER_HOP):
-                for m in batch:
-                    yield m
+            more = True
+            while more:
+                batch, more = await asyncio.to_thread(_take, pieces, MESSAGES_PER_HOP)
+                for p in batch:
+                    yield p
         finally:
             with contextlib.suppress(ValueError):  # a cancelled call's hop may still be running
-                messages.close()
+                pieces.close()
         self.carriers.count(carrier)
 
     def _store_turn(self, header: pb.SaveHeader, receiver: transport.Receiver, streamed: list[Blob],
                     commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
-        """In one worker-thread hop: the arena part of the chunks copied out (it comes first), the
-        chunks stored, then the turn's manifest (if any) committed."""
+        """In one worker-thread hop: the arena part of the chunks copied out (it comes first), then
+        the chunks stored and, for a turn, its manifest committed in the same durable transaction."""
         blobs = [*receiver.arena_prefix(header.arena_bytes), *streamed] if header.arena_id else streamed
-        res = self.sessions.save_chunks(header.namespace, bytes(header.layout_id),
-                                        bytes(header.parent_key) or bytes(16), header.first_index, blobs)
-        # the seam for one durable transaction (one fsync) for chunks + manifest: one store method here
-        return res, (self.sessions.commit(commit) if commit is not None else None)
+        args = (header.namespace, bytes(header.layout_id), bytes(header.parent_key) or bytes(16), header.first_index,
+                blobs)
+        if commit is None:
+            return self.sessions.save_chunks(*args), None
+        committed, res = self.sessions.save_session(*args, commit)
+        return res, committed
 
     # -- RPCs -------------------------------------------------------------------------------------
     @rpc
@@ -143,8 +147,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         if any(len(k) != 16 for k in request.keys):
             raise InvalidArgument("chunk keys must be 16 bytes")
         carrier = self._carrier(context, request.arena_id)
-        async for msg in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
-            yield msg
+        async for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
+            yield piece.message()
 
     @rpc
     async def LoadSession(self, request: pb.LoadSessionRequest, context: Any) -> AsyncIterator[pb.LoadSessionResponse]:
@@ -152,13 +156,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         carrier = self._carrier(context, request.arena_id)  # before any answer
         m = self.sessions.get(request.namespace, request.session_id)
         first: pb.LoadSessionResponse | None = pb.LoadSessionResponse(session=convert.session_to_pb(m))
-        async for msg in self._send(carrier, request.namespace, list(m.chunk_keys)):
-            if first is not None:  # the manifest and the first chunks in one message
-                first.chunks.CopyFrom(msg)
-                msg, first = first, None  # type: ignore[assignment]
-                yield msg
-            else:
-                yield pb.LoadSessionResponse(chunks=msg)
+        async for piece in self._send(carrier, request.namespace, list(m.chunk_keys)):
+            r = first if first is not None else pb.LoadSessionResponse()  # the manifest and the first chunks:
+            first = None  # one message
+            piece.into(r.chunks)
+            yield r
         if first is not None:
             yield first
 
@@ -235,16 +237,22 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         return pb.AttachArenaResponse(arena_id=await self.carriers.attach(owner, request))
 
     @rpc
+    async def DetachArena(self, request: pb.DetachArenaRequest, context: Any) -> pb.DetachArenaResponse:
+        self.carriers.detach(self.auth.identity(context.invocation_metadata()), request.arena_id)
+        return pb.DetachArenaResponse()
+
+    @rpc
     async def EvictSession(self, request: pb.EvictSessionRequest, context: Any) -> pb.EvictSessionResponse:
         self.auth.check_admin(context.invocation_metadata())
         moved = await asyncio.to_thread(self.sessions.evict, request.namespace, request.session_id, request.tier)
         return pb.EvictSessionResponse(moved_chunks=moved)
 
 
-def _take(messages: Iterator[pb.ChunkData], n: int) -> list[pb.ChunkData]:
-    out: list[pb.ChunkData] = []
-    for m in messages:
+def _take(pieces: Iterator[transport.Piece], n: int) -> tuple[list[transport.Piece], bool]:
+    """Up to ``n`` pieces, and whether there may be more (no extra hop just to learn the end)."""
+    out: list[transport.Piece] = []
+    for m in pieces:
         out.append(m)
         if len(out) == n:
-            break
-    return out
+            return out, True
+    return out, False

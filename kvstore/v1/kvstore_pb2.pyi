@@ -22,6 +22,16 @@ class AttachArenaResponse(_message.Message):
     arena_id: str
     def __init__(self, arena_id: _Optional[str] = ...) -> None: ...
 
+class DetachArenaRequest(_message.Message):
+    __slots__ = ("arena_id",)
+    ARENA_ID_FIELD_NUMBER: _ClassVar[int]
+    arena_id: str
+    def __init__(self, arena_id: _Optional[str] = ...) -> None: ...
+
+class DetachArenaResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -386,18 +396,20 @@ class StatsResponse(_message.Message):
     def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ..., transport: _Optional[_Union[TransportStats, _Mapping]] = ...) -> None: ...
 
 class TransportStats(_message.Message):
-    __slots__ = ("arenas", "arena_calls", "overflow_calls", "stream_calls", "attaches")
+    __slots__ = ("arenas", "arena_calls", "overflow_calls", "stream_calls", "attaches", "detaches")
     ARENAS_FIELD_NUMBER: _ClassVar[int]
     ARENA_CALLS_FIELD_NUMBER: _ClassVar[int]
     OVERFLOW_CALLS_FIELD_NUMBER: _ClassVar[int]
     STREAM_CALLS_FIELD_NUMBER: _ClassVar[int]
     ATTACHES_FIELD_NUMBER: _ClassVar[int]
+    DETACHES_FIELD_NUMBER: _ClassVar[int]
     arenas: int
     arena_calls: int
     overflow_calls: int
     stream_calls: int
     attaches: int
-    def __init__(self, arenas: _Optional[int] = ..., arena_calls: _Optional[int] = ..., overflow_calls: _Optional[int] = ..., stream_calls: _Optional[int] = ..., attaches: _Optional[int] = ...) -> None: ...
+    detaches: int
+    def __init__(self, arenas: _Optional[int] = ..., arena_calls: _Optional[int] = ..., overflow_calls: _Optional[int] = ..., stream_calls: _Optional[int] = ..., attaches: _Optional[int] = ..., detaches: _Optional[int] = ...) -> None: ...
 
 class EvictSessionRequest(_message.Message):
     __slots__ = ("namespace", "session_id", "tier")

@@ -99,6 +99,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaResponse.FromString,
                 _registered_method=True)
+        self.DetachArena = channel.unary_unary(
+                '/kvstore.v1.KVStore/DetachArena',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -117,9 +122,9 @@ class KVStoreServicer:
         says its own length). Same host, the first blobs may instead be in the caller's attached arena
         (SaveHeader.arena_id); the rest, if any, follow as data. Chunks the store already holds are not
         written again. Returns their keys.
-        A turn in one call: with SaveHeader.commit, the daemon stores the chunks, then commits that
-        session version (as CommitSession would) and returns it. If the commit fails, the call fails
-        and no new version of the session is visible; the chunks may stay stored, unreferenced.
+        A turn in one call: with SaveHeader.commit, the daemon stores the chunks and commits that
+        session version (as CommitSession would) in one durable transaction, and returns it. If the
+        commit fails, the call fails and stores nothing: the previous version stays.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -208,6 +213,14 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DetachArena(self, request, context):
+        """Same-host: unmap an arena this token attached (a client closing; otherwise the daemon unmaps
+        it after 300 s idle). Any other id, another token's included, is ignored: the same empty answer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -275,6 +288,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.AttachArena,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.AttachArenaResponse.SerializeToString,
+            ),
+            'DetachArena': grpc.unary_unary_rpc_method_handler(
+                    servicer.DetachArena,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -628,6 +646,33 @@ class KVStore:
             '/kvstore.v1.KVStore/AttachArena',
             kvstore_dot_v1_dot_kvstore__pb2.AttachArenaRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.AttachArenaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DetachArena(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/DetachArena',
+            kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
             options,
             channel_credentials,
             insecure,
