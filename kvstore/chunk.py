@@ -13,6 +13,7 @@ Decoding is zero-copy: sections are numpy views on the caller's buffer.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -224,6 +225,10 @@ def check(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool 
                              f"expected {layout.name} ({layout.layout_hex})")
     if h.n_sections != 2 * len(layout.caches):
         raise MalformedChunk(f"{h.n_sections} sections, layout {layout.name} needs {2 * len(layout.caches)}")
+    table = memoryview(blob)[HEADER_BYTES : HEADER_BYTES + SECTION_BYTES * h.n_sections]
+    canonical, tokens_offset = _canonical_table(layout, h.token_count)
+    if h.tokens_offset == tokens_offset and table == canonical:
+        return h  # the table ``encode`` writes, byte for byte: every bound below holds (one compare)
     seen: set[tuple[int, int]] = set()
     for s_i, (cache_i, kind, n, off, length) in enumerate(_sections(blob, h)):
         if cache_i >= len(layout.caches) or kind not in (KIND_CODES, KIND_SCALES):
@@ -237,6 +242,21 @@ def check(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool 
     if len(seen) != h.n_sections:
         raise MalformedChunk("a cache is missing its codes or scales section")
     return h
+
+
+@functools.lru_cache(maxsize=64)
+def _canonical_table(layout: Layout, token_count: int) -> tuple[bytes, int]:
+    """The section table ``encode`` writes for ``token_count`` tokens of ``layout``, and where the
+    token ids then start (memoized: a store sees a handful of (layout, span) pairs)."""
+    out = bytearray()
+    off = _pad(HEADER_BYTES + SECTION_BYTES * 2 * len(layout.caches))
+    for kind in (KIND_CODES, KIND_SCALES):
+        for i, c in enumerate(layout.caches):
+            n = c.entries_for(token_count)
+            length = n * (c.code_bytes if kind == KIND_CODES else c.scale_bytes)
+            out += _SECTION.pack(i, kind, 0, n, off, length)
+            off += _pad(length)
+    return bytes(out), off
 
 
 def _sections(blob: bytes | bytearray | memoryview, h: Header) -> list[tuple[int, int, int, int, int]]:
