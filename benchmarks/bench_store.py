@@ -8,7 +8,8 @@ quantized with the real FP4 codecs. Everything runs in a temp dir on the disk th
 
 1. Bytes per token on the ssd tier, from what is stored (``bytes_per_token``), zstd off and on.
    Target: within 1% of the formula with zstd off at the real geometry (890 -> at most 899).
-2. Durable save (write-through, LMDB ``sync=True``: save_chunks + commit) against a plain LMDB
+2. Durable save (write-through, LMDB ``sync=True``: save_chunks + commit, and one save_session
+   call: chunks and manifest in one transaction) against a plain LMDB
    put+sync of the same chunk bytes (one transaction per chunk, and one for all), and against the
    disk's own fsync'd sequential write bandwidth, all measured in this run. Target: >= 80% of disk.
 3. Host-tier reads against a memcpy of the same sizes.
@@ -81,20 +82,24 @@ def config(path: Path, zstd_level: int) -> StoreConfig:
 
 
 def save_session(path: Path, layout: Layout, session: tuple, zstd_level: int,
-                 per_chunk: bool = False) -> tuple[float, BytesPerToken]:
-    """Open a fresh store at ``path``, save + commit the session; (seconds of save+commit, bytes/token)."""
+                 per_chunk: bool = False, turn: bool = False) -> tuple[float, BytesPerToken]:
+    """Open a fresh store at ``path``, save + commit the session (``turn``: in one save_session
+    call, one transaction); (seconds of save+commit, bytes/token)."""
     keys, blobs, tail, ids = session
     sessions = open_store(config(path, zstd_level))
     try:
         m = Manifest("s", NS, layout.layout_id, len(ids), CHUNK_TOKENS, tuple(keys), tail,
                      tuple(int(t) for t in ids[-128:]), time.time(), time.time())
         t = time.perf_counter()
-        if per_chunk:  # a client streaming one chunk per call: one transaction (one fsync) per chunk
+        if turn:  # chunks and manifest in one transaction (one fsync)
+            sessions.save_session(NS, layout.layout_id, ROOT, 0, blobs, m)
+        elif per_chunk:  # a client streaming one chunk per call: one transaction (one fsync) per chunk
             for i, blob in enumerate(blobs):
                 sessions.save_chunks(NS, layout.layout_id, keys[i - 1] if i else ROOT, i, [blob])
+            sessions.commit(m)
         else:
             sessions.save_chunks(NS, layout.layout_id, ROOT, 0, blobs)
-        sessions.commit(m)
+            sessions.commit(m)
         elapsed = time.perf_counter() - t
         return elapsed, bytes_per_token(sessions)
     finally:
@@ -187,6 +192,8 @@ def save_rows(root: Path, sessions: dict[str, tuple], repeats: int) -> list[list
             p, lay, s, 0)[0])
         runs[name, f"store, one save_chunks call (zstd-{ZSTD})"] = (mb, lambda p, lay=lay, s=session: save_session(
             p, lay, s, ZSTD)[0])
+        runs[name, f"store, one save_session call: one txn (zstd-{ZSTD})"] = (mb, lambda p, lay=lay, s=session: (
+            save_session(p, lay, s, ZSTD, turn=True)[0]))
         runs[name, "store, one call per chunk (zstd off)"] = (mb, lambda p, lay=lay, s=session: save_session(
             p, lay, s, 0, per_chunk=True)[0])
         runs[name, "raw LMDB, one txn per chunk"] = (mb, lambda p, k=keys, b=blobs: lmdb_puts(p, k, b, False))
@@ -293,7 +300,8 @@ def main() -> None:
         "compression ratio (zstd only runs from a chunk's first scales section on: FP4 codes are stored raw).\n\n"
         + bpt_table,
         "## 2. Durable save throughput\n\nMB of chunk bytes per second for save_chunks + commit (each returns "
-        "once its data is fsync'd), against plain LMDB puts (sync=True) of the same bytes and against the disk "
+        "once its data is fsync'd; two transactions) and for one save_session call (one transaction), "
+        "against plain LMDB puts (sync=True) of the same bytes and against the disk "
         "itself, all round-robin in each repeat so that every row sees the same background load.\n"
         f"{disk_line}\n\n" + save_table,
         "## 3. Host-tier reads\n\nGB/s of chunk bytes over every chunk of the session, median of "
