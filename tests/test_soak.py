@@ -6,15 +6,13 @@ load compared byte for byte), a clean SIGTERM exit, and a daemon RSS that does n
 warm-up by more than a leak would (a generous bound: allocator noise is a few MiB here).
 It found that 16 arenas per identity made the 17th+ concurrent same-host client of one identity
 fail its saves with "unknown arena" (fixed in 609af58), and that a closed client's arena stays
-mapped in the daemon for 300 s (defect C: the fd check below reports it as an expected failure).
+mapped in the daemon for 300 s (fixed in 1f1dde8: clients detach on close).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.reliability.soak import SoakConfig, run_soak
@@ -32,7 +30,4 @@ def test_64_clients_mixing_rpcs_see_no_error_and_flat_rss(tmp_path: Path) -> Non
     assert r.daemon_exit == "exit code 0", summary
     assert set(r.rpcs) == {"SaveChunks", "CommitSession", "LoadSession", "Lookup", "Stats"}, summary
     assert r.rss_growth_mib < RSS_GROWTH_BOUND_MIB, summary
-    if r.fds_end - r.fds_warm > FD_SLACK:
-        # open defect C in benchmarks/results/reliability.md: a closed Client's arena stays mapped
-        # (one fd, its pages resident) for 300 s; the churning clients here leave theirs behind
-        pytest.xfail(f"open defect C (closed clients' arenas stay mapped): {summary}")
+    assert r.fds_end - r.fds_warm <= FD_SLACK, summary  # departed clients' arenas are unmapped
