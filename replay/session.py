@@ -130,29 +130,28 @@ class AgentSession:
         state, ct, lay = self._live(), self.chunk_tokens, self.layout
         n_full = len(self.tokens) // ct
         first = len(self.saved_keys)
-        blobs, parent = [], self.saved_keys[-1] if self.saved_keys else ROOT
+        blobs, new_keys, parent = [], [], self.saved_keys[-1] if self.saved_keys else ROOT
         for i in range(first, n_full):
             ids = np.asarray(self.tokens[i * ct : (i + 1) * ct], dtype=np.uint32)
             key = chunk_key(lay.layout_id, self.namespace, parent, ids)
             blobs.append(chunk.encode(lay, key=key, start=i * ct, token_ids=ids,
                                       entries=chunk_entries(state, i * ct, (i + 1) * ct)))
+            new_keys.append(key)
             parent = key
-        written = 0
-        if blobs:
-            res = self.client.save_chunks(self.namespace, lay.layout_id,
-                                          self.saved_keys[-1] if self.saved_keys else ROOT, first, blobs)
-            self.saved_keys.extend(res.keys)
-            written = res.written
         tail_ids = np.asarray(self.tokens[n_full * ct :], dtype=np.uint32)
         tail = chunk.encode(lay, key=bytes(16), start=n_full * ct, token_ids=tail_ids,
                             entries=chunk_entries(state, n_full * ct, len(self.tokens)))
-        self.client.commit(Manifest(
+        manifest = Manifest(
             session_id=self.session_id, namespace=self.namespace, layout_id=lay.layout_id,
-            token_count=len(self.tokens), chunk_tokens=ct, chunk_keys=tuple(self.saved_keys), tail=tail,
+            token_count=len(self.tokens), chunk_tokens=ct, chunk_keys=(*self.saved_keys, *new_keys), tail=tail,
             last_token_ids=tuple(self.tokens[-self.model.args.window :]),
             retention=Retention(pinned=retention_pinned),
             metadata={**self.metadata, DECODER_FROM: str(state.decoder_from)},
-        ))
+        )
+        # one call: the new chunks and the manifest, one durable commit (nothing stored if it fails)
+        res = self.client.save_session(manifest, blobs)
+        self.saved_keys = list(res.manifest.chunk_keys)
+        written = res.written
         sent = sum(len(b) for b in blobs) + len(tail)
         return SaveReport(len(blobs), written, sent, len(self.tokens), time.perf_counter() - t0)
 
