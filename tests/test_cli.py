@@ -105,7 +105,7 @@ def test_health(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
 def test_stats_table(reads: dict[str, subprocess.CompletedProcess[str]]) -> None:
     out = ok(reads["stats"])
     for text in ("host", "ssd (persistent)", "1.0 GiB", "unlimited", "evictions", "verify failures",
-                 "tokens hit", "sessions 2"):
+                 "tokens hit", "sessions 2", "hit rate", "a shared prefix counts once", "on the gRPC stream"):
         assert text in out, out
 
 
