@@ -111,3 +111,31 @@ def test_metrics_endpoint(secured: tuple[Daemon, int]) -> None:
         text = r.read().decode()
     assert 'kvstore_tier_used_bytes{tier="ssd"}' in text
     assert "kvstore_sessions 2.0" in text
+
+
+def test_metrics_count_every_rpc_with_its_code_latency_and_bytes(secured: tuple[Daemon, int]) -> None:
+    """What Stats returns is on the metrics port too, plus what only the gRPC layer sees: calls by
+    method and final code, their latency histogram, and message bytes in each direction."""
+    d, port = secured
+    with Client(address=d.address, token="tok-a", shared_memory=False) as c:
+        c.load_session("team-a", "a1")
+        c.get_session("team-a", "a1")
+        assert status_of(lambda: c.get_session("team-a", "nope"))[0] == grpc.StatusCode.NOT_FOUND
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+
+    def value(name: str) -> float:
+        return float(lines[name])
+
+    assert value('kvstore_rpc_total{code="NOT_FOUND",method="GetSession"}') >= 1
+    assert value('kvstore_rpc_total{code="OK",method="GetSession"}') >= 1
+    assert value('kvstore_rpc_duration_seconds_count{method="LoadSession"}') >= 1
+    assert value('kvstore_rpc_message_bytes_total{direction="sent",method="LoadSession"}') > 10_000  # chunks streamed
+    for name in ("kvstore_lookups_total", "kvstore_loaded_chunks_total", "kvstore_missed_chunks_total",
+                 "kvstore_loads_total", 'kvstore_transport_calls_total{carrier="stream"}', "kvstore_transport_arenas"):
+        assert name in lines, name
+    assert value('kvstore_transport_calls_total{carrier="stream"}') >= 1
+    # the ssd tier is unlimited here: no capacity and no fill ratio, never a used/0 = +Inf
+    assert 'kvstore_tier_capacity_bytes{tier="host"}' in lines and 'kvstore_tier_fill_ratio{tier="host"}' in lines
+    assert 'kvstore_tier_capacity_bytes{tier="ssd"}' not in lines and 'kvstore_tier_fill_ratio{tier="ssd"}' not in lines

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from kvstore import framing, shm
 from kvstore.server.auth import Auth
@@ -20,6 +21,7 @@ from kvstore.server.config import DaemonConfig
 from kvstore.server.handlers import add_service
 from kvstore.server.metrics import start_metrics
 from kvstore.server.reflection import enable_reflection
+from kvstore.server.rpc_metrics import MetricsInterceptor, RpcMetrics
 from kvstore.server.service import KVStoreService
 from kvstore.server.startup import SERVER_OPTIONS, bind, data_dir_lock
 from kvstore.store import SessionStore, open_store
@@ -76,7 +78,9 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     shm_dir = shm.default_shm_dir() if config.shared_memory else None
     opts = [("grpc.max_receive_message_length", framing.MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", framing.MAX_MESSAGE_BYTES), *SERVER_OPTIONS]
-    server = grpc.aio.server(options=opts)
+    registry = CollectorRegistry() if config.metrics_port else None
+    interceptors = [MetricsInterceptor(RpcMetrics(registry))] if registry is not None else []
+    server = grpc.aio.server(options=opts, interceptors=interceptors)
     service = KVStoreService(sessions, Auth.from_file(config.tokens_file), shm_dir)
     add_service(service, server)
     health_servicer = health.aio.HealthServicer()
@@ -84,7 +88,8 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     enable_reflection([SERVICE, health.SERVICE_NAME], server)  # v1 and v1alpha
     addr = f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
     port = bind(server, addr, _credentials(config))
-    metrics = start_metrics(sessions, config.host, config.metrics_port) if config.metrics_port else None
+    metrics = (start_metrics(registry, sessions, service.carriers.stats, config.host, config.metrics_port)
+               if registry is not None else None)
     await server.start()
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

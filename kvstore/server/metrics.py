@@ -1,8 +1,13 @@
-"""Prometheus metrics (opt-in port): a collector that reads the store's stats at scrape time."""
+"""Prometheus metrics (opt-in port): a collector that reads the store's stats and the transport
+counts at scrape time, beside the per-RPC metrics the interceptor of rpc_metrics.py records.
+
+A tier with capacity 0 ("unlimited") exports no capacity and no fill ratio, so a dashboard's
+used / capacity never divides by zero into +Inf: the series is absent, which is what it means.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -10,39 +15,60 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from kvstore.store import SessionStore, store_stats
+from kvstore.v1 import kvstore_pb2 as pb
 
 
 class StoreCollector(Collector):
-    def __init__(self, sessions: SessionStore) -> None:
+    def __init__(self, sessions: SessionStore, transport: Callable[[], pb.TransportStats]) -> None:
         self.sessions = sessions
+        self.transport = transport
 
     def collect(self) -> Iterator[Metric]:
         s = store_stats(self.sessions)
         gauges = {name: GaugeMetricFamily(f"kvstore_tier_{name}", help_, labels=["tier"]) for name, help_ in (
-            ("used_bytes", "Bytes held by the tier"), ("capacity_bytes", "Tier capacity (0 = unlimited)"),
-            ("items", "Chunks and manifests held by the tier"))}
+            ("used_bytes", "Bytes held by the tier"),
+            ("capacity_bytes", "Tier capacity (absent for an unlimited tier)"),
+            ("fill_ratio", "used_bytes / capacity_bytes (absent for an unlimited tier)"),
+            ("items", "Chunks held by the tier"))}
         counters = {name: CounterMetricFamily(f"kvstore_tier_{name}", help_, labels=["tier"]) for name, help_ in (
             ("hits", "Chunk reads served by the tier"), ("evictions", "Chunks evicted from the tier"),
             ("demotions", "Chunks demoted to the next tier"), ("promotions", "Chunks promoted into the tier"),
             ("verify_failures", "Stored chunks that failed verification"), ("errors", "Tier operation failures"))}
         for r in s.tiers:
             gauges["used_bytes"].add_metric([r.name], r.usage.used_bytes)
-            gauges["capacity_bytes"].add_metric([r.name], r.usage.capacity_bytes)
+            if r.usage.capacity_bytes:
+                gauges["capacity_bytes"].add_metric([r.name], r.usage.capacity_bytes)
+                gauges["fill_ratio"].add_metric([r.name], r.usage.used_bytes / r.usage.capacity_bytes)
             gauges["items"].add_metric([r.name], r.usage.items)
             for name, fam in counters.items():
                 fam.add_metric([r.name], getattr(r.counters, name))
         yield from gauges.values()
         yield from counters.values()
-        yield CounterMetricFamily("kvstore_lookup_requested_tokens", "Tokens asked for in lookups",
-                                  value=s.hits.requested_tokens)
-        yield CounterMetricFamily("kvstore_lookup_hit_tokens", "Tokens found in lookups", value=s.hits.hit_tokens)
+        h = s.hits
+        for name, help_, value in (
+                ("lookups", "Lookup calls", h.lookups),
+                ("lookup_requested_tokens", "Tokens asked for in lookups", h.requested_tokens),
+                ("lookup_hit_tokens", "Tokens found in lookups", h.hit_tokens),
+                ("loads", "Chunk and session loads", h.loads),
+                ("loaded_chunks", "Chunks served by loads", h.loaded_chunks),
+                ("missed_chunks", "Chunks loads asked for and did not get", h.missed_chunks)):
+            yield CounterMetricFamily(f"kvstore_{name}", help_, value=value)
+        t = self.transport()
+        yield GaugeMetricFamily("kvstore_transport_arenas", "Same-host arenas attached now", value=t.arenas)
+        calls = CounterMetricFamily("kvstore_transport_calls", "Chunk saves and loads, by how their chunks travelled",
+                                    labels=["carrier"])
+        calls.add_metric(["arena"], t.arena_calls - t.overflow_calls)
+        calls.add_metric(["arena_overflow"], t.overflow_calls)
+        calls.add_metric(["stream"], t.stream_calls)
+        yield calls
         yield GaugeMetricFamily("kvstore_sessions", "Live sessions", value=s.sessions)
         yield GaugeMetricFamily("kvstore_persistent_bytes_per_token", "Persistent bytes per token of live sessions",
                                 value=s.bytes_per_token.measured)
 
 
-def start_metrics(sessions: SessionStore, host: str, port: int) -> WSGIServer:
-    registry = CollectorRegistry()
-    registry.register(StoreCollector(sessions))
+def start_metrics(registry: CollectorRegistry, sessions: SessionStore, transport: Callable[[], pb.TransportStats],
+                  host: str, port: int) -> WSGIServer:
+    """Serve ``registry`` (the per-RPC metrics are already on it) plus the store and transport state."""
+    registry.register(StoreCollector(sessions, transport))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server
