@@ -3,7 +3,8 @@ the daemon-only stats translation is kvstore/server/stats_pb.py)."""
 
 from __future__ import annotations
 
-from kvstore.layout import layout_by_id
+from kvstore import chunk
+from kvstore.layout import Layout, layout_by_id
 from kvstore.manifest import Manifest, Retention
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -44,3 +45,12 @@ def summary_to_pb(m: Manifest) -> pb.SessionSummary:
     return pb.SessionSummary(namespace=m.namespace, session_id=m.session_id, layout_name=lay.name if lay else "",
                              token_count=m.token_count, chunks=len(m.chunk_keys), updated_at=m.updated_at,
                              retention=retention_to_pb(m.retention))
+
+
+def layout_to_pb(lay: Layout, chunk_tokens: int) -> pb.LayoutInfo:
+    """A layout with what requests need: its 16-byte id, and its geometry for building chunks."""
+    return pb.LayoutInfo(
+        name=lay.name, layout_id=lay.layout_id, bytes_per_token=float(lay.bytes_per_token), n_layers=lay.n_layers,
+        window=lay.window, chunk_bytes=chunk.encoded_size(lay, chunk_tokens),
+        caches=[pb.CacheInfo(name=c.name, layer=c.layer, m=c.m, channels=c.channels, format=str(c.fmt),
+                             code_bytes=c.code_bytes, scale_bytes=c.scale_bytes) for c in lay.caches])

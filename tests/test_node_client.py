@@ -24,6 +24,7 @@ import pytest
 from daemon_helpers import make_session, running_daemon, save_session
 
 from kvstore.client import Client, ClientConfig
+from kvstore.layout import get_layout
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 SERVICE = "kvstore.v1.KVStore"
@@ -61,7 +62,13 @@ def test_stock_grpc_js_client_checks_health_reflects_and_streams_a_large_session
     assert got["health"]["kvstore"].get("status") == "SERVING", got["health"]
     for version in ("reflection_v1", "reflection_v1alpha"):
         assert SERVICE in got[version].get("services", []), (version, got[version])
-    assert got["server_info"].get("chunk_tokens") == 256, got["server_info"]
+    info = got["server_info"]
+    assert info.get("chunk_tokens") == 256, info
+    # what a SaveChunks / Lookup from another language needs: each layout's 16-byte id and geometry
+    layouts = {x["name"]: x for x in info["layout_info"]}
+    v41 = layouts["deepseek-v4.1-flash"]
+    assert bytes(v41["layout_id"]["data"]) == get_layout("deepseek-v4.1-flash").layout_id
+    assert v41["bytes_per_token"] == 890 and v41["chunk_bytes"] == len(s.blobs[0]) and len(v41["caches"]) == 8
 
     load = got["load"]
     assert "error" not in load, load["error"]

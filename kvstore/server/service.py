@@ -89,7 +89,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         return pb.ServerInfo(version=__version__, chunk_tokens=cfg.chunk_tokens, layouts=sorted(PRESETS),
                              tiers=[t.name for t in self.sessions.store.tiers], host_id=shm.host_id(),
                              shm_dir=str(self.carriers.shm_dir or ""), max_message_bytes=self.max_message_bytes,
-                             write_mode=cfg.write_mode, carriers=self.carriers.offered)
+                             write_mode=cfg.write_mode, carriers=self.carriers.offered,
+                             layout_info=[convert.layout_to_pb(PRESETS[n], cfg.chunk_tokens) for n in sorted(PRESETS)])
 
     @rpc
     async def SaveChunks(self, requests: AsyncIterator[pb.SaveChunksRequest],

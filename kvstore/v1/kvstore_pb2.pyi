@@ -37,7 +37,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "chunk_tokens", "layouts", "tiers", "host_id", "shm_dir", "max_message_bytes", "write_mode", "carriers")
+    __slots__ = ("version", "chunk_tokens", "layouts", "tiers", "host_id", "shm_dir", "max_message_bytes", "write_mode", "carriers", "layout_info")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,7 @@ class ServerInfo(_message.Message):
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WRITE_MODE_FIELD_NUMBER: _ClassVar[int]
     CARRIERS_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_INFO_FIELD_NUMBER: _ClassVar[int]
     version: str
     chunk_tokens: int
     layouts: _containers.RepeatedScalarFieldContainer[str]
@@ -56,7 +57,44 @@ class ServerInfo(_message.Message):
     max_message_bytes: int
     write_mode: str
     carriers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ..., carriers: _Optional[_Iterable[str]] = ...) -> None: ...
+    layout_info: _containers.RepeatedCompositeFieldContainer[LayoutInfo]
+    def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ..., carriers: _Optional[_Iterable[str]] = ..., layout_info: _Optional[_Iterable[_Union[LayoutInfo, _Mapping]]] = ...) -> None: ...
+
+class CacheInfo(_message.Message):
+    __slots__ = ("name", "layer", "m", "channels", "format", "code_bytes", "scale_bytes")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    M_FIELD_NUMBER: _ClassVar[int]
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    CODE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SCALE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    layer: int
+    m: int
+    channels: int
+    format: str
+    code_bytes: int
+    scale_bytes: int
+    def __init__(self, name: _Optional[str] = ..., layer: _Optional[int] = ..., m: _Optional[int] = ..., channels: _Optional[int] = ..., format: _Optional[str] = ..., code_bytes: _Optional[int] = ..., scale_bytes: _Optional[int] = ...) -> None: ...
+
+class LayoutInfo(_message.Message):
+    __slots__ = ("name", "layout_id", "bytes_per_token", "n_layers", "window", "chunk_bytes", "caches")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    N_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    layout_id: bytes
+    bytes_per_token: float
+    n_layers: int
+    window: int
+    chunk_bytes: int
+    caches: _containers.RepeatedCompositeFieldContainer[CacheInfo]
+    def __init__(self, name: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., bytes_per_token: _Optional[float] = ..., n_layers: _Optional[int] = ..., window: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., caches: _Optional[_Iterable[_Union[CacheInfo, _Mapping]]] = ...) -> None: ...
 
 class SaveHeader(_message.Message):
     __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit")
