@@ -19,6 +19,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--data-dir", help=f"where the LMDB tier lives (default {d.data_dir})")
     p.add_argument("--host-capacity-bytes", type=int, help=f"host-memory tier size (default {d.host_capacity_bytes})")
     p.add_argument("--ssd-capacity-bytes", type=int, help="ssd tier size (default unlimited)")
+    p.add_argument("--ssd-max-map-bytes", type=int, help="hard limit of the LMDB file: past it saves fail with "
+                   "RESOURCE_EXHAUSTED and reads go on (default none: the disk is the limit)")
     p.add_argument("--zstd-level", type=int, help=f"ssd compression level, 0 = off (default {d.zstd_level})")
     p.add_argument("--no-sync", dest="sync", action="store_const", const=False, help="do not fsync each write")
     p.add_argument("--redis-url", help="add a shared Redis tier after the ssd tier")

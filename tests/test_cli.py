@@ -276,3 +276,19 @@ def test_demo_against_an_unreachable_daemon_is_one_line(capsys: pytest.CaptureFi
     assert main(["demo", "--address", f"127.0.0.1:{free_port()}"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvstore: error: daemon unavailable"), lines
+
+
+def test_serve_ssd_max_map_bytes_fails_saves_cleanly_and_keeps_serving(tmp_path: Path) -> None:
+    """`--ssd-max-map-bytes`: past the limit a save is RESOURCE_EXHAUSTED with the reason; what was
+    stored before still loads."""
+    from kvstore.errors import ResourceExhausted
+
+    with running_daemon(tmp_path / "data", "--ssd-max-map-bytes", str(2 << 20)) as d, \
+            Client(address=d.address, shared_memory=False) as c:
+        first = make_session(namespace="full", session_id="s0", tokens=2048)
+        save_session(c, first)
+        with pytest.raises(ResourceExhausted, match="map limit"):
+            for i in range(1, 64):  # ~2 MB of chunks per 8 sessions of tiny-16: the limit comes quickly
+                save_session(c, make_session(namespace="full", session_id=f"s{i}", tokens=2048, seed=i))
+        _, chunks = c.load_session("full", "s0")
+        assert [bytes(b) for _, b in chunks] == [bytes(b) for b in first.blobs]

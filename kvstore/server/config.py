@@ -36,6 +36,7 @@ class DaemonConfig:
     data_dir: str = "kvstore-data"
     host_capacity_bytes: int = 1 << 30
     ssd_capacity_bytes: int = 0  # 0 = unlimited
+    ssd_max_map_bytes: int = 0  # hard limit of the LMDB file: past it saves fail (RESOURCE_EXHAUSTED); 0 = none
     zstd_level: int = 1  # 0 = off; level 1 beats 3 on scale bytes here, at twice the speed
     sync: bool = True  # fsync every acknowledged write
     redis_url: str = ""  # adds a shared Redis tier after the ssd tier
@@ -82,8 +83,10 @@ class DaemonConfig:
         if self.hbm_capacity_bytes:
             tiers.append(HbmTierConfig(capacity_bytes=self.hbm_capacity_bytes))
         tiers.append(HostTierConfig(capacity_bytes=self.host_capacity_bytes))
+        limit = self.ssd_max_map_bytes
         tiers.append(SsdTierConfig(path=str(Path(self.data_dir) / "ssd"), capacity_bytes=self.ssd_capacity_bytes,
-                                   zstd_level=self.zstd_level, sync=self.sync))
+                                   zstd_level=self.zstd_level, sync=self.sync, max_map_size=limit,
+                                   map_size=min(SsdTierConfig.map_size, limit) if limit else SsdTierConfig.map_size))
         if self.redis_url:
             tiers.append(RedisTierConfig(url=self.redis_url, namespace=self.redis_namespace,
                                          ttl_s=self.redis_ttl_s or None))
