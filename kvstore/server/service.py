@@ -30,6 +30,10 @@ from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 MESSAGES_PER_HOP = 4  # stream messages built per worker-thread hop while a load streams
+# A load this small whose chunks all sit in the fastest tier (memory) is read, verified and framed on
+# the event loop: that costs ~0.15 ms per MiB (benchmarks/profile_load.py), a worker-thread hop
+# 0.1-0.45 ms (more under load). Anything else (LMDB reads, big loads) runs in worker threads.
+INLINE_LOAD_BYTES = 4 << 20
 
 
 class KVStoreService(pb_grpc.KVStoreServicer):
@@ -59,6 +63,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         arena part is written in the hop that reads it, while the chunk is still in cache)."""
         hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
         pieces = carrier.send(hits)
+        if self._in_memory(keys):
+            for p in pieces:
+                yield p
+            self.carriers.count(carrier)
+            return
         try:
             more = True
             while more:
@@ -69,6 +78,19 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             with contextlib.suppress(ValueError):  # a cancelled call's hop may still be running
                 pieces.close()
         self.carriers.count(carrier)
+
+    def _in_memory(self, keys: list[bytes]) -> bool:
+        """Whether a load is small and held whole by the fastest tier, a memory tier (a lookup, no
+        read: a chunk demoted meanwhile is still read correctly, just once from a slower tier here)."""
+        fast = self.sessions.store.tiers[0]
+        if fast.persistent or len(keys) * chunk.HEADER_BYTES > INLINE_LOAD_BYTES:
+            return False
+        total = 0
+        for k in keys:
+            n = fast.size_of(k)
+            if n is None or (total := total + n) > INLINE_LOAD_BYTES:
+                return False
+        return True
 
     def _store_turn(self, header: pb.SaveHeader, receiver: transport.Receiver, streamed: list[Blob],
                     commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
