@@ -210,7 +210,7 @@ def verify_checksum(blob: bytes | bytearray | memoryview) -> None:
     mv = memoryview(blob)
     (stored,) = struct.unpack_from("<Q", mv, len(mv) - CHECKSUM_BYTES)
     if xxhash.xxh3_64_intdigest(mv[: len(mv) - CHECKSUM_BYTES]) != stored:
-        raise ChecksumMismatch("chunk checksum mismatch: the stored bytes are corrupted")
+        raise ChecksumMismatch("chunk checksum mismatch: its bytes were damaged after it was encoded")
 
 
 def check(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool = True) -> Header:

@@ -341,7 +341,7 @@ BAD: dict[str, tuple[Case, grpc.StatusCode, str]] = {
     "chunk declaring 4 GiB": (lambda c, _, s: _save(c, _patched(s.blobs[0], 8, "<I", 0xFFFFFFFF)), INVALID, "exceeds"),
     "garbage instead of a chunk": (lambda c, _, s: _save(c, b"x" * 4096), INVALID, "does not start a chunk"),
     "corrupted chunk": (lambda c, _, s: _save(c, s.blobs[0], _flipped(s.blobs[1], 5000)),
-                        INVALID, "chunk 1: chunk checksum mismatch"),
+                        INVALID, "chunk 1: chunk checksum mismatch: its bytes were damaged after it was encoded"),
     "section table past the chunk's end": (lambda c, _, s: _save(c, _short_section_table()), INVALID, "chunk"),
     "wrong chunk key": (lambda c, _, s: _save(c, _rekeyed(s)), INVALID, "does not match its tokens"),
     "no header": (lambda c, stub, s: _raw_save(stub, _data(s.blobs[0])), INVALID, "must carry the header"),

@@ -144,7 +144,8 @@ def test_promote_on_read_off_leaves_chunks_where_they_are(tmp_path: Path) -> Non
     try:
         put_all(st, s)
         assert all(st.demote(k, SSD) for k in s.keys)
-        assert counters(st, HOST).evictions == 2  # ssd already held them: nothing to copy
+        assert counters(st, HOST).demotions == 2  # ssd already held them: moved down by dropping the host copy
+        assert counters(st, HOST).evictions == 0
         assert bytes(st.get(s.keys[0])) == s.blobs[0]
         assert st.where(s.keys[0]) == ["ssd"]
         assert counters(st, SSD).hits == 1 and counters(st, HOST).promotions == 0
@@ -268,7 +269,7 @@ def test_corrupt_lmdb_value_falls_back_to_a_good_redis_copy(tmp_path: Path, redi
     cfg = store_config(tmp_path, redis_url=redis_server.url)
     st = make_tiered(cfg)
     put_all(st, s)
-    assert st.demote(s.keys[0], REDIS) and st.where(s.keys[0]) == ["redis"]
+    assert st.demote(s.keys[0], REDIS) and st.where(s.keys[0]) == ["ssd", "redis"]  # the durable copy stays
     assert bytes(st.get(s.keys[0])) == s.blobs[0]  # promoted back: now on all three tiers
     assert st.where(s.keys[0]) == ["host", "ssd", "redis"]
     st.close()
@@ -290,9 +291,8 @@ def test_corrupt_redis_value_is_detected_and_deleted(tmp_path: Path, redis_serve
     st = make_tiered(store_config(tmp_path, redis_url=redis_server.url))
     raw = redis.Redis.from_url(redis_server.url)
     try:
-        put_all(st, s)
-        for k in s.keys:
-            assert st.demote(k, REDIS)
+        for k, b in zip(s.keys, s.blobs):  # chunks only the shared tier holds (e.g. another daemon's)
+            st.tiers[REDIS].put(k, b)
         raw.set(b"kvtest:" + s.keys[0], b"garbage")
         bad = bytearray(s.blobs[1])
         bad[100] ^= 1
@@ -356,7 +356,7 @@ def test_redis_killed_mid_workload_then_back_the_sessions_store_serves_on_and_re
         assert counters(ss.store, REDIS).errors > 0  # the outage was noticed...
         assert ss.evict("ns", "s7", "redis") == 3  # ...and redis takes chunks again
         assert not counters(ss.store, REDIS).degraded
-        assert ss.store.where(saved[7].keys[0]) == ["redis"]
+        assert ss.store.where(saved[7].keys[0]) == ["ssd", "redis"]  # the durable copy stays
         assert [bytes(b) for _, b in ss.load("ns", saved[7].keys)] == list(saved[7].blobs)
     finally:
         ss.store.close()
@@ -390,5 +390,23 @@ def test_admin_demotion_leaves_pinned_chunks_where_they_are(tmp_path: Path) -> N
         assert not any(st.tiers[HOST].contains(k) for k in s.keys[2:])
         st.unpin(s.keys[:2])
         assert st.demote(s.keys[0], SSD) and not st.tiers[HOST].contains(s.keys[0])
+    finally:
+        st.close()
+
+
+def test_demoting_below_the_durable_tier_keeps_the_durable_copy(tmp_path: Path, redis_server: RedisServer) -> None:
+    """An admin eviction to Redis (shared, may expire, may restart empty) must not take an
+    acknowledged chunk off the durable tier: the session still commits and survives Redis losing it."""
+    s = chunks(3)
+    st = make_tiered(store_config(tmp_path, redis_url=redis_server.url))
+    try:
+        put_all(st, s)
+        assert all(st.demote(k, REDIS) for k in s.keys)
+        assert [st.where(k) for k in s.keys] == [["ssd", "redis"]] * 3
+        assert counters(st, HOST).demotions == 3 and counters(st, HOST).evictions == 0
+        assert all(st.holds_durably(k) for k in s.keys)
+        redis_server.kill()
+        redis_server.start()  # no persistence: Redis comes back empty
+        assert [bytes(st.get(k)) for k in s.keys] == list(s.blobs)
     finally:
         st.close()

@@ -280,7 +280,9 @@ class TieredStore:
             return self._pins[key] > 0
 
     def demote(self, key: bytes, to: int) -> bool:
-        """Move ``key`` down to tier ``to``: ensure it is there (or slower), drop it from faster tiers."""
+        """Move ``key`` down to tier ``to``: ensure it is there (or slower), drop it from faster tiers
+        except the durable one: a tier below it may be shared and expire by TTL (Redis), so the
+        durable copy is what an acknowledged save keeps. Counted as one demotion per tier it left."""
         with contextlib.ExitStack() as held:
             for slot in self._slots:  # every tier's lock, fast to slow: this moves across all of them
                 held.enter_context(slot.lock)
@@ -298,13 +300,14 @@ class TieredStore:
                     self._slots[to].put(key, blob)
                 except TierError:
                     return False  # keep it where it is rather than lose it
-                self._slots[holders[0]].counters.demotions += 1
                 if to >= self.durable:
                     with self._dirty_lock:
                         self._dirty.discard(key)
             for i in holders:
-                if i < to and self._slots[i].drop(key):
-                    self._slots[i].counters.evictions += 1
+                if i < to and i != self.durable and self._slots[i].drop(key):
+                    self._slots[i].counters.demotions += 1
+            if not any(i < to and i != self.durable for i in holders):
+                self._slots[holders[0]].counters.demotions += 1  # copied down, nothing above it dropped
             return True
 
     def _make_room(self, i: int, incoming: int, protect: bytes | None = None) -> None:
