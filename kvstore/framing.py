@@ -94,9 +94,10 @@ class BlobAssembler:
             raise InvalidArgument("stream ended in the middle of a chunk (truncated)")
 
 
-def pack(blobs: Iterable[Blob], max_bytes: int = DEFAULT_MESSAGE_BYTES) -> Iterator[tuple[bytes, list[int]]]:
+def pack(blobs: Iterable[Blob], max_bytes: int = DEFAULT_MESSAGE_BYTES) -> Iterator[tuple[list[Blob], list[int]]]:
     """Group blobs into messages of at most ``max_bytes`` (a larger blob is split across messages).
-    Yields (data, indices of the blobs that start in this message)."""
+    Yields (the message's data as views of the blobs, not joined: whoever builds the message joins
+    them once, into it; indices of the blobs that start in this message)."""
     parts: list[Blob] = []
     starts: list[int] = []
     size = 0
@@ -109,7 +110,7 @@ def pack(blobs: Iterable[Blob], max_bytes: int = DEFAULT_MESSAGE_BYTES) -> Itera
             size += take
             mv = mv[take:]
             if size >= max_bytes:
-                yield b"".join(parts), starts
+                yield parts, starts
                 parts, starts, size = [], [], 0
     if parts:
-        yield b"".join(parts), starts
+        yield parts, starts

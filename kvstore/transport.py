@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
-from kvstore import framing, shm
+from kvstore import framing, pbwire, shm
 from kvstore.errors import InvalidArgument
 from kvstore.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
@@ -34,12 +34,21 @@ STREAM, ARENA = "stream", "arena"
 
 
 class Piece(NamedTuple):
-    """One message's worth of a batch: stream bytes and the indices of the blobs that start in them,
-    or the handle of the blobs placed in the arena."""
+    """One message's worth of a batch: stream bytes (views of the blobs, joined only into the
+    message that carries them) and the indices of the blobs that start in them, or the handle of the
+    blobs placed in the arena."""
 
-    data: bytes = b""
+    parts: Sequence[Blob] = ()
     indices: Sequence[int] = ()
     handle: pb.ShmHandle | None = None
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.parts)
+
+    def encoded(self) -> list[Blob]:
+        """A stream piece as the pieces of a serialized ChunkData (kvstore/pbwire.py)."""
+        return pbwire.chunk_data(self.parts, self.indices)
 
     def into(self, msg: pb.ChunkData) -> pb.ChunkData:
         """Fill ``msg``: a fresh ChunkData or the field of an outer message. (Building the outer
@@ -81,8 +90,8 @@ class Carrier(ABC):
                 index.append(i)
                 yield b
 
-        for data, starts in framing.pack(blobs(), self.message_bytes):
-            yield Piece(data, [index[s] for s in starts])
+        for parts, starts in framing.pack(blobs(), self.message_bytes):
+            yield Piece(parts, [index[s] for s in starts])
 
 
 class StreamCarrier(Carrier):

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, framing, shm
+from kvstore import chunk, framing, pbwire, shm, transport
 from kvstore.errors import InvalidArgument
 from kvstore.layout import get_layout
+from kvstore.v1 import kvstore_pb2 as pb
 
 TINY8 = get_layout("tiny-8")
 
@@ -103,7 +104,7 @@ def test_declared_size_is_checked_before_buffering() -> None:
 @pytest.mark.parametrize("max_bytes", [1, 7, 12, 216, 217, 400, 10_000])
 def test_pack_respects_max_bytes_and_indices(max_bytes: int) -> None:
     blobs = [*BLOBS, small_chunk(2, 4)]
-    messages = list(framing.pack(blobs, max_bytes))
+    messages = [(b"".join(parts), idx) for parts, idx in framing.pack(blobs, max_bytes)]
     assert all(0 < len(data) <= max_bytes for data, _ in messages)
     assert b"".join(data for data, _ in messages) == b"".join(blobs)
     # each blob's index is reported in the message holding its first byte, and only there
@@ -123,6 +124,27 @@ def test_pack_respects_max_bytes_and_indices(max_bytes: int) -> None:
 
 def test_pack_of_nothing_is_no_message() -> None:
     assert list(framing.pack([], 100)) == []
+
+
+# -- answers encoded by hand (kvstore.pbwire): exactly protobuf's bytes ------------------------------
+@pytest.mark.parametrize("max_bytes", [7, 216, 400, 10_000])
+def test_hand_encoded_answers_are_protobufs_bytes(max_bytes: int) -> None:
+    blobs = [*BLOBS, small_chunk(2, 4)]
+    session = pb.Session(session_id="s", namespace="ns", chunk_keys=[bytes(16)] * len(blobs), token_count=300)
+    pieces = list(transport.StreamCarrier(max_bytes).send((i + 200, b) for i, b in enumerate(blobs)))
+    for n, p in enumerate(pieces):
+        msg = pb.ChunkData(data=p.data, indices=p.indices)
+        assert pbwire.chunk_data_message(p.parts, p.indices).raw == msg.SerializeToString()
+        first = session if n == 0 else None
+        raw = pbwire.load_session_message(first.SerializeToString() if first else None, p.encoded()).raw
+        assert raw == pb.LoadSessionResponse(session=first, chunks=msg).SerializeToString()
+        assert pb.LoadSessionResponse.FromString(raw).chunks == msg
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=50))
+def test_hand_encoded_indices_of_any_size(indices: list[int]) -> None:
+    raw = pbwire.chunk_data_message([b"abc"], indices).raw
+    assert raw == pb.ChunkData(data=b"abc", indices=indices).SerializeToString()
 
 
 # -- arenas: what the guarded open refuses --------------------------------------------------------

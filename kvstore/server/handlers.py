@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from kvstore.pbwire import Encoded
 from kvstore.v1 import kvstore_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
@@ -40,13 +41,23 @@ _KINDS = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): gr
           (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
 
 
+def _serializer(cls: Any) -> Callable[[Any], bytes]:
+    """``cls.SerializeToString``, and an answer the servicer encoded itself (kvstore/pbwire.py) as it is."""
+    serialize = cls.SerializeToString
+
+    def to_bytes(msg: Any) -> bytes:
+        return msg.raw if isinstance(msg, Encoded) else serialize(msg)
+    return to_bytes
+
+
 def add_service(servicer: Any, server: grpc.aio.Server) -> None:
-    """``add_KVStoreServicer_to_server``, with lenient request deserializers."""
+    """``add_KVStoreServicer_to_server``, with lenient request deserializers and serializers that
+    pass pre-encoded answers through."""
     handlers = {}
     for m in SERVICE.methods:
         make = _KINDS[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = make(getattr(servicer, m.name),
                                 request_deserializer=_lenient(getattr(pb, m.input_type.name)),
-                                response_serializer=getattr(pb, m.output_type.name).SerializeToString)
+                                response_serializer=_serializer(getattr(pb, m.output_type.name)))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
     server.add_registered_method_handlers(SERVICE.full_name, handlers)

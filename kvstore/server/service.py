@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from kvstore import __version__, chunk, convert, framing, shm, transport
+from kvstore import __version__, chunk, convert, framing, pbwire, shm, transport
 from kvstore.errors import InvalidArgument
 from kvstore.framing import Blob
 from kvstore.layout import PRESETS
@@ -171,21 +171,25 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             raise InvalidArgument("chunk keys must be 16 bytes")
         carrier = self._carrier(context, request.arena_id)
         async for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
-            yield piece.message()
+            yield piece.message() if piece.handle is not None else pbwire.Encoded(b"".join(piece.encoded()))
 
     @rpc
     async def LoadSession(self, request: pb.LoadSessionRequest, context: Any) -> AsyncIterator[pb.LoadSessionResponse]:
         self._ns(context, request.namespace)
         carrier = self._carrier(context, request.arena_id)  # before any answer
         m = self.sessions.get(request.namespace, request.session_id)
-        first: pb.LoadSessionResponse | None = pb.LoadSessionResponse(session=convert.session_to_pb(m))
+        session: pb.Session | None = convert.session_to_pb(m)  # in the first message, with the first chunks
         async for piece in self._send(carrier, request.namespace, list(m.chunk_keys)):
-            r = first if first is not None else pb.LoadSessionResponse()  # the manifest and the first chunks:
-            first = None  # one message
-            piece.into(r.chunks)
-            yield r
-        if first is not None:
-            yield first
+            if piece.handle is not None:
+                r = pb.LoadSessionResponse(session=session) if session is not None else pb.LoadSessionResponse()
+                piece.into(r.chunks)
+                yield r
+            else:
+                yield pbwire.load_session_message(session.SerializeToString() if session is not None else None,
+                                                  piece.encoded())
+            session = None
+        if session is not None:
+            yield pb.LoadSessionResponse(session=session)
 
     @rpc
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
