@@ -240,7 +240,10 @@ def run_redis(n: int, seed: int, work: Path, redis_url: str, tally: Tally) -> No
     try:
         for s in saved:
             save(ss, s)
-            ss.evict(s.namespace, s.session_id, "redis")  # the only copy of each chunk is in Redis
+            ss.evict(s.namespace, s.session_id, "redis")
+            # an eviction keeps the durable copy; drop it so Redis holds the only one (as for chunks a
+            # daemon sharing this Redis saved): every injection then hits the copy that is served
+            ss.store.tiers[ss.store.durable].delete_many(s.keys)
         blobs = {k: b for s in saved for k, b in zip(s.keys, s.blobs)}
         rng = random.Random(seed)
         for i in range(n):
