@@ -39,6 +39,7 @@ def table(r: SoakResult) -> str:
               f"daemon RSS {r.rss_warm_mib:.1f} MiB after warm-up -> {r.rss_end_mib:.1f} MiB at the end "
               f"({r.rss_growth_mib:+.1f} MiB, {r.rss_growth_pct:+.1f}%; max {r.rss_max_mib:.1f}; "
               f"slope {r.rss_slope_mib_per_min:+.2f} MiB/min); fds {r.fds_warm} -> {r.fds_end}; "
+              f"once every client closed: {r.rss_after_mib:.1f} MiB, {r.fds_after} fds; "
               f"daemon CPU {r.daemon_cpu_pct:.0f}% of a core; daemon exit: {r.daemon_exit}"]
     return "\n".join(lines)
 

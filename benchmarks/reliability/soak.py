@@ -7,8 +7,9 @@ compare every byte with what it committed), look up one (Lookup), or read the da
 and then it replaces its ``Client`` by a new one, as agents come and go. Any exception or mismatch
 is an error. Latencies are kept after ``warmup_s``; the parent samples the daemon's VmRSS and open
 file descriptors every second, and the RSS growth reported is from the end of the warm-up to the
-end of the run. The daemon is a real ``kvstore serve`` process, stopped with SIGTERM at the end:
-it must exit cleanly.
+last sample while every client still runs (RSS and fds once they have all closed are reported
+too). The daemon is a real ``kvstore serve`` process, stopped with SIGTERM at the end: it must
+exit cleanly.
 
     from benchmarks.reliability.soak import SoakConfig, run_soak
     result = run_soak(SoakConfig(duration_s=30), workdir)
@@ -74,7 +75,7 @@ class SoakResult:
     error_kinds: dict[str, int] = field(default_factory=dict)  # "op: Exception: message head" -> count
     bytes_verified: int = 0
     rpcs: dict[str, RpcLatency] = field(default_factory=dict)
-    rss_mib: list[tuple[float, float]] = field(default_factory=list)  # (s since the clock started, MiB)
+    series: list[tuple[float, float, int]] = field(default_factory=list)  # (s since start, RSS MiB, fds)
     rss_warm_mib: float = 0.0  # at the end of the warm-up
     rss_end_mib: float = 0.0
     rss_max_mib: float = 0.0
@@ -82,6 +83,8 @@ class SoakResult:
     fds_warm: int = 0
     fds_end: int = 0
     daemon_cpu_pct: float = 0.0  # after the warm-up; 100 = one core
+    rss_after_mib: float = 0.0  # once every client has closed
+    fds_after: int = 0
     daemon_exit: str = ""
 
     @property
@@ -261,19 +264,20 @@ def _drive(config: SoakConfig, address: str, pid: int, result: SoakResult) -> So
     t0 = time.monotonic()
     t_warm, deadline = t0 + config.warmup_s, t0 + config.duration_s
     cpu_warm = 0.0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline - SAMPLE_S / 2:  # every sample while all clients still run
         samples.append((time.monotonic(), *_proc_status(pid)))
         if not cpu_warm and samples[-1][0] >= t_warm:
             cpu_warm = _cpu_s(pid)
-        time.sleep(SAMPLE_S)
+        time.sleep(min(SAMPLE_S, max(0.0, deadline - SAMPLE_S / 2 - time.monotonic())))
     samples.append((time.monotonic(), *_proc_status(pid)))
     if cpu_warm:
         result.daemon_cpu_pct = round(100 * (_cpu_s(pid) - cpu_warm) / (samples[-1][0] - t_warm), 1)
     parts = [out.get(timeout=config.duration_s + 300) for _ in procs]
     for p in procs:
         p.join(timeout=30)
+    result.rss_after_mib, result.fds_after = _proc_status(pid)  # every client closed
     warm = [s for s in samples if s[0] >= t_warm] or samples[-1:]
-    result.rss_mib = [(round(s[0] - t0, 1), round(s[1], 1)) for s in samples]
+    result.series = [(round(s[0] - t0, 1), round(s[1], 1), s[2]) for s in samples]
     if len(warm) >= 3:
         fit = statistics.linear_regression([s[0] for s in warm], [s[1] for s in warm])
         result.rss_slope_mib_per_min = round(fit.slope * 60, 3)
