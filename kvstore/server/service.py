@@ -68,10 +68,15 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 yield p
             self.carriers.count(carrier)
             return
+        # the next hop reads while this one's messages are sent (gRPC's core sends without the GIL):
+        # one hop ahead, never more, so one thread at a time advances ``pieces``
+        ahead = asyncio.ensure_future(asyncio.to_thread(_take, pieces, MESSAGES_PER_HOP))
         try:
             more = True
             while more:
-                batch, more = await asyncio.to_thread(_take, pieces, MESSAGES_PER_HOP)
+                batch, more = await ahead
+                if more:
+                    ahead = asyncio.ensure_future(asyncio.to_thread(_take, pieces, MESSAGES_PER_HOP))
                 for p in batch:
                     yield p
         finally:
