@@ -1,4 +1,5 @@
 """The daemon's one frozen config, built in one place from defaults < TOML file < environment < flags.
+Its defaults for store and tier settings are the store's and tiers' own (defined once, there).
 
 Environment variables are ``KVSTORE_<FIELD>`` (``KVSTORE_TLS_CERT_FILE`` for nested fields).
 """
@@ -15,6 +16,7 @@ from typing import Any
 
 from kvstore.defaults import DEFAULT_PORT
 from kvstore.store import StoreConfig
+from kvstore.store.config import DEFAULT_HOST_CAPACITY_BYTES
 from kvstore.tiers import HbmTierConfig, HostTierConfig, RedisTierConfig, SsdTierConfig
 
 
@@ -34,18 +36,18 @@ class DaemonConfig:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT  # 0 = pick a free port (printed on start)
     data_dir: str = "kvstore-data"
-    host_capacity_bytes: int = 1 << 30
+    host_capacity_bytes: int = DEFAULT_HOST_CAPACITY_BYTES
     ssd_capacity_bytes: int = 0  # 0 = unlimited
     ssd_max_map_bytes: int = 0  # hard limit of the LMDB file: past it saves fail (RESOURCE_EXHAUSTED); 0 = none
-    zstd_level: int = 1  # 0 = off; level 1 beats 3 on scale bytes here, at twice the speed
-    sync: bool = True  # fsync every acknowledged write
+    zstd_level: int = SsdTierConfig.zstd_level  # 0 = off
+    sync: bool = SsdTierConfig.sync  # fsync every acknowledged write
     redis_url: str = ""  # adds a shared Redis tier after the ssd tier
     redis_namespace: str = "kvstore"
     redis_ttl_s: int = 0  # 0 = no expiry
     hbm_capacity_bytes: int = 0  # > 0 adds an HBM tier in front (needs CUDA)
-    chunk_tokens: int = 256
-    write_mode: str = "through"
-    promote_on_read: bool = True
+    chunk_tokens: int = StoreConfig.chunk_tokens
+    write_mode: str = StoreConfig.write_mode
+    promote_on_read: bool = StoreConfig.promote_on_read
     shared_memory: bool = True  # offer same-host transfers through /dev/shm
     tokens_file: str = ""  # TOML [tokens] table: per-namespace bearer tokens
     metrics_port: int = 0  # > 0 serves Prometheus metrics on host:metrics_port
