@@ -9,7 +9,8 @@ and the session loaded over the arena and over the stream (time to the first mes
 last blob). In this process, on a store opened with the daemon's default config: the store's read
 (``SessionStore.load``: host-tier hits, verified), the copy into an arena, the stream's framing and
 protobuf building, one ``asyncio.to_thread`` hop, and the client's parsing of the answer.
-``--py-spy PATH``: also record the daemon with py-spy (a flame graph SVG at PATH).
+``--py-spy PATH``: also record the daemon with py-spy (a flame graph SVG at PATH; collapsed stacks
+for a ``.txt`` PATH).
 ``--against DIR``: a second daemon run from another checkout (e.g. ``git worktree add DIR HEAD~1``),
 measured interleaved with this one, call for call: a before/after under the same machine load.
 """
@@ -173,7 +174,8 @@ def main() -> None:
         spy = None
         if args.py_spy:
             spy = subprocess.Popen(["py-spy", "record", "-o", str(args.py_spy), "--pid", str(d.proc.pid),  # type: ignore[union-attr]
-                                    "--threads", "--nonblocking"])
+                                    "--threads", "--nonblocking", "--idle",
+                                    "--format", "raw" if args.py_spy.suffix == ".txt" else "flamegraph"])
         e2e = end_to_end(addresses, blobs, keys, ids, args.rounds)
         if spy is not None:
             spy.send_signal(2)

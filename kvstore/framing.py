@@ -95,7 +95,10 @@ class BlobAssembler:
 
 
 def pack(blobs: Iterable[Blob], max_bytes: int = DEFAULT_MESSAGE_BYTES) -> Iterator[tuple[list[Blob], list[int]]]:
-    """Group blobs into messages of at most ``max_bytes`` (a larger blob is split across messages).
+    """Group blobs into messages of at most ``max_bytes``. A blob that fits in a message but not in
+    what is left of this one starts the next: only a blob larger than ``max_bytes`` spans messages,
+    and the receiver cuts every other blob out of its message without copying it (with blobs cut
+    anywhere, 40% of 224 KiB chunks in 512 KiB messages were copied whole into a buffer on arrival).
     Yields (the message's data as views of the blobs, not joined: whoever builds the message joins
     them once, into it; indices of the blobs that start in this message)."""
     parts: list[Blob] = []
@@ -103,6 +106,9 @@ def pack(blobs: Iterable[Blob], max_bytes: int = DEFAULT_MESSAGE_BYTES) -> Itera
     size = 0
     for i, blob in enumerate(blobs):
         mv = memoryview(blob)
+        if size and size + len(mv) > max_bytes >= len(mv):
+            yield parts, starts
+            parts, starts, size = [], [], 0
         starts.append(i)
         while len(mv):
             take = min(len(mv), max_bytes - size)
