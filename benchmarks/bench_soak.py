@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
-import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.reliability.provenance import git_commit
 from benchmarks.reliability.soak import SoakConfig, SoakResult, run_soak
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -42,17 +41,6 @@ def table(r: SoakResult) -> str:
               f"once every client closed: {r.rss_after_mib:.1f} MiB, {r.fds_after} fds; "
               f"daemon CPU {r.daemon_cpu_pct:.0f}% of a core; daemon exit: {r.daemon_exit}"]
     return "\n".join(lines)
-
-
-def git_commit() -> str:
-    """HEAD of the checkout this runs from ($BENCH_COMMIT where it runs from an exported copy)."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def main(argv: list[str] | None = None) -> int:

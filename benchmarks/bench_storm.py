@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import socket
 import subprocess
@@ -28,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.reliability.provenance import git_commit
 from benchmarks.reliability.storm import StormConfig, StormResult, run_storm
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -71,17 +71,6 @@ def redis_server(wanted: bool, workdir: Path) -> Iterator[str]:
 def progress(r: StormResult) -> None:
     print(f"  {r.config.write_mode}: {r.kill_points} kill points, {r.acked_ops.get('commit', 0)} commits "
           f"acknowledged so far, {len(r.violations)} violations", flush=True)
-
-
-def git_commit() -> str:
-    """HEAD of the checkout this runs from ($BENCH_COMMIT where it runs from an exported copy)."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return ""
 
 
 def main(argv: list[str] | None = None) -> int:
