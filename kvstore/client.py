@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstore import convert, shm, transport, wire
+from kvstore import convert, pbwire, shm, transport, wire
 from kvstore.client_config import ClientConfig, ClientTls, default_address
 from kvstore.defaults import DEFAULT_ADDRESS
 from kvstore.errors import InvalidArgument, KvstoreError, Unauthenticated
@@ -47,6 +47,13 @@ class Client:
         self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
                          else grpc.insecure_channel(self.address, opts))
         self._stub = pb_grpc.KVStoreStub(self._channel)
+        # the loads, read without copying their chunk bytes (kvstore/pbwire.py)
+        self._load_chunks = self._channel.unary_stream(
+            "/kvstore.v1.KVStore/LoadChunks", request_serializer=pb.LoadChunksRequest.SerializeToString,
+            response_deserializer=pbwire.parse_chunk_data, _registered_method=True)
+        self._load_session = self._channel.unary_stream(
+            "/kvstore.v1.KVStore/LoadSession", request_serializer=pb.LoadSessionRequest.SerializeToString,
+            response_deserializer=pbwire.parse_load_session, _registered_method=True)
         self._conn: wire.Connection | None = None
         self._carrier: transport.Carrier | None = None
         self._used = 0.0  # when the arena last carried a batch
@@ -182,7 +189,7 @@ class Client:
         return wire.saved_session(self._save(wire.turn_header(manifest, len(new_blobs)), new_blobs))
 
     def _open(self, rpc: Callable[..., Any], build: Callable[[transport.Carrier], Any],
-              chunks_of: Callable[[Any], pb.ChunkData | None], zero_copy: bool,
+              chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], zero_copy: bool,
               expected: Callable[[Any], int]) -> tuple[Any, Iterator[tuple[int, Blob]]]:
         """Start a load: its first message, and the (index, blob) pairs of the whole answer. The arena
         part of an answer always comes first, so the arena is held only until it has been read.
@@ -210,7 +217,7 @@ class Client:
         ``zero_copy`` (arena): blobs are views into this client's arena, valid only until its next
         load or save; copy what you keep."""
         keys = list(keys)
-        _, pairs = self._open(self._stub.LoadChunks,
+        _, pairs = self._open(self._load_chunks,
                               lambda c: pb.LoadChunksRequest(namespace=namespace, keys=keys, arena_id=c.arena_id),
                               lambda m: m, zero_copy, lambda _: len(keys))
         yield from pairs
@@ -220,10 +227,10 @@ class Client:
         """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has.
         ``zero_copy``: as in :meth:`load_chunks`."""
         first, pairs = self._open(
-            self._stub.LoadSession,
+            self._load_session,
             lambda c: pb.LoadSessionRequest(namespace=namespace, session_id=session_id, arena_id=c.arena_id),
-            wire.session_chunks, zero_copy, lambda m: len(m.session.chunk_keys))
-        if first is None:
+            lambda m: m.chunks, zero_copy, lambda m: len(m.session.chunk_keys) if m.session is not None else 0)
+        if first is None or first.session is None:
             raise KvstoreError("the daemon ended LoadSession without the manifest")
         return convert.session_from_pb(first.session), pairs
 
@@ -260,7 +267,7 @@ class Client:
 
 
 def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: transport.Receiver,
-           chunks_of: Callable[[Any], pb.ChunkData | None], expected: int, tails: set[Any]
+           chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], expected: int, tails: set[Any]
            ) -> Iterator[tuple[int, Blob]]:
     """The answer's pairs. Once all ``expected`` blobs are in (each index comes at most once), the
     answer is complete: its trailing status is not waited for (~0.5 ms, benchmarks/profile_load.py);

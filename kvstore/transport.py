@@ -153,8 +153,8 @@ class Receiver:
         self.assembler = framing.BlobAssembler() if max_blob is None else framing.BlobAssembler(max_blob)
         self.pending: list[int] = []
 
-    def feed(self, msg: pb.ChunkData) -> list[tuple[int, Blob]]:
-        if msg.HasField("shm"):
+    def feed(self, msg: pb.ChunkData | pbwire.StreamChunks) -> list[tuple[int, Blob]]:
+        if isinstance(msg, pb.ChunkData) and msg.HasField("shm"):
             h = msg.shm
             if self.arena is None or h.arena_id != self.arena.arena_id:
                 raise InvalidArgument("the answer names an arena this call did not")

@@ -262,3 +262,32 @@ def test_arena_attach_needs_the_creators_nonce(tmp_path: Path) -> None:
     assert bytes(attached.view[100:104]) == b"abcd"
     attached.close()
     arena.close()
+
+
+def test_the_client_parses_stream_answers_without_copying() -> None:
+    blobs = [*BLOBS, small_chunk(2, 4)]
+    session = pb.Session(session_id="s", namespace="ns", chunk_keys=[bytes(16)] * len(blobs))
+    for n, p in enumerate(transport.StreamCarrier(400).send(enumerate(blobs))):
+        raw = pbwire.load_session_message(session.SerializeToString() if n == 0 else None, p.encoded()).raw
+        got = pbwire.parse_load_session(raw)
+        assert got.session == (session if n == 0 else None)
+        assert isinstance(got.chunks, pbwire.StreamChunks) and got.chunks.data.obj is raw  # a view, no copy
+        assert bytes(got.chunks.data) == p.data and got.chunks.indices == list(p.indices)
+        c = pbwire.parse_chunk_data(b"".join(p.encoded()))
+        assert bytes(c.data) == p.data and list(c.indices) == list(p.indices)
+
+
+def test_anything_else_is_left_to_protobuf() -> None:
+    arena = pb.ChunkData(shm=pb.ShmHandle(arena_id="a", indices=[0], offsets=[0], sizes=[9], size=9))
+    assert pbwire.parse_chunk_data(arena.SerializeToString()) == arena
+    got = pbwire.parse_load_session(pb.LoadSessionResponse(chunks=arena).SerializeToString())
+    assert got.session is None and got.chunks == arena
+    unpacked = b"\x0a\x03abc\x10\x05\x10\x07"  # indices as separate varints: valid protobuf too
+    assert pbwire.parse_chunk_data(unpacked).indices == [5, 7]
+    assert pbwire.parse_load_session(b"").chunks is None
+
+
+@pytest.mark.parametrize("raw", [b"\x0a\x05ab", b"\x12\x80", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"])
+def test_a_truncated_answer_is_refused(raw: bytes) -> None:
+    with pytest.raises(InvalidArgument):
+        pbwire.parse_chunk_data(raw)
