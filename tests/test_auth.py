@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
@@ -121,9 +122,14 @@ def test_metrics_count_every_rpc_with_its_code_latency_and_bytes(secured: tuple[
         c.load_session("team-a", "a1")
         c.get_session("team-a", "a1")
         assert status_of(lambda: c.get_session("team-a", "nope"))[0] == grpc.StatusCode.NOT_FOUND
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        text = r.read().decode()
-    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    # a call is recorded when the server finishes it, which may be just after the client saw its status
+    for _ in range(100):
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+        if 'kvstore_rpc_total{code="NOT_FOUND",method="GetSession"}' in lines:
+            break
+        time.sleep(0.05)
 
     def value(name: str) -> float:
         return float(lines[name])
