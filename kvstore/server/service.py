@@ -42,6 +42,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.sessions = sessions
         self.auth = auth
         self.max_message_bytes = max_message_bytes
+        self._info: pb.ServerInfo | None = None
         self.carriers = Carriers(shm_dir, min(framing.DEFAULT_MESSAGE_BYTES, max_message_bytes // 2))
         # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
         # buffered, whatever size a stream's header declares
@@ -112,12 +113,15 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     # -- RPCs -------------------------------------------------------------------------------------
     @rpc
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: Any) -> pb.ServerInfo:
-        cfg = self.sessions.config
-        return pb.ServerInfo(version=__version__, chunk_tokens=cfg.chunk_tokens, layouts=sorted(PRESETS),
-                             tiers=[t.name for t in self.sessions.store.tiers], host_id=shm.host_id(),
-                             shm_dir=str(self.carriers.shm_dir or ""), max_message_bytes=self.max_message_bytes,
-                             write_mode=cfg.write_mode, carriers=self.carriers.offered,
-                             layout_info=[convert.layout_to_pb(PRESETS[n], cfg.chunk_tokens) for n in sorted(PRESETS)])
+        if self._info is None:  # fixed for the daemon's life: built once (every client asks at connect)
+            cfg = self.sessions.config
+            self._info = pb.ServerInfo(
+                version=__version__, chunk_tokens=cfg.chunk_tokens, layouts=sorted(PRESETS),
+                tiers=[t.name for t in self.sessions.store.tiers], host_id=shm.host_id(),
+                shm_dir=str(self.carriers.shm_dir or ""), max_message_bytes=self.max_message_bytes,
+                write_mode=cfg.write_mode, carriers=self.carriers.offered,
+                layout_info=[convert.layout_to_pb(PRESETS[n], cfg.chunk_tokens) for n in sorted(PRESETS)])
+        return self._info
 
     @rpc
     async def SaveChunks(self, requests: AsyncIterator[pb.SaveChunksRequest],
