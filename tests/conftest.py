@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,6 +24,9 @@ from kvstore.tiers import (
     TierConfig,
     make_tier,
 )
+
+if TYPE_CHECKING:
+    from kvstore.store import SessionStore
 
 TIER_KINDS = ("host", "ssd", "redis", "hbm")
 TIER_CAPACITY = 64 << 20
@@ -157,3 +161,15 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def sessions(tmp_path: Path) -> Iterator[SessionStore]:
+    """A session store on the default tiers (host + LMDB) in ``tmp_path``, closed afterwards."""
+    from store_helpers import store_config
+
+    from kvstore.store import open_store
+
+    ss = open_store(store_config(tmp_path))
+    yield ss
+    ss.store.close()

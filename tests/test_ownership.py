@@ -10,28 +10,20 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from store_helpers import TINY8, Session, build_session, encode_chunk, save, store_config, token_stream
+from store_helpers import TINY8, Session, build_session, encode_chunk, save, token_stream
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kvstore.keys import ROOT, chain_keys
 from kvstore.layout import get_layout
 from kvstore.manifest import manifest_key
-from kvstore.store import SessionStore, open_store
+from kvstore.store import SessionStore
 from kvstore.tiers import Tier, TierError
 
 CT = 16
 HOST, SSD = 0, 1
-
-
-@pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[SessionStore]:
-    ss = open_store(store_config(tmp_path))
-    yield ss
-    ss.store.close()
 
 
 def session(ns: str, sid: str, tokens: int, seed: int = 0) -> Session:

@@ -3,7 +3,6 @@ and persistent bytes per token, over a real host + LMDB store in a tmp dir."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
 
@@ -33,13 +32,6 @@ from kvstore.store import SessionStore, bytes_per_token, open_store
 
 CT = CHUNK_TOKENS
 HOST, SSD = 0, 1
-
-
-@pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[SessionStore]:
-    ss = open_store(store_config(tmp_path))
-    yield ss
-    ss.store.close()
 
 
 def session(sid: str, tokens: int, seed: int = 0, ns: str = "ns") -> Session:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,13 +19,6 @@ from kvstore.tiers.base import TierError, WriteBatch
 
 HOST, SSD = 0, 1
 HANG_GUARD_S = 60.0  # only ever reached if something deadlocks
-
-
-@pytest.fixture
-def sessions(tmp_path: Path) -> Iterator[SessionStore]:
-    ss = open_store(store_config(tmp_path))
-    yield ss
-    ss.store.close()
 
 
 def txns(ss: SessionStore) -> int:
