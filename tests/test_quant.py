@@ -125,7 +125,8 @@ def test_shape_that_does_not_divide_raises(path: str) -> None:
 
 
 def test_swa_bit_exact() -> None:
-    x = torch.randn(16, 256) * torch.logspace(-3, 3, 16).unsqueeze(1)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 256, generator=g) * torch.logspace(-3, 3, 16).unsqueeze(1)
     codes, scales = quant.quantize_swa(x)
     xs = x.numpy().reshape(-1, 32)
     amax = np.abs(xs).max(-1)
@@ -137,7 +138,10 @@ def test_swa_bit_exact() -> None:
     np.testing.assert_array_equal(codes.numpy().reshape(-1, 32), q)
     np.testing.assert_array_equal(scales.numpy().reshape(-1), (e + 127).astype(np.uint8))
     back = quant.dequantize_swa(codes, scales, torch.float32)
-    assert torch.allclose(back, x, rtol=0.07, atol=1e-6)
+    # E4M3 rounds to 3 mantissa bits (relative error <= 2^-4); below 2^-6 * s it is subnormal, with a
+    # fixed step of 2^-9 * s, so a small value in a block with a large one may lose more than 7%
+    err = (back - x).abs().numpy().reshape(-1, 32)
+    assert (err <= np.abs(xs) * 2.0**-4 + s[:, None] * 2.0**-10).all()
 
 
 finite = st.floats(-1e4, 1e4, allow_nan=False, width=32)
