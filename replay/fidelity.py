@@ -81,18 +81,3 @@ def resumed_state(model: Transformer, packed: SessionState, history: Sequence[in
     logits = model.replay(state, list(history[n - r :]), start_pos=n - r, decoder_from=min(dec, n - 1))
     state.decoder_from = dec
     return state, logits
-
-
-def sweep(model: Transformer, history: Sequence[int], continuation: Sequence[int],
-          replays: Sequence[int]) -> list[Fidelity]:
-    """Fidelity of resuming after a prefilled ``history`` for each replay length, against the never-evicted run."""
-    ref_state = model.new_state()
-    first = model.prefill(list(history), ref_state, chunk_size=512)
-    packed = packed_copy(model, ref_state)
-    ref = teacher_forced(model, ref_state, first, continuation)
-    out = []
-    for r in replays:
-        state, logits = resumed_state(model, packed, history, r)
-        out.append(compare(ref, teacher_forced(model, state, logits, continuation), min(r, len(history)),
-                           continuation))
-    return out
