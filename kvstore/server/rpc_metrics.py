@@ -41,6 +41,12 @@ class RpcMetrics:
         self.bytes.labels(method, "sent").inc(sent)
 
 
+_HANDLER_OF = {"unary_unary": grpc.unary_unary_rpc_method_handler,
+               "unary_stream": grpc.unary_stream_rpc_method_handler,
+               "stream_unary": grpc.stream_unary_rpc_method_handler,
+               "stream_stream": grpc.stream_stream_rpc_method_handler}
+
+
 def _size(msg: Any) -> int:
     return msg.ByteSize() if isinstance(msg, Message) else 0  # an undecodable request counts nothing
 
@@ -82,10 +88,6 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             return None
         method = details.method.rsplit("/", 1)[-1]
         m = self.metrics
-        kinds = {"unary_unary": grpc.unary_unary_rpc_method_handler,
-                 "unary_stream": grpc.unary_stream_rpc_method_handler,
-                 "stream_unary": grpc.stream_unary_rpc_method_handler,
-                 "stream_stream": grpc.stream_stream_rpc_method_handler}
         kind = ("stream" if handler.request_streaming else "unary") + "_" + (
             "stream" if handler.response_streaming else "unary")
         behavior = getattr(handler, kind)
@@ -110,5 +112,5 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
             fn: Any = streaming
         else:
             fn = wrapped
-        return kinds[kind](fn, request_deserializer=handler.request_deserializer,
+        return _HANDLER_OF[kind](fn, request_deserializer=handler.request_deserializer,
                            response_serializer=handler.response_serializer)
