@@ -37,7 +37,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "chunk_tokens", "layouts", "tiers", "host_id", "shm_dir", "max_message_bytes", "write_mode", "carriers", "layout_info")
+    __slots__ = ("version", "chunk_tokens", "layouts", "tiers", "host_id", "shm_dir", "max_message_bytes", "write_mode", "carriers", "layout_info", "local_socket")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LAYOUTS_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,7 @@ class ServerInfo(_message.Message):
     WRITE_MODE_FIELD_NUMBER: _ClassVar[int]
     CARRIERS_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_INFO_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SOCKET_FIELD_NUMBER: _ClassVar[int]
     version: str
     chunk_tokens: int
     layouts: _containers.RepeatedScalarFieldContainer[str]
@@ -58,7 +59,8 @@ class ServerInfo(_message.Message):
     write_mode: str
     carriers: _containers.RepeatedScalarFieldContainer[str]
     layout_info: _containers.RepeatedCompositeFieldContainer[LayoutInfo]
-    def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ..., carriers: _Optional[_Iterable[str]] = ..., layout_info: _Optional[_Iterable[_Union[LayoutInfo, _Mapping]]] = ...) -> None: ...
+    local_socket: str
+    def __init__(self, version: _Optional[str] = ..., chunk_tokens: _Optional[int] = ..., layouts: _Optional[_Iterable[str]] = ..., tiers: _Optional[_Iterable[str]] = ..., host_id: _Optional[str] = ..., shm_dir: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., write_mode: _Optional[str] = ..., carriers: _Optional[_Iterable[str]] = ..., layout_info: _Optional[_Iterable[_Union[LayoutInfo, _Mapping]]] = ..., local_socket: _Optional[str] = ...) -> None: ...
 
 class CacheInfo(_message.Message):
     __slots__ = ("name", "layer", "m", "channels", "format", "code_bytes", "scale_bytes")
