@@ -53,7 +53,15 @@ class SsdTierConfig:
 
 @dataclass(frozen=True)
 class RedisTierConfig:
-    """Values in a Redis server, under ``f"{namespace}:"`` keys."""
+    """Values in a Redis server or a Redis Cluster, under ``f"{namespace}:"`` keys
+    (``redis_keys.py`` has the layout).
+
+    ``share_sessions``: this tier is where daemons share sessions: every save publishes its chunks
+    and its manifest here (a compare-and-set on the session's generation), and sessions published
+    by other daemons are listed and resumed from here. ``wait_replicas`` > 0: a write returns only
+    once that many replicas of each master it touched acknowledged it (Redis WAIT, at most
+    ``wait_timeout_ms``), else it fails: a master failing over then loses nothing acknowledged.
+    """
 
     url: str = "redis://127.0.0.1:6379/0"
     namespace: str = "kvstore"
@@ -61,6 +69,10 @@ class RedisTierConfig:
     ttl_s: int | None = None  # expire values this long after their last put (or get, see below)
     touch_on_get: bool = True  # a get restarts the TTL
     socket_timeout_s: float = 2.0  # connect and per-command timeout: a dead server fails fast
+    cluster: bool = False  # url names one node of a Redis Cluster (the client finds the others)
+    share_sessions: bool = False
+    wait_replicas: int = 0  # 0 = do not wait (asynchronous replication)
+    wait_timeout_ms: int = 1000
 
     def __post_init__(self) -> None:
         _check_capacity("redis", self.capacity_bytes)
@@ -70,6 +82,10 @@ class RedisTierConfig:
             raise ValueError(f"redis tier: ttl_s must be > 0 or None, got {self.ttl_s}")
         if self.socket_timeout_s <= 0:
             raise ValueError(f"redis tier: socket_timeout_s must be > 0, got {self.socket_timeout_s}")
+        if self.wait_replicas < 0:
+            raise ValueError(f"redis tier: wait_replicas must be >= 0 (0 = do not wait), got {self.wait_replicas}")
+        if self.wait_timeout_ms <= 0:
+            raise ValueError(f"redis tier: wait_timeout_ms must be > 0, got {self.wait_timeout_ms}")
 
 
 @dataclass(frozen=True)
@@ -78,12 +94,21 @@ class HbmTierConfig:
 
     capacity_bytes: int = 1 << 30  # the arena size; must be > 0 (HBM is never unlimited)
     device: int = 0  # CUDA device index
+    # puts from host bytes: this many copy lanes (threads, each with its own CUDA stream), each with
+    # staging_buffers pinned buffers of staging_bytes, so the CPU copies into one while another uploads
+    copy_lanes: int = 8
+    staging_buffers: int = 2
+    staging_bytes: int = 2 << 20
 
     def __post_init__(self) -> None:
         if self.capacity_bytes <= 0:
             raise ValueError(f"hbm tier: capacity_bytes must be > 0, got {self.capacity_bytes}")
         if self.device < 0:
             raise ValueError(f"hbm tier: device must be >= 0, got {self.device}")
+        if self.copy_lanes < 1 or self.staging_buffers < 1:
+            raise ValueError("hbm tier: copy_lanes and staging_buffers must be >= 1")
+        if self.staging_bytes <= 0 or self.staging_bytes % 256:
+            raise ValueError(f"hbm tier: staging_bytes must be a positive multiple of 256, got {self.staging_bytes}")
 
 
 TierConfig = HostTierConfig | SsdTierConfig | RedisTierConfig | HbmTierConfig

@@ -1,65 +1,34 @@
-"""HBM tier: values in one preallocated CUDA byte arena, placed by a first-fit allocator.
+"""HBM tier: values in one preallocated CUDA byte arena, moved to and from host bytes at PCIe speed.
 
-The arena is allocated once (``capacity_bytes`` of uint8 on the device), so the tier never
-competes with the model for memory after startup. A put that finds no free block big enough
-raises ``TierFullError``; the store evicts and retries. This module imports fine without CUDA;
-only constructing the tier needs it.
+The arena is allocated once (``capacity_bytes`` of uint8 on the device) and carved by an extent
+allocator (hbm_alloc.py), so the tier never calls ``cudaMalloc`` per value and never competes with
+the model for memory after startup. A put that finds no free extent big enough raises
+``TierFullError``; the store demotes LRU values (``victims()``) to host memory and retries.
+
+Batches are what make it fast: ``put_many`` places a batch in one extent and uploads it through
+pinned staging buffers on parallel copy lanes (staging.py); ``get_many`` copies a batch back in one
+DMA per run of back-to-back values, straight into one pinned host buffer (from torch's caching
+host allocator, so it is reused once the caller drops the views) whose read-only views it returns.
+``copy_to`` copies values device to device (the same-GPU handoff, kvstore/server/device_arenas.py).
+This module imports fine without CUDA; only constructing the tier needs it.
 """
 
 from __future__ import annotations
 
-import bisect
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
-import numpy as np
 import torch
 
 from kvstore.tiers.base import Stored, Tier, TierError, TierFullError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import HbmTierConfig
+from kvstore.tiers.hbm_alloc import ExtentAllocator, aligned, packed_offsets, paired_runs
+from kvstore.tiers.staging import Stager
 
 __all__ = ["HbmTier", "TierFullError"]
 
-_ALIGN = 256  # every value starts 256-byte aligned, like cudaMalloc, so copies run at full speed
-
-
-def _aligned(size: int) -> int:
-    return -(-size // _ALIGN) * _ALIGN
-
-
-class _FreeList:
-    """First-fit allocation of byte ranges in [0, capacity), freed ranges coalesced with neighbours."""
-
-    def __init__(self, capacity: int) -> None:
-        self._free: list[tuple[int, int]] = [(0, capacity)]  # (offset, size), sorted, never adjacent
-
-    def alloc(self, size: int) -> int | None:
-        """Offset of a fresh block of ``size`` (> 0) bytes, or None if no free block is big enough."""
-        need = _aligned(size)
-        for i, (offset, free) in enumerate(self._free):
-            if free >= need:
-                if free == need:
-                    del self._free[i]
-                else:
-                    self._free[i] = (offset + need, free - need)
-                return offset
-        return None
-
-    def release(self, offset: int, size: int) -> None:
-        """Give back a block that ``alloc(size)`` returned."""
-        size = _aligned(size)
-        i = bisect.bisect(self._free, (offset, 0))
-        if i < len(self._free) and offset + size == self._free[i][0]:  # merge with the next block
-            size += self._free.pop(i)[1]
-        if i > 0 and sum(self._free[i - 1]) == offset:  # merge with the previous block
-            i -= 1
-            offset, prev = self._free.pop(i)
-            size += prev
-        self._free.insert(i, (offset, size))
-
-    def largest(self) -> int:
-        return max((size for _, size in self._free), default=0)
+_FreeList = ExtentAllocator  # the name older tests and tools import
 
 
 class HbmTier(Tier):
@@ -74,15 +43,15 @@ class HbmTier(Tier):
         if config.device >= torch.cuda.device_count():
             raise ValueError(f"hbm tier: no CUDA device {config.device} ({torch.cuda.device_count()} present)")
         self._config = config
-        self._device = torch.device("cuda", config.device)
+        self.device = torch.device("cuda", config.device)
         try:
-            self._arena = torch.empty(config.capacity_bytes, dtype=torch.uint8, device=self._device)
+            self._arena = torch.empty(config.capacity_bytes, dtype=torch.uint8, device=self.device)
         except torch.cuda.OutOfMemoryError as exc:
             raise TierError(f"hbm tier: cannot allocate a {config.capacity_bytes}-byte arena: {exc}") from exc
-        self._free = _FreeList(config.capacity_bytes)
-        # Uploads go through one pinned staging buffer: a pageable copy would be staged by the driver anyway.
-        self._staging = torch.empty(0, dtype=torch.uint8, pin_memory=True)
-        self._lock = threading.Lock()  # guards the arena, the free list and the LRU map together
+        self._free = ExtentAllocator(config.capacity_bytes)
+        self._stager = Stager(self.device, config)
+        self._stream = torch.cuda.Stream(self.device)  # reads: device to host, device to device
+        self._lock = threading.Lock()  # guards the arena, the allocator and the LRU map together
         self._entries: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (offset, size), LRU
         self._used = 0
         self._closed = False
@@ -90,14 +59,6 @@ class HbmTier(Tier):
     def _check_open(self) -> None:
         if self._closed:
             raise TierError("hbm tier: used after close()")
-
-    def _upload(self, offset: int, view: memoryview) -> None:
-        n = len(view)
-        if self._staging.numel() < n:
-            self._staging = torch.empty(max(n, 2 * self._staging.numel()), dtype=torch.uint8, pin_memory=True)
-        self._staging[:n].numpy()[:] = np.frombuffer(view, dtype=np.uint8)
-        # Synchronous (non_blocking=False): the staging buffer is reused by the next put.
-        self._arena[offset : offset + n].copy_(self._staging[:n])
 
     def _drop(self, key: bytes) -> bool:
         entry = self._entries.pop(key, None)
@@ -109,56 +70,105 @@ class HbmTier(Tier):
         self._used -= size
         return True
 
+    # -- writes -----------------------------------------------------------------------------------
     def put(self, key: bytes, value: Value) -> None:
-        check_key(key)
-        view = check_value(value)
-        n = len(view)
+        self.put_many([(key, value)])
+
+    def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
+        """Store a batch, all or nothing: placed in one extent when one is free, uploaded through
+        the staging lanes. A batch that does not fit raises ``TierFullError`` and changes nothing
+        (old values of its keys stay: space is found before anything is freed)."""
+        batch: dict[bytes, memoryview] = {}
+        for key, value in items:
+            batch[check_key(key)] = check_value(value)  # a key given twice: the last value wins
+        if not batch:
+            return
+        keys, views = list(batch), list(batch.values())
+        sized = [(k, v) for k, v in zip(keys, views) if len(v)]
         with self._lock:
             self._check_open()
-            # Allocate before freeing the old value: a put that does not fit leaves the key as it was.
-            offset = self._free.alloc(n) if n else 0
-            if offset is None:
-                raise TierFullError(f"hbm tier: no free block of {n} bytes (largest free block {self._free.largest()})")
+            offsets = self._free.alloc_many([len(v) for _, v in sized])
+            if offsets is None:
+                need = sum(aligned(len(v)) for _, v in sized)
+                raise TierFullError(f"hbm tier: no room for {len(sized)} values ({need} bytes; "
+                                    f"{self._free.free_bytes()} free, largest extent {self._free.largest()})")
+            blocks = [(o, len(v)) for o, (_, v) in zip(offsets, sized)]
             try:
-                if n:
-                    self._upload(offset, view)
+                if blocks:
+                    self._stager.upload(self._arena, blocks, [v for _, v in sized])
             except BaseException:
-                self._free.release(offset, n)
+                for o, n in blocks:
+                    self._free.release(o, n)
                 raise
-            self._drop(key)
-            self._entries[key] = (offset, n)
-            self._used += n
+            placed = dict(zip((k for k, _ in sized), blocks))
+            for key, view in zip(keys, views):
+                self._drop(key)
+                self._entries[key] = placed.get(key, (0, 0))
+                self._used += len(view)
 
-    def _touch(self, key: bytes) -> torch.Tensor | None:
-        """The value's device view, marked recently used; the caller holds the lock."""
-        check_key(key)
+    # -- reads ------------------------------------------------------------------------------------
+    def _hits(self, keys: Sequence[bytes]) -> list[tuple[int, int] | None]:
+        """Each key's (offset, size), marked recently used, or None; the caller holds the lock."""
         self._check_open()
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        self._entries.move_to_end(key)
-        offset, size = entry
-        return self._arena[offset : offset + size]
+        out: list[tuple[int, int] | None] = []
+        for key in keys:
+            entry = self._entries.get(check_key(key))
+            if entry is not None:
+                self._entries.move_to_end(key)
+            out.append(entry)
+        return out
 
     def get(self, key: bytes) -> Stored | None:
+        return self.get_many([key])[0]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
+        """Read-only host views of the values (None for a miss), all in one pinned buffer filled by
+        one DMA per run of back-to-back values. The buffer is the caller's: nothing reuses it
+        while any view is alive."""
         with self._lock:
-            view = self._touch(key)
-            if view is None:
-                return None
-            if not view.numel():
-                return b""
-            host = view.cpu()  # copied under the lock: the block may be reused once it is released
-        return memoryview(host.numpy()).toreadonly()
+            hits = self._hits(keys)
+            sized = [(i, h) for i, h in enumerate(hits) if h is not None and h[1]]
+            dst, span = packed_offsets([h[1] for _, h in sized])
+            host = torch.empty(span, dtype=torch.uint8, pin_memory=bool(span))
+            if sized:
+                with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                    for src, at, n in paired_runs([h for _, h in sized], dst):
+                        host[at:at + n].copy_(self._arena[src:src + n], non_blocking=True)
+                self._stream.synchronize()  # under the lock: a block may be reused once released
+        view = memoryview(host.numpy()).toreadonly()
+        out: list[Stored | None] = [None if h is None else b"" for h in hits]
+        for (i, (_, n)), at in zip(sized, dst):
+            out[i] = view[at:at + n]
+        return out
 
     def get_tensor(self, key: bytes) -> torch.Tensor | None:
         """The value as a uint8 view on the device, or None on a miss. Marks the key recently used.
 
         The view aliases the arena: it is valid only until the key is deleted or overwritten (the
-        block is then reused). Clone it to keep it longer.
+        block is then reused). Clone it to keep it longer, or use ``copy_to``.
         """
         with self._lock:
-            return self._touch(key)
+            hit = self._hits([key])[0]
+            return None if hit is None else self._arena[hit[0]:hit[0] + hit[1]]
 
+    def copy_to(self, keys: Sequence[bytes], dst: torch.Tensor, offsets: Sequence[int]) -> list[bool]:
+        """Copy each value device to device into ``dst`` (uint8, on this tier's GPU) at its offset
+        in ``offsets``; returns which keys were held. Done (synchronized) when it returns, and the
+        values cannot be freed meanwhile (the lock is held throughout)."""
+        with self._lock:
+            hits = self._hits(keys)
+            for h, at in zip(hits, offsets, strict=True):
+                if h is not None and at + h[1] > dst.numel():
+                    raise ValueError(f"a value of {h[1]} bytes at offset {at} overruns the {dst.numel()}-byte buffer")
+            pairs = [(h, at) for h, at in zip(hits, offsets) if h is not None and h[1]]
+            if pairs:
+                with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+                    for src, at, n in paired_runs([h for h, _ in pairs], [at for _, at in pairs]):
+                        dst[at:at + n].copy_(self._arena[src:src + n], non_blocking=True)
+                self._stream.synchronize()
+        return [h is not None for h in hits]
+
+    # -- bookkeeping ------------------------------------------------------------------------------
     def delete(self, key: bytes) -> bool:
         check_key(key)
         with self._lock:
@@ -199,6 +209,6 @@ class HbmTier(Tier):
             self._closed = True
             self._entries.clear()
             self._used = 0
-            # Drop the arena and staging buffer; torch's caching allocator keeps the memory for reuse.
+            self._stager.close()
+            # Drop the arena; torch's caching allocator keeps the memory for reuse.
             self._arena = self._arena.new_empty(0)
-            self._staging = self._staging.new_empty(0)

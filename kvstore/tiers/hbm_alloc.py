@@ -63,6 +63,8 @@ class ExtentAllocator:
                 out.append(at)
                 at += aligned(s)
             return out
+        if len(sizes) == 1:
+            return None
         placed: list[int] = []
         for s in sizes:
             offset = self.alloc(s)
