@@ -6,6 +6,72 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DeviceBufferHandle(_message.Message):
+    __slots__ = ("gpu_uuid", "handle", "storage_bytes", "storage_offset", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "size")
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    REF_COUNTER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EVENT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    EVENT_SYNC_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    gpu_uuid: str
+    handle: bytes
+    storage_bytes: int
+    storage_offset: int
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes
+    event_sync_required: bool
+    size: int
+    def __init__(self, gpu_uuid: _Optional[str] = ..., handle: _Optional[bytes] = ..., storage_bytes: _Optional[int] = ..., storage_offset: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ..., size: _Optional[int] = ...) -> None: ...
+
+class AttachDeviceBufferRequest(_message.Message):
+    __slots__ = ("buffer",)
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    buffer: DeviceBufferHandle
+    def __init__(self, buffer: _Optional[_Union[DeviceBufferHandle, _Mapping]] = ...) -> None: ...
+
+class AttachDeviceBufferResponse(_message.Message):
+    __slots__ = ("buffer_id",)
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    buffer_id: str
+    def __init__(self, buffer_id: _Optional[str] = ...) -> None: ...
+
+class LoadSessionToDeviceRequest(_message.Message):
+    __slots__ = ("namespace", "session_id", "buffer_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    buffer_id: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., buffer_id: _Optional[str] = ...) -> None: ...
+
+class DeviceChunk(_message.Message):
+    __slots__ = ("index", "offset", "size")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    offset: int
+    size: int
+    def __init__(self, index: _Optional[int] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+
+class LoadSessionToDeviceResponse(_message.Message):
+    __slots__ = ("session", "chunks", "needed_bytes", "device_chunks")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    session: Session
+    chunks: _containers.RepeatedCompositeFieldContainer[DeviceChunk]
+    needed_bytes: int
+    device_chunks: int
+    def __init__(self, session: _Optional[_Union[Session, _Mapping]] = ..., chunks: _Optional[_Iterable[_Union[DeviceChunk, _Mapping]]] = ..., needed_bytes: _Optional[int] = ..., device_chunks: _Optional[int] = ...) -> None: ...
+
 class AttachArenaRequest(_message.Message):
     __slots__ = ("path", "size", "nonce")
     PATH_FIELD_NUMBER: _ClassVar[int]

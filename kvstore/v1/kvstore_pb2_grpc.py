@@ -104,6 +104,21 @@ class KVStoreStub:
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
                 _registered_method=True)
+        self.AttachDeviceBuffer = channel.unary_unary(
+                '/kvstore.v1.KVStore/AttachDeviceBuffer',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.AttachDeviceBufferRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.AttachDeviceBufferResponse.FromString,
+                _registered_method=True)
+        self.LoadSessionToDevice = channel.unary_unary(
+                '/kvstore.v1.KVStore/LoadSessionToDevice',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.LoadSessionToDeviceRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.LoadSessionToDeviceResponse.FromString,
+                _registered_method=True)
+        self.DetachDeviceBuffer = channel.unary_unary(
+                '/kvstore.v1.KVStore/DetachDeviceBuffer',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -221,6 +236,33 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AttachDeviceBuffer(self, request, context):
+        """Same host and GPU (kvstore/cuda/ipc.py): hand the daemon a device buffer the client allocated
+        and exported with CUDA IPC; the daemon opens it once. Worth trying when ServerInfo.host_id is
+        this host's and ServerInfo.tiers has "hbm". FAILED_PRECONDITION when the daemon cannot open
+        it (another GPU, IPC refused by the driver or a sandbox): load through the host path instead.
+        The daemon never exports its own memory: a client reaches only the buffer it handed over.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LoadSessionToDevice(self, request, context):
+        """Copy a session's chunks into the caller's attached device buffer: device to device from the
+        HBM tier, the others uploaded from the tier that holds them. Answers where each chunk is, or
+        only needed_bytes when the buffer is too small (attach a bigger one). Done when it answers.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DetachDeviceBuffer(self, request, context):
+        """Close a device buffer this token attached (arena_id = its buffer_id); any other id is ignored.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -291,6 +333,21 @@ def add_KVStoreServicer_to_server(servicer, server):
             ),
             'DetachArena': grpc.unary_unary_rpc_method_handler(
                     servicer.DetachArena,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.SerializeToString,
+            ),
+            'AttachDeviceBuffer': grpc.unary_unary_rpc_method_handler(
+                    servicer.AttachDeviceBuffer,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.AttachDeviceBufferRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.AttachDeviceBufferResponse.SerializeToString,
+            ),
+            'LoadSessionToDevice': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadSessionToDevice,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.LoadSessionToDeviceRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.LoadSessionToDeviceResponse.SerializeToString,
+            ),
+            'DetachDeviceBuffer': grpc.unary_unary_rpc_method_handler(
+                    servicer.DetachDeviceBuffer,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.SerializeToString,
             ),
@@ -671,6 +728,87 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/DetachArena',
+            kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AttachDeviceBuffer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/AttachDeviceBuffer',
+            kvstore_dot_v1_dot_kvstore__pb2.AttachDeviceBufferRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.AttachDeviceBufferResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadSessionToDevice(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/LoadSessionToDevice',
+            kvstore_dot_v1_dot_kvstore__pb2.LoadSessionToDeviceRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.LoadSessionToDeviceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DetachDeviceBuffer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/DetachDeviceBuffer',
             kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
             options,
