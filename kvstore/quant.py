@@ -6,11 +6,14 @@
 
 Codes are packed two per byte, even element in the low nibble. Every function takes tensors of any
 leading shape (bf16/fp16/fp32, CPU or CUDA). Contiguous CPU bf16/fp32 input goes through the fused
-C kernel (``kvstore._fp4``) when it was built; everything else through the vectorized torch path.
-Both are bit-exact with each other and with ml_dtypes (tests/test_quant.py).
+C kernel (``kvstore._fp4``) when it was built; CUDA tensors through the Triton kernels of
+``kvstore.cuda.codecs`` when triton is installed; everything else through the vectorized torch path.
+All are bit-exact with each other and with ml_dtypes (tests/test_quant.py, tests/test_cuda_codecs.py).
 """
 
 from __future__ import annotations
+
+from types import ModuleType
 
 import torch
 
@@ -79,6 +82,15 @@ def _ue8m0_value(s: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(s, dtype=torch.float32), s.to(torch.int32) - 127)
 
 
+def _cuda_codecs(t: torch.Tensor) -> ModuleType | None:
+    """The Triton kernels for a CUDA tensor when triton is installed, else None (torch path)."""
+    if t.device.type != "cuda":
+        return None
+    from kvstore.cuda import codecs
+
+    return codecs if codecs.available() else None
+
+
 def _use_kernel(x: torch.Tensor) -> bool:
     return _fp4 is not None and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
 
@@ -86,6 +98,8 @@ def _use_kernel(x: torch.Tensor) -> bool:
 def _fp4_quantize(x: torch.Tensor, block: int, scale_kind: int, what: str) -> tuple[torch.Tensor, torch.Tensor]:
     _check(x, block, what)
     lead, d = tuple(x.shape[:-1]), x.shape[-1]
+    if (cuda := _cuda_codecs(x)) is not None:
+        return cuda.quantize_fp4(x, block, scale_kind == 0, what)
     if _use_kernel(x):
         x = x.contiguous()
         codes = torch.empty((*lead, d // 2), dtype=torch.uint8)
@@ -119,6 +133,8 @@ def _fp4_dequantize(codes: torch.Tensor, scales: torch.Tensor, block: int, scale
         raise ValueError(f"{what}: codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not "
                          f"describe blocks of {block}")
     lead = tuple(codes.shape[:-1])
+    if (cuda := _cuda_codecs(codes)) is not None and dtype in cuda.DTYPES:
+        return cuda.dequantize_fp4(codes, scales, block, scale_kind == 0, dtype)
     if _fp4 is not None and codes.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
         codes, scales = codes.contiguous(), scales.contiguous()
         out = torch.empty((*lead, d), dtype=dtype)
@@ -157,6 +173,8 @@ def dequantize_indexer(codes: torch.Tensor, scales: torch.Tensor,
 def quantize_swa(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """SWA KV: ``x [..., D]`` -> (FP8 E4M3 codes ``uint8 [..., D]``, UE8M0 scales ``uint8 [..., D/32]``)."""
     _check(x, SWA_BLOCK, "quantize_swa")
+    if (cuda := _cuda_codecs(x)) is not None:
+        return cuda.quantize_fp8(x, SWA_BLOCK, "quantize_swa")
     lead, d = tuple(x.shape[:-1]), x.shape[-1]
     xb = x.float().reshape(*lead, d // SWA_BLOCK, SWA_BLOCK)
     amax = xb.abs().amax(-1)
@@ -175,6 +193,8 @@ def dequantize_swa(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype
     if d % SWA_BLOCK or scales.shape[-1] != d // SWA_BLOCK:
         raise ValueError(f"dequantize_swa: codes {tuple(codes.shape)} and scales {tuple(scales.shape)} "
                          f"do not describe blocks of {SWA_BLOCK}")
+    if (cuda := _cuda_codecs(codes)) is not None and dtype in cuda.DTYPES:
+        return cuda.dequantize_fp8(codes, scales, SWA_BLOCK, dtype)
     v = codes.view(torch.float8_e4m3fn).float().reshape(*lead, d // SWA_BLOCK, SWA_BLOCK)
     return (v * _ue8m0_value(scales).unsqueeze(-1)).reshape(*lead, d).to(dtype)
 
