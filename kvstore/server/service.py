@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from kvstore.manifest import Manifest, check_namespace
 from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
+from kvstore.server.device_arenas import DeviceArenas
 from kvstore.server.stats_pb import stats_to_pb
 from kvstore.server.status import client_bytes, parsed, rpc
 from kvstore.store import SessionStore, store_stats
@@ -282,6 +284,31 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth.check_admin(context.invocation_metadata())
         moved = await asyncio.to_thread(self.sessions.evict, request.namespace, request.session_id, request.tier)
         return pb.EvictSessionResponse(moved_chunks=moved)
+
+    # -- same GPU: loads copied device to device into a client's own CUDA IPC buffer (device_arenas.py)
+    @functools.cached_property
+    def device_arenas(self) -> DeviceArenas:
+        return DeviceArenas(self.sessions)
+
+    @rpc
+    async def AttachDeviceBuffer(self, request: pb.AttachDeviceBufferRequest, context: Any
+                                 ) -> pb.AttachDeviceBufferResponse:
+        owner = self.auth.identity(context.invocation_metadata())  # any known token, as AttachArena
+        buffer_id = await asyncio.to_thread(self.device_arenas.attach, owner, request)
+        return pb.AttachDeviceBufferResponse(buffer_id=buffer_id)
+
+    @rpc
+    async def LoadSessionToDevice(self, request: pb.LoadSessionToDeviceRequest, context: Any
+                                  ) -> pb.LoadSessionToDeviceResponse:
+        self._ns(context, request.namespace)
+        owner = self.auth.identity(context.invocation_metadata())
+        return await asyncio.to_thread(self.device_arenas.load, owner, request.namespace, request.session_id,
+                                       request.buffer_id)
+
+    @rpc
+    async def DetachDeviceBuffer(self, request: pb.DetachArenaRequest, context: Any) -> pb.DetachArenaResponse:
+        self.device_arenas.detach(self.auth.identity(context.invocation_metadata()), request.arena_id)
+        return pb.DetachArenaResponse()
 
 
 def _take(pieces: Iterator[transport.Piece], n: int) -> tuple[list[transport.Piece], bool]:
