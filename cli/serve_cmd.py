@@ -25,6 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--no-sync", dest="sync", action="store_const", const=False, help="do not fsync each write")
     p.add_argument("--redis-url", help="add a shared Redis tier after the ssd tier")
     p.add_argument("--redis-ttl-s", type=int, help="expiry of values in the Redis tier")
+    p.add_argument("--redis-cluster", action="store_const", const=True,
+                   help="--redis-url names one node of a Redis Cluster (the others are found from it)")
+    p.add_argument("--redis-share-sessions", action="store_const", const=True,
+                   help="publish every save to Redis, and list and resume sessions other daemons published")
+    p.add_argument("--redis-wait-replicas", type=int, help="a write to Redis returns only once this many "
+                   "replicas of each master acknowledged it (WAIT), else the save fails (default 0: no wait)")
+    p.add_argument("--redis-wait-timeout-ms", type=int, help=f"how long a write waits for its replicas "
+                   f"(default {d.redis_wait_timeout_ms})")
     p.add_argument("--hbm-capacity-bytes", type=int, help="add an HBM tier of this size in front (needs CUDA)")
     p.add_argument("--chunk-tokens", type=int, help=f"tokens per chunk (default {d.chunk_tokens})")
     p.add_argument("--write-mode", choices=["through", "back"], help=f"default {d.write_mode}")

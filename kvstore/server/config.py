@@ -44,6 +44,10 @@ class DaemonConfig:
     redis_url: str = ""  # adds a shared Redis tier after the ssd tier
     redis_namespace: str = "kvstore"
     redis_ttl_s: int = 0  # 0 = no expiry
+    redis_cluster: bool = RedisTierConfig.cluster  # redis_url names a node of a Redis Cluster
+    redis_share_sessions: bool = RedisTierConfig.share_sessions  # publish and resume sessions across daemons
+    redis_wait_replicas: int = RedisTierConfig.wait_replicas  # a save waits for this many replicas (WAIT)
+    redis_wait_timeout_ms: int = RedisTierConfig.wait_timeout_ms
     hbm_capacity_bytes: int = 0  # > 0 adds an HBM tier in front (needs CUDA)
     chunk_tokens: int = StoreConfig.chunk_tokens
     write_mode: str = StoreConfig.write_mode
@@ -91,7 +95,10 @@ class DaemonConfig:
                                    map_size=min(SsdTierConfig.map_size, limit) if limit else SsdTierConfig.map_size))
         if self.redis_url:
             tiers.append(RedisTierConfig(url=self.redis_url, namespace=self.redis_namespace,
-                                         ttl_s=self.redis_ttl_s or None))
+                                         ttl_s=self.redis_ttl_s or None, cluster=self.redis_cluster,
+                                         share_sessions=self.redis_share_sessions,
+                                         wait_replicas=self.redis_wait_replicas,
+                                         wait_timeout_ms=self.redis_wait_timeout_ms))
         return StoreConfig(tiers=tuple(tiers), write_mode=self.write_mode, promote_on_read=self.promote_on_read,
                            chunk_tokens=self.chunk_tokens)
 

@@ -41,6 +41,7 @@ from kvstore.store.chunk_index import ChunkIndex, chunk_matches
 from kvstore.store.config import StoreConfig
 from kvstore.store.counters import DamageCounters, HitCounters
 from kvstore.store.group_commit import GroupCommit, Pending
+from kvstore.store.shared_manifests import SharedSessions, Update
 from kvstore.store.tiered import TieredStore
 from kvstore.store.turn import SavedTurn, Turn
 from kvstore.store.validate import chunk_batch_keys, chunk_layout, known_layout, manifest_layout
@@ -71,6 +72,8 @@ class SessionStore:
         #: Owner and place of every chunk saved or named by a manifest: reads, lookups and commits
         #: see only their own namespace's chunks, and every hit is verified against it.
         self._chunks = ChunkIndex()
+        #: With a shared tier: sessions published to it and caught up from it (shared_manifests.py).
+        self._shared = SharedSessions.of(store)
         self._load_manifests()
 
     # -- startup --------------------------------------------------------------------------------
@@ -229,6 +232,9 @@ class SessionStore:
             now = self.clock()  # the store's clock stamps versions: TTLs never trust a caller's times
             m = replace(t.manifest, created_at=old.created_at if old is not None else now, updated_at=now)
             accepted.append((p, m, self._new_chunks(t.keys, t.blobs)))
+        if self._shared is not None:  # published first: the shared compare-and-set decides races
+            accepted = self._shared.publish_turns(accepted, self.store)
+            refs = {(m.namespace, m.session_id) for _, m, _ in accepted}
         if not accepted:
             return later
         puts = {k: blob for _, _, new in accepted for k, blob in new}
@@ -237,6 +243,8 @@ class SessionStore:
             self.store.commit(WriteBatch(puts=list(puts.items()), deletes=doomed,
                                          meta_puts=[(m.key, m.encode()) for _, m, _ in accepted]))
         except Exception as e:  # nothing of the group is stored: every turn of it fails
+            if self._shared is not None:
+                self._shared.forget(list(refs))
             for p, _, _ in accepted:
                 p.fail(e)
             return later
@@ -270,8 +278,12 @@ class SessionStore:
             infos = [self._chunks.owned(m.namespace, k) for k in m.chunk_keys]
         # Another namespace's chunk and an absent one are one case, answered with one message:
         # a commit must not tell a tenant what another one holds.
-        missing = [k.hex() for i, (k, info) in enumerate(zip(m.chunk_keys, infos))
-                   if i not in skip and (info is None or not self.store.holds_durably(k))]
+        absent = [i for i, (k, info) in enumerate(zip(m.chunk_keys, infos))
+                  if i not in skip and (info is None or not self.store.holds_durably(k))]
+        if absent and self._shared is not None:  # a chunk published to the shared tier is stored
+            shared = self._shared.held([m.chunk_keys[i] for i in absent if infos[i] is not None])
+            absent = [i for i in absent if m.chunk_keys[i] not in shared]
+        missing = [m.chunk_keys[i].hex() for i in absent]
         if missing:
             raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored in namespace "
                                      f"{m.namespace!r} (first: {missing[0]}); save them before committing")
@@ -290,12 +302,16 @@ class SessionStore:
     # -- sessions -------------------------------------------------------------------------------
     def get(self, namespace: str, session_id: str) -> Manifest:
         ref = (check_namespace(namespace), check_session_id(session_id))
+        if self._shared is not None:
+            self._adopt(self._shared.catch_up_session(ref))
         m = self._manifests.get(ref)
         if m is None or m.expired(self.clock()):
             raise NotFound(f"no session {session_id!r} in namespace {namespace!r}")
         return m
 
     def list(self, namespace: str | None = None) -> list[Manifest]:
+        if self._shared is not None:
+            self._adopt(self._shared.catch_up(namespace))
         now = self.clock()
         with self._lock:
             ms = [m for (ns, _), m in self._manifests.items() if namespace in (None, ns) and not m.expired(now)]
@@ -306,6 +322,8 @@ class SessionStore:
         with self._write_lock:
             m = self.get(namespace, session_id)
             ref = (m.namespace, m.session_id)
+            if self._shared is not None:
+                self._shared.publish(m, None)
             with self._lock:
                 freed = self._replaced_only({ref}, set())
             # the manifest and the chunks only it used: one transaction (one fsync)
@@ -318,6 +336,8 @@ class SessionStore:
     def touch(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
         with self._write_lock:  # the version read here is the one replaced: no save slips in between
             m = self.get(namespace, session_id).with_retention(retention, self.clock())
+            if self._shared is not None:
+                self._shared.publish(m, m.encode())
             self.store.put_meta(m.key, m.encode())
             with self._lock:
                 self._unindex((m.namespace, m.session_id))
@@ -341,6 +361,18 @@ class SessionStore:
             self._forget(freed)
         return len(gone)
 
+    def _adopt(self, updates: list[Update]) -> None:
+        """Index the versions other daemons published (shared_manifests.py), in memory."""
+        if not updates:
+            return
+        assert self._shared is not None
+        with self._write_lock, self._lock:
+            for ref, gen, m in updates:
+                if self._shared.advance(ref, gen):  # not if a save here got a newer one meanwhile
+                    self._unindex(ref)
+                    if m is not None:
+                        self._index(m)
+
     def pinned_keys(self) -> set[bytes]:
         return {k for m in self._manifests.values() if m.retention.pinned for k in m.chunk_keys}
 
@@ -349,6 +381,8 @@ class SessionStore:
         """Longest cached prefix of ``token_ids`` (whole chunks), and which tiers hold it."""
         check_namespace(namespace)
         known_layout(layout_id)
+        if self._shared is not None:
+            self._adopt(self._shared.catch_up(namespace))
         tiers: dict[str, int] = defaultdict(int)
         n = 0
         for key in chain_keys(layout_id, namespace, token_ids, self.config.chunk_tokens):

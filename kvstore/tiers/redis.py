@@ -1,29 +1,27 @@
-"""Redis tier: values as plain Redis strings under ``f"{namespace}:"`` + key.
+"""Redis tier: values as plain Redis strings, on one server or a Redis Cluster.
 
-Usage is O(1): a hash ``f"{namespace}#usage"`` (outside the key prefix, so no tier key can
-collide with it and SCAN over the prefix never sees it) holds byte and item counters, updated in
-the same Lua script as each write, so a write and its accounting are atomic and an overwrite
-knows the old size. Meta records (manifests, when Redis is the durable tier) live under
-``f"{namespace}#meta:"``: also outside the value prefix, never expiring. Redis evicts by
-itself (``ttl_s``, maxmemory): the counters cannot see that, so with either in play ``usage()``
-is an upper bound until ``recount()``.
+The key layout is ``redis_keys.py``'s. Usage is O(1): usage hashes (one per server; one per
+value bucket on a cluster, in the bucket's slot) hold byte and item counters, updated in the same
+Lua script as each write, so a write and its accounting are atomic and an overwrite knows the old
+size. Meta records (manifests, when Redis is the durable tier) live under ``f"{namespace}#meta:"``,
+never expiring. Redis evicts by itself (``ttl_s``, maxmemory): the counters cannot see that, so
+with either in play ``usage()`` is an upper bound until ``recount()``.
 
-Every Redis failure becomes a TierError. Timeouts are short, and a connection error is retried
-once at once, which is what makes the first command after a server restart succeed (the pooled
-socket is dead, the retry reconnects); a server that stays down fails fast.
+Every write goes through ``RedisLink.write`` (one pipeline; with ``wait_replicas``, followed by
+WAIT on each master); every Redis failure becomes a TierError. Scripts are sent with EVAL, not
+EVALSHA: a replica promoted by a failover may not have a script cached, and the script text is
+tiny next to a chunk.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
-from kvstore.tiers.base import MetaMap, Stored, Tier, TierError, Usage, Value, check_key, check_value
+from kvstore.tiers.base import MetaMap, Stored, Tier, Usage, Value, check_key, check_value
 from kvstore.tiers.config import RedisTierConfig
+from kvstore.tiers.redis_keys import RedisKeys
+from kvstore.tiers.redis_link import Command, RedisLink
+from kvstore.tiers.redis_sessions import SessionRecords
 
 # KEYS: value key, usage hash. ARGV: value, TTL in ms (0 = none).
 _PUT = """
@@ -42,7 +40,7 @@ return 1
 _DELETE = """
 local size = redis.call('STRLEN', KEYS[1])
 if redis.call('DEL', KEYS[1]) == 0 then return 0 end
-redis.call('HINCRBY', KEYS[2], 'bytes', -size)
+redis.call('HINCRBY', KEYS[2], 'bytes', 0 - size)  -- not -size: Lua prints -0
 redis.call('HINCRBY', KEYS[2], 'items', -1)
 return 1
 """
@@ -50,166 +48,156 @@ _SCAN_COUNT = 1000
 
 
 class RedisTier(Tier):
-    """A namespaced view of one Redis database. ``victims()`` is empty: Redis evicts by itself."""
+    """A namespaced view of one Redis database or cluster. ``victims()`` is empty: Redis evicts
+    by itself."""
 
     name = "redis"
     persistent = True
 
     def __init__(self, config: RedisTierConfig) -> None:
-        self._config = config
-        self._prefix = f"{config.namespace}:".encode()
-        self._usage_key = f"{config.namespace}#usage".encode()
+        self.config = config
         self._ttl_ms = 0 if config.ttl_s is None else config.ttl_s * 1000
-        # No connection is made here: a server that is down fails the first command, not startup.
-        self._client = redis.Redis.from_url(
-            config.url,
-            socket_timeout=config.socket_timeout_s,
-            socket_connect_timeout=config.socket_timeout_s,
-            retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-        )
-        conn = self._client.connection_pool.connection_kwargs  # for messages; never the password
-        server = conn.get("path") or f"{conn.get('host')}:{conn.get('port')}"
-        self._where = f"redis tier ({server}/{conn.get('db', 0)})"
-        self._put_script = self._client.register_script(_PUT)
-        self._delete_script = self._client.register_script(_DELETE)
-        self._closed = False
-        self._meta = _RedisMeta(self, f"{config.namespace}#meta:".encode())
+        self._keys = RedisKeys(config.namespace, tagged=config.cluster)
+        # No connection is made here on one server: a server that is down fails the first
+        # command, not startup. A cluster client reads the slot map now.
+        self._link = RedisLink(config)
+        self._meta = _RedisMeta(self._link, self._keys)
+        self._sessions = SessionRecords(self._link, self._keys)
 
-    @contextlib.contextmanager
-    def _errors(self, op: str) -> Iterator[None]:
-        if self._closed:
-            raise TierError(f"{self._where}: {op} after close()")
-        try:
-            yield
-        except redis.RedisError as exc:
-            raise TierError(f"{self._where}: {op} failed: {type(exc).__name__}: {exc}") from exc
-
-    def _key(self, key: bytes) -> bytes:
-        return self._prefix + check_key(key)
+    @property
+    def where(self) -> str:
+        return self._link.where
 
     def _touching(self) -> bool:
-        return self._ttl_ms > 0 and self._config.touch_on_get
+        return self._ttl_ms > 0 and self.config.touch_on_get
+
+    def _put(self, key: bytes, value: Value) -> Command:
+        rkey = self._keys.value(check_key(key))
+        return rkey, ("EVAL", _PUT, 2, rkey, self._keys.usage(key), check_value(value), self._ttl_ms)
+
+    def _delete(self, key: bytes) -> Command:
+        rkey = self._keys.value(check_key(key))
+        return rkey, ("EVAL", _DELETE, 2, rkey, self._keys.usage(key))
 
     def put(self, key: bytes, value: Value) -> None:
-        rkey, view = self._key(key), check_value(value)
-        with self._errors("put"):  # EVALSHA directly: a pipeline would first ask SCRIPT EXISTS
-            self._put_script(keys=[rkey, self._usage_key], args=[view, self._ttl_ms])
+        cmd = self._put(key, value)
+        with self._link.errors("put"):
+            self._link.write([cmd])
 
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
-        batch = [(self._key(key), check_value(value)) for key, value in items]
-        with self._errors("put_many"):
-            pipe = self._client.pipeline(transaction=False)  # one round trip; each script is atomic
-            for rkey, view in batch:
-                self._put_script(keys=[rkey, self._usage_key], args=[view, self._ttl_ms], client=pipe)
-            pipe.execute()
+        batch = [self._put(key, value) for key, value in items]  # validated before anything is sent
+        with self._link.errors("put_many"):
+            self._link.write(batch)  # one round trip (per master); each script is atomic
 
     def get(self, key: bytes) -> Stored | None:
-        rkey = self._key(key)
-        with self._errors("get"):
+        rkey = self._keys.value(check_key(key))
+        with self._link.errors("get"):
             if self._touching():
-                return self._client.getex(rkey, px=self._ttl_ms)  # type: ignore[return-value]
-            return self._client.get(rkey)  # type: ignore[return-value]
+                return self._link.client.getex(rkey, px=self._ttl_ms)  # type: ignore[no-any-return]
+            return self._link.client.get(rkey)  # type: ignore[no-any-return]
 
     def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
-        rkeys = [self._key(key) for key in keys]
+        rkeys = [self._keys.value(check_key(key)) for key in keys]
         if not rkeys:
             return []
-        with self._errors("get_many"):
-            if not self._touching():
-                return self._client.mget(rkeys)  # type: ignore[return-value]
-            pipe = self._client.pipeline(transaction=False)
-            for rkey in rkeys:
-                pipe.getex(rkey, px=self._ttl_ms)
-            return pipe.execute()
+        with self._link.errors("get_many"):
+            if self._touching():
+                return self._link.read([("GETEX", rkey, "PX", self._ttl_ms) for rkey in rkeys])
+            if not self._link.cluster:
+                return self._link.client.mget(rkeys)  # type: ignore[no-any-return]
+            return self._link.read([("GET", rkey) for rkey in rkeys])  # MGET cannot span slots
+
+    def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """Whether each key is held (one round trip per master)."""
+        with self._link.errors("exists_many"):
+            return [bool(n) for n in self._link.read([("EXISTS", self._keys.value(check_key(k))) for k in keys])]
 
     def delete(self, key: bytes) -> bool:
-        rkey = self._key(key)
-        with self._errors("delete"):
-            return bool(self._delete_script(keys=[rkey, self._usage_key]))
+        cmd = self._delete(key)
+        with self._link.errors("delete"):
+            return bool(self._link.write([cmd])[0])
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
-        rkeys = [self._key(key) for key in keys]
-        with self._errors("delete_many"):
-            pipe = self._client.pipeline(transaction=False)
-            for rkey in rkeys:
-                self._delete_script(keys=[rkey, self._usage_key], client=pipe)
-            return sum(pipe.execute())
+        batch = [self._delete(key) for key in keys]
+        with self._link.errors("delete_many"):
+            return sum(self._link.write(batch))
 
     def meta(self) -> MetaMap:
         return self._meta
 
+    def sessions(self) -> SessionRecords:
+        """The shared session records (``share_sessions``)."""
+        return self._sessions
+
     def contains(self, key: bytes) -> bool:
-        rkey = self._key(key)
-        with self._errors("contains"):
-            return bool(self._client.exists(rkey))
+        rkey = self._keys.value(check_key(key))
+        with self._link.errors("contains"):
+            return bool(self._link.client.exists(rkey))
 
     def size_of(self, key: bytes) -> int | None:
-        rkey = self._key(key)
-        with self._errors("size_of"):
+        rkey = self._keys.value(check_key(key))
+        with self._link.errors("size_of"):
             # STRLEN alone cannot tell an empty value from a missing key.
-            exists, size = self._client.pipeline(transaction=False).exists(rkey).strlen(rkey).execute()
+            exists, size = self._link.read([("EXISTS", rkey), ("STRLEN", rkey)])
         return int(size) if exists else None
 
     def usage(self) -> Usage:
-        with self._errors("usage"):
-            used, items = self._client.hmget(self._usage_key, ["bytes", "items"])  # type: ignore[misc]
-        used_bytes = int(used or 0)
-        return Usage(used_bytes, self._config.capacity_bytes, int(items or 0), used_bytes)
+        with self._link.errors("usage"):
+            counts = self._link.read([("HMGET", h, "bytes", "items") for h in self._keys.usage_hashes()])
+        used_bytes = sum(int(used or 0) for used, _ in counts)
+        items = sum(int(n or 0) for _, n in counts)
+        return Usage(used_bytes, self.config.capacity_bytes, items, used_bytes)
 
     def recount(self) -> Usage:
         """Rebuild the usage counters by scanning the namespace (O(keys)): after Redis expired or
         evicted keys itself. Writes racing with it can leave the counters off; run it when idle."""
-        keys = [self._prefix + key for key in self.keys()]
-        with self._errors("recount"):
-            pipe = self._client.pipeline(transaction=False)
-            for rkey in keys:
-                pipe.strlen(rkey)
-            sizes = pipe.execute()
-            self._client.hset(self._usage_key, mapping={"bytes": sum(sizes), "items": len(keys)})
+        keys = list(self.keys())
+        with self._link.errors("recount"):
+            sizes = self._link.read([("STRLEN", self._keys.value(k)) for k in keys])
+            totals = {h: [0, 0] for h in self._keys.usage_hashes()}
+            for key, size in zip(keys, sizes):
+                total = totals[self._keys.usage(key)]
+                total[0] += int(size)
+                total[1] += 1
+            self._link.write([(h, ("HSET", h, "bytes", b, "items", n)) for h, (b, n) in totals.items()])
         return self.usage()
 
     def keys(self) -> Iterator[bytes]:
         # SCAN may repeat a key and is not a snapshot: collect and dedupe so errors surface here.
-        start = len(self._prefix)
-        with self._errors("keys"):
-            found = {
-                bytes(rkey)[start:] for rkey in self._client.scan_iter(match=self._prefix + b"*", count=_SCAN_COUNT)
-            }
-        return iter(found)
+        with self._link.errors("keys"):
+            found = self._link.scan(self._keys.value_pattern(), _SCAN_COUNT)
+        return iter({self._keys.key_of_value(rkey) for rkey in found})
 
     def victims(self) -> Iterator[bytes]:
-        with self._errors("victims"):
+        with self._link.errors("victims"):
             return iter(())
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            with contextlib.suppress(redis.RedisError):
-                self._client.close()
+        self._link.close()
 
 
 class _RedisMeta(MetaMap):
     """Meta records as plain strings under their own prefix (no TTL, no usage accounting)."""
 
-    def __init__(self, tier: RedisTier, prefix: bytes) -> None:
-        self._tier = tier
-        self._prefix = prefix
+    def __init__(self, link: RedisLink, keys: RedisKeys) -> None:
+        self._link = link
+        self._keys = keys
 
     def put(self, key: bytes, value: bytes) -> None:
-        with self._tier._errors("meta put"):
-            self._tier._client.set(self._prefix + check_key(key), value)
+        rkey = self._keys.meta(check_key(key))
+        with self._link.errors("meta put"):
+            self._link.write([(rkey, ("SET", rkey, value))])
 
     def get(self, key: bytes) -> bytes | None:
-        with self._tier._errors("meta get"):
-            return self._tier._client.get(self._prefix + check_key(key))  # type: ignore[return-value]
+        with self._link.errors("meta get"):
+            return self._link.client.get(self._keys.meta(check_key(key)))  # type: ignore[no-any-return]
 
     def delete(self, key: bytes) -> bool:
-        with self._tier._errors("meta delete"):
-            return bool(self._tier._client.delete(self._prefix + check_key(key)))
+        rkey = self._keys.meta(check_key(key))
+        with self._link.errors("meta delete"):
+            return bool(self._link.write([(rkey, ("DEL", rkey))])[0])
 
     def keys(self) -> Iterator[bytes]:
-        start = len(self._prefix)
-        with self._tier._errors("meta keys"):
-            found = {bytes(k)[start:] for k in self._tier._client.scan_iter(match=self._prefix + b"*",
-                                                                             count=_SCAN_COUNT)}
-        return iter(found)
+        with self._link.errors("meta keys"):
+            found = self._link.scan(self._keys.meta_pattern(), _SCAN_COUNT)
+        return iter({self._keys.key_of_meta(rkey) for rkey in found})
