@@ -21,13 +21,14 @@ class PackedCache:
     """One persisted global cache ("main.L2", "index.L8", ...): entries [0, n) as packed codes and
     scales (the source of truth, what the store saves) plus their dequantized copy for attention."""
 
-    def __init__(self, name: str, layout: Layout, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, name: str, layout: Layout, device: torch.device, dtype: torch.dtype, capacity: int = 64) -> None:
+        """capacity: entries allocated up front (the tensors move only when a write goes past them)."""
         self.spec = layout.cache(name)
         main = self.spec.fmt is EntryFormat.FP4_E4M3_16
         self.dequantize = quant.dequantize_main if main else quant.dequantize_indexer
-        self.codes = torch.zeros(64, self.spec.code_bytes, dtype=torch.uint8, device=device)
-        self.scales = torch.zeros(64, self.spec.scale_bytes, dtype=torch.uint8, device=device)
-        self.values = torch.zeros(64, self.spec.channels, dtype=dtype, device=device)
+        self.codes = torch.zeros(capacity, self.spec.code_bytes, dtype=torch.uint8, device=device)
+        self.scales = torch.zeros(capacity, self.spec.scale_bytes, dtype=torch.uint8, device=device)
+        self.values = torch.zeros(capacity, self.spec.channels, dtype=dtype, device=device)
         self.n = 0
 
     def write(self, start: int, codes: Tensor, scales: Tensor) -> None:
@@ -86,13 +87,17 @@ class SwaRing:
 
 class SessionState:
     """One sequence's caches: the global caches (packed), the m>1 compressors' pending tokens, every
-    layer's SWA ring, and where the decoder's current contiguous run began (``decoder_from``)."""
+    layer's SWA ring, and where the decoder's current contiguous run began (``decoder_from``). max_len > 0
+    preallocates every global cache for that many tokens (a multiple of 16 entries, with room for one group
+    past the end), so its tensors never move: replay/fast_decode.py's CUDA graphs point into them."""
 
-    def __init__(self, args: ModelArgs, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(self, args: ModelArgs, device: torch.device, dtype: torch.dtype, max_len: int = 0) -> None:
         self.args, self.layout = args, args.layout
         self.pos = 0  # tokens processed
         self.decoder_from = 0  # the decoder ran over every position in [decoder_from, pos)
-        self.caches = {c.name: PackedCache(c.name, self.layout, device, dtype) for c in self.layout.caches}
+        self.caches = {c.name: PackedCache(c.name, self.layout, device, dtype,
+                                           -(-(max_len // c.m + 2) // 16) * 16 if max_len > 0 else 64)
+                       for c in self.layout.caches}
         self.pending: dict[int, tuple[Tensor, Tensor, int]] = {}  # layer -> (kv, z, first position)
         self.rings = [SwaRing(args.window, args.head_dim, device, dtype) for _ in range(args.n_layers)]
 

@@ -145,10 +145,22 @@ class Compressor(nn.Module):
         self.norm = RMSNorm(args.head_dim, args.norm_eps)
         self.wik = Linear(args.head_dim, args.index_dim)
 
+    def project(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """h: [T, D] normed input -> (kv, gate z): [T, Dh] each (z is kv itself when m = 1)."""
+        kv = self.wkv(h)
+        return kv, self.wz(h) if self.wz is not None else kv
+
+    def encode(self, kv: Tensor, z: Tensor, gpos: Tensor) -> tuple[Tensor, Tensor]:
+        """Groups kv, z: [G, m, Dh] first at positions gpos: [G] -> (main entries [G, Dh], indexer keys
+        [G, Di]), rotated, before quantization. Shared by the eager path and replay/fast_decode.py."""
+        c = (torch.softmax(z + self.ape, dim=1) * kv).sum(1) if self.ape is not None else kv[:, 0]
+        c = self.norm(c)  # softmax-gated pooling, per channel, then RMSNorm: [G, Dh]
+        cs = rope_angles(gpos, self.args)
+        return rope(c, cs), rope(self.wik(c), cs)
+
     def forward(self, h: Tensor, pos0: int, state: SessionState) -> None:  # h: [T, D] normed input
         m, dh = self.m, self.args.head_dim
-        kv = self.wkv(h)  # [T, Dh]
-        z = self.wz(h) if self.wz is not None else kv
+        kv, z = self.project(h)  # [T, Dh]
         start = pos0
         if self.layer_id in state.pending:
             pkv, pz, start = state.pending.pop(self.layer_id)
@@ -164,17 +176,10 @@ class Compressor(nn.Module):
         if first >= groups:
             return
         assert g0 <= main.n == index.n, "global cache has a hole before the new entries"
-        kv = kv[first * m:groups * m].view(-1, m, dh)  # [G, m, Dh]
-        if self.ape is not None:
-            w = torch.softmax(z[first * m:groups * m].view(-1, m, dh) + self.ape, dim=1)
-            c = (w * kv).sum(1)  # softmax-gated pooling, per channel
-        else:
-            c = kv[:, 0]
-        c = self.norm(c)  # [G, Dh]
         gpos = torch.arange(g0 + first, g0 + groups, device=h.device) * m
-        cs = rope_angles(gpos, self.args)
-        main.write(g0 + first, *quant.quantize_main(rope(c, cs)))
-        index.write(g0 + first, *quant.quantize_indexer(rope(self.wik(c), cs)))
+        c, ik = self.encode(kv[first * m:groups * m].view(-1, m, dh), z[first * m:groups * m].view(-1, m, dh), gpos)
+        main.write(g0 + first, *quant.quantize_main(c))
+        index.write(g0 + first, *quant.quantize_indexer(ik))
 
 
 class Indexer(nn.Module):
@@ -235,26 +240,34 @@ def block_pool(ranked: Tensor, nvis: Tensor, args: ModelArgs) -> tuple[Tensor, T
 
 def attend(q: Tensor, pos: Tensor, ext: Tensor, e0: int, glob: Tensor, glob_ok: Tensor, window: int) -> Tensor:
     """Softmax over each query's SWA window (ext: [E, D], positions [e0, pos0+T)) and its selected global
-    entries (glob: [T, k, D], glob_ok: [T, k]); K = V. q: [T, H, D] -> [T, H, D]. Queries go in blocks
-    of _QB aligned to absolute positions, so every query's arithmetic is the same whatever the chunking."""
-    (t, h, d), pos0 = q.shape, int(pos[0])
+    entries (glob: [T, k, D], glob_ok: [T, k]); K = V. q: [T, H, D] -> [T, H, D]."""
+    (t, _, d), pos0 = q.shape, int(pos[0])
     r0 = pos0 % _QB  # row of the first query in its block
-    nb, span = -(-(r0 + t) // _QB), _QB + window - 1
-    k0 = pos0 - r0 - window + 1  # position of kbuf[0]; block i sees positions k0 + i*_QB + [0, span)
-    kbuf = q.new_zeros(nb * _QB + window - 1, d)
+    k0 = pos0 - r0 - window + 1  # position of kbuf[0]
+    kbuf = q.new_zeros(-(-(r0 + t) // _QB) * _QB + window - 1, d)
     kbuf[e0 - k0:e0 - k0 + ext.shape[0]] = ext
+    return attend_blocks(q, pos, kbuf, e0, glob, glob_ok, window)
+
+
+def attend_blocks(q: Tensor, pos: Tensor, kbuf: Tensor, e0: int | Tensor, glob: Tensor, glob_ok: Tensor,
+                  window: int) -> Tensor:
+    """attend's arithmetic, free of host syncs (replay/fast_decode.py captures it in CUDA graphs). kbuf:
+    [nb * _QB + window - 1, D] holds the keys of positions k0 + i, k0 = pos0 - pos0 % _QB - window + 1 (zero
+    where there is none); block i of _QB queries sees kbuf[i*_QB : i*_QB + span]. Queries go in blocks aligned
+    to absolute positions, so every query's arithmetic is the same whatever the chunking."""
+    t, h, d = q.shape
+    nb, span = (kbuf.shape[0] - window + 1) // _QB, _QB + window - 1
+    rows = pos - (pos[:1] - pos[:1] % _QB)  # [T]: each query's row in the block grid
     kblk = kbuf.unfold(0, span, _QB)  # [nb, D, span]
-    qbuf = q.new_zeros(nb * _QB, h, d)
-    qbuf[r0:r0 + t] = q
-    s = (qbuf.view(nb, _QB * h, d) @ kblk).view(nb * _QB, h, span)[r0:r0 + t]  # [T, H, span]
+    qbuf = q.new_zeros(nb * _QB, h, d).index_copy_(0, rows, q)
+    s = (qbuf.view(nb, _QB * h, d) @ kblk).view(nb * _QB, h, span).index_select(0, rows)  # [T, H, span]
     p, j = pos[:, None], torch.arange(span, device=q.device)
     r = p % _QB  # column j of row p is position p - r - window + 1 + j
     ok = (j >= r) & (j < r + window) & (j >= e0 - p + r + window - 1)
     s = torch.cat([s, q @ glob.transpose(1, 2)], -1) * d**-0.5  # [T, H, span + k]
     s = torch.softmax(s.masked_fill(~torch.cat([ok, glob_ok], 1)[:, None], float("-inf")), -1)
-    pw = q.new_zeros(nb * _QB, h, span)
-    pw[r0:r0 + t] = s[..., :span]
-    out = (pw.view(nb, _QB * h, span) @ kblk.transpose(1, 2)).view(nb * _QB, h, d)[r0:r0 + t]
+    pw = q.new_zeros(nb * _QB, h, span).index_copy_(0, rows, s[..., :span])
+    out = (pw.view(nb, _QB * h, span) @ kblk.transpose(1, 2)).view(nb * _QB, h, d).index_select(0, rows)
     return out + s[..., span:] @ glob
 
 
@@ -269,30 +282,41 @@ class Attention(nn.Module):
         self.compressor = Compressor(args, layer_id) if self.mode in (FULL, DEC_FULL) else None
         self.indexer = Indexer(args) if self.mode in (FULL, DEC_FULL, REINDEX) else None
 
+    def qk(self, h: Tensor, cs: Tensor) -> tuple[Tensor, Tensor]:
+        """h: [T, D] -> (q: [T, H, Dh], k: [T, Dh]), rotated; k is the SWA key before its FP8 round trip."""
+        t, a = h.shape[0], self.args
+        return rope(self.wq(h).view(t, a.n_heads, a.head_dim), cs), rope(self.kv_norm(self.wkv(h)), cs)
+
     def forward(self, h: Tensor, pos: Tensor, cs: Tensor, state: SessionState,
                 ctx: dict[str, tuple[Tensor, Tensor]]) -> Tensor:
-        t, a = h.shape[0], self.args
-        q = rope(self.wq(h).view(t, a.n_heads, a.head_dim), cs)  # [T, H, Dh]
-        k = rope(self.kv_norm(self.wkv(h)), cs)  # [T, Dh]
+        q, k = self.qk(h, cs)
         ext, e0 = state.rings[self.layer_id].push(k, int(pos[0]))
-        glob, glob_ok = k.new_zeros(t, 0, a.head_dim), torch.zeros(t, 0, dtype=torch.bool, device=k.device)
-        if self.mode != SWA:
-            if self.indexer is not None:
-                ctx["topk"] = self.select(h, pos, cs, state, ctx, e0)
-            sel, glob_ok = ctx["topk"]  # Reuse layers take the latest selection as it is
-            glob = state.caches[f"main.L{self.src}"].values[sel]  # [T, k, Dh]
-        return self.wo(attend(q, pos, ext, e0, glob, glob_ok, a.window).reshape(t, -1))
+        if self.indexer is not None:
+            index = state.caches[f"index.L{self.src}"]
+            ctx["topk"] = self.select(h, pos, cs, index.values[:index.n], pos.new_tensor(e0), ctx)
+        glob, glob_ok = self.selected(state, k, ctx)
+        return self.wo(attend(q, pos, ext, e0, glob, glob_ok, self.args.window).reshape(h.shape[0], -1))
 
-    def select(self, h: Tensor, pos: Tensor, cs: Tensor, state: SessionState,
-               ctx: dict[str, tuple[Tensor, Tensor]], win_lo: int) -> tuple[Tensor, Tensor]:
+    def selected(self, state: SessionState, k: Tensor, ctx: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """The global entries this layer attends to, [T, k, Dh], and which are valid, [T, k] (none for SWA
+        layers; k: [T, Dh] gives the shape). Reuse layers take the latest selection as it is."""
+        if self.mode == SWA:
+            return k.new_zeros(k.shape[0], 0, k.shape[1]), torch.zeros(k.shape[0], 0, dtype=torch.bool, device=k.device)
+        sel, ok = ctx["topk"]
+        return state.caches[f"main.L{self.src}"].values[sel], ok
+
+    def select(self, h: Tensor, pos: Tensor, cs: Tensor, keys: Tensor, win_lo: Tensor,
+               ctx: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        """Top-k entries of the source's indexer keys [N, Di] (entries [0, N); those not yet selectable are
+        masked, so N may be a fixed capacity). win_lo: where this layer's SWA run began (0-d tensor)."""
         assert self.indexer is not None
-        index, k = state.caches[f"index.L{self.src}"], self.args.top_k
-        nvis = n_selectable(pos, pos.new_tensor(win_lo), self.args.m[self.src], self.args)  # [T]
+        k = self.args.top_k
+        nvis = n_selectable(pos, win_lo, self.args.m[self.src], self.args)  # [T]
         if self.mode == REINDEX:
             pool, pool_ok = ctx["pool"]
-            return select_top_k(_rank(self.indexer(h, cs, index.values[pool]), pool, pool_ok), pool, k)
-        ids = torch.arange(index.n, device=h.device).expand(h.shape[0], -1)  # [T, N]
-        ranked = _rank(self.indexer(h, cs, index.values[:index.n]), ids, ids < nvis[:, None])
+            return select_top_k(_rank(self.indexer(h, cs, keys[pool]), pool, pool_ok), pool, k)
+        ids = torch.arange(keys.shape[0], device=h.device).expand(h.shape[0], -1)  # [T, N]
+        ranked = _rank(self.indexer(h, cs, keys), ids, ids < nvis[:, None])
         if self.mode == FULL:
             return select_top_k(ranked, ids, k)
         pool, pool_ok = ctx["pool"] = block_pool(ranked, nvis, self.args)
@@ -348,8 +372,9 @@ class Transformer(nn.Module):
     def device(self) -> torch.device:
         return self.output.weight.device
 
-    def new_state(self) -> SessionState:
-        return SessionState(self.args, self.device, self.output.weight.dtype)
+    def new_state(self, max_len: int = 0) -> SessionState:
+        """max_len > 0: global caches preallocated for that many tokens (see SessionState)."""
+        return SessionState(self.args, self.device, self.output.weight.dtype, max_len)
 
     def prefill(self, tokens: Tensor | list[int], state: SessionState, chunk_size: int = 256,
                 all_logits: bool = False) -> Tensor:
@@ -374,8 +399,14 @@ class Transformer(nn.Module):
         the loaded global caches; SWA sees only the replayed span and loaded entries are never rewritten.
         The decoder runs over the last min(window, R) tokens, or from ``decoder_from`` (a saved
         ``state.decoder_from``) to match a session that decoded. Returns the last token's logits [V]."""
-        end = start_pos + len(tokens)
-        if start_pos < 0 or len(tokens) == 0:
+        dec = self.prepare_replay(state, len(tokens), start_pos, decoder_from)
+        return self._run(tokens, state, dec, chunk_size, False)
+
+    def prepare_replay(self, state: SessionState, n: int, start_pos: int, decoder_from: int | None) -> int:
+        """Check the loaded global caches cover a replay of n tokens from start_pos, reset the SWA rings and
+        pending tokens to start there, and return where the decoder starts (replay's first half)."""
+        end = start_pos + n
+        if start_pos < 0 or n == 0:
             raise ValueError("replay needs start_pos >= 0 and at least one token")
         for spec in self.args.layout.caches:
             need, most = min(-(-start_pos // spec.m), end // spec.m), end // spec.m
@@ -387,10 +418,10 @@ class Transformer(nn.Module):
         state.pending.clear()
         for ring in state.rings:
             ring.reset(start_pos)
-        dec = end - min(len(tokens), self.args.window) if decoder_from is None else max(start_pos, decoder_from)
+        dec = end - min(n, self.args.window) if decoder_from is None else max(start_pos, decoder_from)
         if dec >= end:
             raise ValueError(f"decoder_from {decoder_from} leaves no token for the decoder")
-        return self._run(tokens, state, dec, chunk_size, False)
+        return dec
 
     @torch.no_grad()
     def _run(self, tokens: Tensor | list[int], state: SessionState, dec_start: int, chunk_size: int,
