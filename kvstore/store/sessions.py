@@ -408,6 +408,10 @@ class SessionStore:
         check_namespace(namespace)
         with self._lock:
             infos = [self._chunks.owned(namespace, k) for k in keys]
+        if self._shared is not None and None in infos:  # maybe named by a session published elsewhere
+            self._adopt(self._shared.catch_up(namespace))
+            with self._lock:
+                infos = [self._chunks.owned(namespace, k) for k in keys]
         owned = [k for k, info in zip(keys, infos) if info is not None]
         ct = self.config.chunk_tokens
         self.store.pin(owned)
