@@ -1,0 +1,95 @@
+"""The same-GPU handoff with two real processes: a ``kvstore serve`` daemon with an HBM tier, and
+this test process as the model process. Chunks must arrive bit-exact on the device, through CUDA
+IPC where the machine allows it, else (and whenever negotiation says no) through the host path.
+
+The host-path fallback runs everywhere (device "cpu"); the rest needs CUDA. Where CUDA IPC itself
+is refused (e.g. a sandbox such as gVisor), the IPC test checks the fallback delivered the chunks
+and then skips, printing why, rather than passing as if IPC had been exercised."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvstore.client import Client
+from kvstore.cuda import device_load
+from kvstore.cuda.device_load import HOST, IPC, loader_for
+from kvstore.errors import FailedPrecondition, InvalidArgument
+from kvstore.v1 import kvstore_pb2 as pb
+from tests.daemon_helpers import Daemon, make_session, running_daemon, save_session
+
+CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="the same-GPU handoff needs CUDA")
+
+
+@pytest.fixture
+def hbm_daemon(tmp_path: Path) -> Iterator[Daemon]:
+    if not CUDA:
+        pytest.skip("an HBM tier needs CUDA")
+    with running_daemon(tmp_path / "data", "--hbm-capacity-bytes", str(64 << 20)) as d:
+        yield d
+
+
+def _check(chunks: list[tuple[int, torch.Tensor]], blobs: list[bytes], device: torch.device) -> None:
+    assert [i for i, _ in chunks] == list(range(len(blobs)))
+    for (_, t), blob in zip(chunks, blobs):
+        assert t.device == device and t.dtype == torch.uint8
+        assert t.cpu().numpy().tobytes() == blob
+
+
+def test_host_path_when_the_device_is_not_cuda(tmp_path: Path) -> None:
+    s = make_session(tokens=1500, chunk_tokens=256)
+    with running_daemon(tmp_path / "data") as d, Client(address=f"127.0.0.1:{d.port}") as c:
+        save_session(c, s)
+        manifest, chunks = c.load_session_to_device(s.namespace, s.session_id, device="cpu")
+        assert manifest.chunk_keys == s.manifest.chunk_keys
+        _check(chunks, s.blobs, torch.device("cpu"))
+        loader = loader_for(c, "cpu")
+        assert loader.path == HOST and loader.reason == "no CUDA device here"
+
+
+@needs_cuda
+def test_host_path_when_the_daemon_has_no_hbm_tier(tmp_path: Path) -> None:
+    s = make_session(tokens=800, chunk_tokens=256)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with running_daemon(tmp_path / "data") as d, Client(address=f"127.0.0.1:{d.port}") as c:
+        save_session(c, s)
+        _, chunks = c.load_session_to_device(s.namespace, s.session_id, device=dev)
+        _check(chunks, s.blobs, dev)
+        assert loader_for(c, dev).path == HOST and loader_for(c, dev).reason == "the daemon has no HBM tier"
+
+
+def test_ipc_handoff_between_two_processes(hbm_daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_load, "MIN_BUFFER_BYTES", 4096)  # too small: the daemon asks for more
+    s = make_session(tokens=3000, chunk_tokens=256, seed=3)
+    other = make_session(tokens=1200, chunk_tokens=256, seed=4, session_id="s2")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    with Client(address=f"127.0.0.1:{hbm_daemon.port}") as c:
+        save_session(c, s)
+        save_session(c, other)
+        manifest, chunks = c.load_session_to_device(s.namespace, s.session_id, device=dev)
+        assert manifest.chunk_keys == s.manifest.chunk_keys
+        _check(chunks, s.blobs, dev)
+        loader = loader_for(c, dev)
+        print(f"same-GPU handoff path: {loader.path} {loader.reason}")
+        if loader.path != IPC:  # the fallback delivered; say plainly that IPC was not exercised
+            assert loader.reason
+            pytest.skip(f"CUDA IPC unavailable on this machine, host path used: {loader.reason}")
+        first = loader._buffer
+        _, again = c.load_session_to_device(other.namespace, other.session_id, device=dev)
+        _check(again, other.blobs, dev)
+        assert loader._buffer is first  # the buffer (and the daemon's mapping of it) is reused
+
+
+def test_attach_refuses_another_gpu_and_unknown_buffers(hbm_daemon: Daemon) -> None:
+    with Client(address=f"127.0.0.1:{hbm_daemon.port}") as c:
+        forged = pb.DeviceBufferHandle(gpu_uuid="GPU-00000000-0000-0000-0000-000000000000", handle=bytes(64),
+                                       storage_bytes=4096, size=4096)
+        with pytest.raises(FailedPrecondition, match="host path"):
+            c._call(c._stub.AttachDeviceBuffer, pb.AttachDeviceBufferRequest(buffer=forged))
+        req = pb.LoadSessionToDeviceRequest(namespace="ns", session_id="s1", buffer_id="made-up")
+        with pytest.raises(InvalidArgument, match="unknown device buffer"):
+            c._call(c._stub.LoadSessionToDevice, req)
