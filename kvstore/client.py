@@ -234,6 +234,18 @@ class Client:
             raise KvstoreError("the daemon ended LoadSession without the manifest")
         return convert.session_from_pb(first.session), pairs
 
+    def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
+                               ) -> tuple[Manifest, list[tuple[int, Any]]]:
+        """The manifest and (chunk index, uint8 tensor on ``device``) per chunk the store still has
+        (default device: the current CUDA one). On the same host and GPU as a daemon with an HBM
+        tier, copied device to device through CUDA IPC, with no host round trip; otherwise loaded
+        through the host path (kvstore/cuda/device_load.py; its ``loader_for(client, device)``
+        says which path and why). The tensors are views of a reused buffer, valid until the next
+        such load: clone what you keep."""
+        from kvstore.cuda.device_load import loader_for
+
+        return loader_for(self, device).load(namespace, session_id)
+
     # -- sessions -------------------------------------------------------------------------------------
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         return wire.lookup_result(self._call(self._stub.Lookup, wire.lookup_request(namespace, layout_id, token_ids)))
