@@ -1,9 +1,10 @@
 """Shared session records in the redis tier: each session's latest manifest and its generation,
 changed only by compare-and-set.
 
-A record is ``b"<generation>\\n" + manifest`` (just ``b"<generation>\\n"`` once deleted). The
-generation counts the session's versions and is never reused: a delete is a version too, so a
-daemon holding version 3 cannot overwrite a session deleted and saved again since. All of a
+A record is ``b"<generation>\\n<writer>\\n" + manifest`` (nothing after the writer once deleted;
+the writer is the publishing daemon's random id). The generation counts the session's versions
+and is never reused: a delete is a version too, so a daemon holding version 3 cannot overwrite a
+session deleted and saved again since. All of a
 tenant's records, its generation hash (for listing) and its change counter (for cheap catch-up)
 share one hash slot (``redis_keys.py``), so one Lua script checks and writes them atomically, on a
 single server and on a cluster alike. The tier knows bytes only: ``store/shared_manifests.py``
@@ -12,26 +13,28 @@ gives them meaning.
 
 from __future__ import annotations
 
+import uuid
 from typing import NamedTuple
 
 from kvstore.tiers.redis_keys import RedisKeys
 from kvstore.tiers.redis_link import RedisLink
 
 # KEYS: generation hash, record, change counter. ARGV: session id, expected generation, manifest
-# ('' = delete). Returns {1, new generation} or {0, current generation}.
+# ('' = delete), writer. Returns {1, new generation} or {0, current generation}. The version after
+# the expected one counts as expected when this writer wrote it: its own write, applied but not
+# acknowledged (an answer lost, a WAIT that timed out), does not block its retry.
 _CAS = """
 local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
 local want = tonumber(ARGV[2])
 if cur == want + 1 then
   local rec = redis.call('GET', KEYS[2])
-  if rec and string.sub(rec, string.len(tostring(cur)) + 2) == ARGV[3] then
-    return {1, cur}
-  end
+  local head = tostring(cur) .. '\\n' .. ARGV[4] .. '\\n'
+  if rec and string.sub(rec, 1, string.len(head)) == head then want = cur end
 end
 if cur ~= want then return {0, cur} end
 local gen = cur + 1
 redis.call('HSET', KEYS[1], ARGV[1], gen)
-redis.call('SET', KEYS[2], tostring(gen) .. '\\n' .. ARGV[3])
+redis.call('SET', KEYS[2], tostring(gen) .. '\\n' .. ARGV[4] .. '\\n' .. ARGV[3])
 redis.call('INCR', KEYS[3])
 return {1, gen}
 """
@@ -47,7 +50,8 @@ class Record(NamedTuple):
 def _record(raw: bytes | None) -> Record | None:
     if raw is None:
         return None
-    gen, _, manifest = bytes(raw).partition(b"\n")
+    gen, _, rest = bytes(raw).partition(b"\n")
+    manifest = rest.partition(b"\n")[2]
     return Record(int(gen), manifest or None)
 
 
@@ -57,16 +61,17 @@ class SessionRecords:
     def __init__(self, link: RedisLink, keys: RedisKeys) -> None:
         self._link = link
         self._keys = keys
+        self.writer = uuid.uuid4().hex  # this process's id in the records it writes
 
     def publish(self, tenant: str, session_id: str, expected: int, manifest: bytes | None) -> tuple[bool, int]:
         """Make ``manifest`` (None: a delete) the session's version ``expected + 1`` if its latest
         is ``expected`` (0: none yet). Returns (True, the new generation), or (False, the current
-        one) if another writer got there first. A retry of a write whose answer was lost
-        succeeds (the same bytes are there). With ``wait_replicas`` it returns only once replicated."""
+        one) if another writer got there first (this process's own unacknowledged version of
+        ``expected + 1`` does not count: it is replaced). With ``wait_replicas`` it returns only once replicated."""
         k = self._keys
         record = k.record(tenant, session_id)
         cas = ("EVAL", _CAS, 3, k.generations(tenant), record, k.changes(tenant), session_id, expected,
-               manifest or b"")
+               manifest or b"", self.writer)
         with self._link.errors("publish session"):
             _, (ok, gen) = self._link.write([(k.tenants(), ("SADD", k.tenants(), tenant)), (record, cas)])
         return bool(ok), int(gen)
