@@ -24,6 +24,7 @@ from kvstore.quant import quantize_indexer, quantize_main
 from kvstore.store import SessionStore, StoreConfig, TieredStore
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierConfig, make_tier
 from kvstore.tiers.base import WriteBatch
+from kvstore.tiers.record import RecordCodec
 
 TINY8 = get_layout("tiny-8")
 CHUNK_TOKENS = 16  # small chunks keep the tests fast; a multiple of every m of the tiny layouts
@@ -194,16 +195,18 @@ def count_puts(store: TieredStore, tier: int) -> list[bytes]:
 
 
 # -- the ssd tier's record framing (kvstore/tiers/ssd.py), for tests that open LMDB themselves ----
-SSD_HEADER = struct.Struct("<BII")  # flag (0 raw, 1 zstd), raw_len, raw prefix length
+SSD_HEADER = struct.Struct("<BII")  # flag (0 raw, 1 zstd, 2 chunk), raw_len, raw prefix length
 
 
 def unframe(record: bytes) -> bytes:
-    """The value an ssd-tier record holds."""
+    """The value an ssd-tier record holds (flag 2's transform is the tier's own decoder's)."""
     flag, raw_len, prefix = SSD_HEADER.unpack_from(record)
     body = record[SSD_HEADER.size :]
     if flag == 0:
         assert len(body) == raw_len
         return body
+    if flag == 2:
+        return bytes(RecordCodec(0, None).decode(b"", record))
     assert flag == 1, f"unknown ssd record flag {flag}"
     value = body[:prefix] + zstandard.ZstdDecompressor().decompress(body[prefix:])
     assert len(value) == raw_len

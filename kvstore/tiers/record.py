@@ -1,8 +1,17 @@
-"""The ssd tier's record framing: a value, zstd-compressed from a given offset on, behind a
-9-byte header (codec flag, raw length, length of the uncompressed prefix), so both sizes are
-recorded and a value written with compression off reads back after turning it on.
+"""The ssd tier's record framing: a value behind a header that says how it is stored, so both
+sizes are recorded and every record written under any setting reads back under any other.
 
-    u8 flag (0 raw, 1 zstd) | u32 raw_len | u32 prefix | prefix bytes raw | zstd frame of the rest
+    u8 flag | u32 raw_len | u32 prefix | ...
+    flag 0 (raw):   value                                    (prefix = raw_len)
+    flag 1 (zstd):  value[:prefix] raw | zstd frame of value[prefix:]
+    flag 2 (chunk): u32 codes_frame_len | value[:prefix] raw (chunk header + section table)
+                    | zstd frame of value[prefix:split] (codes_frame_len bytes; none if empty)
+                    | zstd frame of the transformed tail (record_chunk.py)
+
+Flag 2 is written for every value that is a chunk (magic ``KVCK``, a sane header and table);
+flag 1 for other values (manifests of the first format, anything a test puts), compressed
+from ``compressible_from(value)`` on; flag 0 when compression is off or does not shrink it.
+docs/FORMAT.md has the byte-level description.
 """
 
 from __future__ import annotations
@@ -14,10 +23,12 @@ from typing import Any
 
 import zstandard as zstd
 
+from kvstore.tiers import record_chunk
 from kvstore.tiers.base import CorruptValue
 
 HEADER = struct.Struct("<BII")
-RAW, ZSTD = 0, 1
+CODES_LEN = struct.Struct("<I")  # flag 2 only, right after HEADER
+RAW, ZSTD, CHUNK = 0, 1, 2
 
 #: Where a value's compressible part starts (the chunk format puts incompressible FP4 codes first).
 CompressibleFrom = Callable[[bytes | memoryview], int]
@@ -46,10 +57,16 @@ class RecordCodec:
         if not 0 <= start <= raw_len:
             raise ValueError(f"ssd tier: compressible_from gave offset {start} for a {raw_len}-byte value")
         cctx = self._ctx().cctx
-        if cctx is not None and start < raw_len:
-            frame = cctx.compress(view[start:])
-            if start + len(frame) < raw_len:  # keep it only when it actually shrinks the value
-                return b"".join((HEADER.pack(ZSTD, raw_len, start), view[:start], frame))
+        if cctx is not None:
+            p = record_chunk.plan(view, raw_len)
+            if p is not None:
+                record = _encode_chunk(cctx, view, p)
+                if len(record) < HEADER.size + raw_len:
+                    return record
+            elif start < raw_len:
+                frame = cctx.compress(view[start:])
+                if start + len(frame) < raw_len:  # keep it only when it actually shrinks the value
+                    return b"".join((HEADER.pack(ZSTD, raw_len, start), view[:start], frame))
         return b"".join((HEADER.pack(RAW, raw_len, raw_len), view))
 
     def decode(self, key: bytes, record: memoryview | bytes) -> bytes | memoryview:
@@ -65,33 +82,60 @@ class RecordCodec:
             if len(body) != raw_len or prefix != raw_len:
                 raise CorruptValue(f"{where}: raw record holds {len(body)} bytes, header says {raw_len}")
             return bytes(body)
+        if flag == CHUNK:
+            return self._decode_chunk(where, raw_len, prefix, body)
         if flag != ZSTD:
             raise CorruptValue(f"{where}: unknown codec flag {flag}")
         if prefix >= raw_len or prefix > len(body):
             raise CorruptValue(f"{where}: bad raw prefix {prefix} for a {raw_len}-byte value")
-        frame = body[prefix:]
-        try:
-            # Check the frame's declared size first: a corrupt one must not make us allocate GBs.
-            if zstd.frame_content_size(frame) != raw_len - prefix:
-                raise CorruptValue(f"{where}: zstd frame size does not match header length {raw_len}")
-            out = bytearray(raw_len)
-            out[:prefix] = body[:prefix]
-            got = _decompress_into(self._ctx().dctx, frame, memoryview(out)[prefix:])
-        except zstd.ZstdError as exc:
-            raise CorruptValue(f"{where}: cannot decompress: {exc}") from exc
-        if got != raw_len - prefix:
-            raise CorruptValue(f"{where}: decompressed {got} bytes, header says {raw_len - prefix}")
+        out = bytearray(raw_len)
+        out[:prefix] = body[:prefix]
+        _frame_into(self._ctx().dctx, where, body[prefix:], memoryview(out)[prefix:])
+        return memoryview(out).toreadonly()
+
+    def _decode_chunk(self, where: str, raw_len: int, prefix: int, body: memoryview) -> memoryview:
+        if len(body) < CODES_LEN.size + prefix:
+            raise CorruptValue(f"{where}: chunk record of {len(body)} bytes is shorter than its raw prefix {prefix}")
+        (codes_len,) = CODES_LEN.unpack_from(body)
+        body = body[CODES_LEN.size :]
+        p = record_chunk.plan(body[:prefix], raw_len)
+        if p is None or p.header_bytes != prefix or prefix + codes_len > len(body):
+            raise CorruptValue(f"{where}: chunk record's header, section table or lengths are invalid")
+        if (codes_len == 0) != (p.split == prefix):
+            raise CorruptValue(f"{where}: chunk record's codes frame is {codes_len} bytes for "
+                               f"{p.split - prefix} bytes of codes")
+        out = bytearray(raw_len)
+        out[:prefix] = body[:prefix]
+        dctx = self._ctx().dctx
+        if codes_len:
+            _frame_into(dctx, where, body[prefix : prefix + codes_len], memoryview(out)[prefix : p.split])
+        tail = bytearray(p.tail_len)
+        _frame_into(dctx, where, body[prefix + codes_len :], memoryview(tail))
+        record_chunk.inverse(tail, p, out)
         return memoryview(out).toreadonly()
 
 
-def _decompress_into(dctx: Any, frame: memoryview, dest: memoryview) -> int:
-    """Decompress ``frame`` into ``dest``; how many bytes it gave (less than ``len(dest)`` only for a
-    frame shorter than it declared)."""
-    reader = dctx.stream_reader(frame)
-    got = 0
-    while got < len(dest):
-        n = reader.readinto(dest[got:])
-        if not n:
-            break
-        got += n
-    return got
+def _encode_chunk(cctx: Any, view: memoryview, p: record_chunk.Plan) -> bytes:
+    codes = cctx.compress(view[p.header_bytes : p.split]) if p.split > p.header_bytes else b""
+    tail = cctx.compress(record_chunk.forward(view, p))
+    return b"".join((HEADER.pack(CHUNK, p.raw_len, p.header_bytes), CODES_LEN.pack(len(codes)),
+                     view[: p.header_bytes], codes, tail))
+
+
+def _frame_into(dctx: Any, where: str, frame: memoryview, dest: memoryview) -> None:
+    """Decompress the one zstd ``frame`` into all of ``dest``; CorruptValue unless it fills it exactly."""
+    try:
+        # Check the frame's declared size first: a corrupt one must not make us allocate GBs.
+        if zstd.frame_content_size(frame) != len(dest):
+            raise CorruptValue(f"{where}: zstd frame size does not match the header's length")
+        reader = dctx.stream_reader(frame)
+        got = 0
+        while got < len(dest):
+            n = reader.readinto(dest[got:])
+            if not n:
+                break
+            got += n
+    except zstd.ZstdError as exc:
+        raise CorruptValue(f"{where}: cannot decompress: {exc}") from exc
+    if got != len(dest):
+        raise CorruptValue(f"{where}: decompressed {got} bytes, header says {len(dest)}")

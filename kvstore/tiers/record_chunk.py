@@ -1,0 +1,129 @@
+"""The ssd tier's chunk-aware record body (record flag 2): where a chunk's bytes compress.
+
+A chunk (docs/FORMAT.md) is header + section table | FP4 codes | scales | token ids | checksum.
+Measured on Gaussian KV at the real geometry (benchmarks/results/at_rest.md), zstd shrinks the
+codes by ~2% (E2M1 codes of block-scaled data are not uniform: ~3.9 bits of 4), and the scales
+far more once each column of a scales section (one channel block across the chunk's tokens) is
+stored contiguously as residuals from a per-column base byte: E4M3 and UE8M0 bytes of positive
+scales are monotonic in log2(scale), so residuals of every column share one distribution (one
+Huffman table) where raw bytes of columns with different sigmas do not. Token ids are stored as
+four byte planes (an id below 2^17 has a constant top byte).
+
+The transformed tail is defined by the chunk's own header and section table, which the record
+keeps raw in front of the frames, so a reader needs nothing but the record:
+
+    tail' = value[split:] with, in place,
+              every scales section of n > 0 entries x w bytes -> residuals, column-major:
+                  tail'[off - split + j*n + e] = (value[off + e*w + j] - base[j]) mod 256
+              the token ids (T x u32 at tokens_offset) -> byte planes:
+                  tail'[tokens_offset - split + b*T + t] = byte b of id t
+            then the bases of every such scales section appended, in section-table order.
+
+``split`` is the header's compressible_offset. The base is the encoder's choice (the low
+median of the column); a reader only adds it back.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+_MAGIC = b"KVCK"
+_VERSION = 1
+_HEADER_BYTES = 72
+_SECTION = struct.Struct("<HBBIII")  # cache index, kind, pad, entries, offset, length
+_KIND_SCALES = 1
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where the transformed regions of one chunk lie (all offsets into the chunk)."""
+
+    raw_len: int
+    header_bytes: int  # the raw prefix: header + section table
+    split: int  # compressible_offset: frame A holds [header_bytes, split), frame B the rest
+    scales: tuple[tuple[int, int, int], ...]  # (offset, entries n, width w) of each non-empty scales section
+    ids_offset: int
+    token_count: int
+
+    @property
+    def bases_len(self) -> int:
+        return sum(w for _, _, w in self.scales)
+
+    @property
+    def tail_len(self) -> int:
+        """Bytes frame B decompresses to."""
+        return self.raw_len - self.split + self.bases_len
+
+
+def plan(prefix: bytes | memoryview, raw_len: int) -> Plan | None:
+    """The plan for a chunk of ``raw_len`` bytes whose first bytes are ``prefix`` (at least its
+    header and section table), or None when they are no chunk this transform can handle: bad
+    magic or version, a declared size other than ``raw_len``, or regions out of bounds or overlapping."""
+    mv = memoryview(prefix)
+    if len(mv) < _HEADER_BYTES or bytes(mv[:4]) != _MAGIC:
+        return None
+    version, header_bytes, total, token_count = struct.unpack_from("<HHII", mv, 4)
+    tokens_offset, n_sections = struct.unpack_from("<IH", mv, 56)
+    (split,) = struct.unpack_from("<I", mv, 64)
+    if (version != _VERSION or total != raw_len or len(mv) < header_bytes
+            or header_bytes < _HEADER_BYTES + _SECTION.size * n_sections or not header_bytes <= split <= raw_len):
+        return None
+    scales: list[tuple[int, int, int]] = []
+    regions = [(tokens_offset, 4 * token_count)]
+    for i in range(n_sections):
+        _cache, kind, _pad, n, off, length = _SECTION.unpack_from(mv, _HEADER_BYTES + i * _SECTION.size)
+        if kind != _KIND_SCALES:
+            continue
+        if n == 0:
+            if length:
+                return None
+            continue
+        if length % n or length == 0:
+            return None
+        scales.append((off, n, length // n))
+        regions.append((off, length))
+    end = split
+    for off, length in sorted(regions):
+        if off < end or off + length > raw_len:
+            return None
+        end = off + length
+    return Plan(raw_len, header_bytes, split, tuple(scales), tokens_offset, token_count)
+
+
+def forward(value: bytes | memoryview, p: Plan) -> bytes:
+    """tail' of ``value`` (see the module docstring)."""
+    src = np.frombuffer(value, np.uint8)
+    out = bytearray(value[p.split :])
+    dst = np.frombuffer(out, np.uint8)
+    bases = []
+    for off, n, w in p.scales:
+        s = src[off : off + n * w].reshape(n, w)
+        base = np.sort(s, axis=0)[(n - 1) // 2]  # the low median of each column
+        bases.append(base)
+        dst[off - p.split : off - p.split + n * w].reshape(w, n)[...] = (s - base).T
+    t = p.token_count
+    if t:
+        at = p.ids_offset - p.split
+        dst[at : at + 4 * t].reshape(4, t)[...] = src[p.ids_offset : p.ids_offset + 4 * t].reshape(t, 4).T
+    return bytes(out) + b"".join(b.tobytes() for b in bases)
+
+
+def inverse(tail: bytes | bytearray | memoryview, p: Plan, out: bytearray) -> None:
+    """Write the chunk bytes [split, raw_len) into ``out`` from ``tail`` (``p.tail_len`` bytes)."""
+    src = np.frombuffer(tail, np.uint8)
+    dst = np.frombuffer(out, np.uint8)
+    body = p.raw_len - p.split
+    dst[p.split :] = src[:body]
+    at_base = body
+    for off, n, w in p.scales:
+        base = src[at_base : at_base + w]
+        at_base += w
+        r = src[off - p.split : off - p.split + n * w].reshape(w, n)
+        np.add(r.T, base, out=dst[off : off + n * w].reshape(n, w))  # uint8: wraps mod 256
+    t = p.token_count
+    if t:
+        at = p.ids_offset - p.split
+        dst[p.ids_offset : p.ids_offset + 4 * t].reshape(t, 4)[...] = src[at : at + 4 * t].reshape(4, t).T
