@@ -11,15 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_helpers import MISSING, RedisClusterProcess
+from cluster_helpers import RedisClusterProcess, require_cluster
 from daemon_helpers import Daemon, make_session, start_daemon
 
 from kvstore.client import Client
 from kvstore.errors import Unavailable
 from kvstore.tiers.redis_keys import RedisKeys
 
-if MISSING:
-    pytest.skip(f"Redis Cluster tests need a real cluster: {MISSING}", allow_module_level=True)
+require_cluster()
 
 KEYS = RedisKeys("kvstore", tagged=True)
 

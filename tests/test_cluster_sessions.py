@@ -12,15 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from cluster_helpers import MISSING, RedisClusterProcess
+from cluster_helpers import RedisClusterProcess, require_cluster
 from daemon_helpers import Daemon, SyntheticSession, make_session, start_daemon
 
 from kvstore.client import Client
 from kvstore.errors import FailedPrecondition, NotFound
 from kvstore.tiers.redis_keys import RedisKeys
 
-if MISSING:
-    pytest.skip(f"Redis Cluster tests need a real cluster: {MISSING}", allow_module_level=True)
+require_cluster()
 
 
 def cluster_flags(url: str, *extra: str) -> tuple[str, ...]:
