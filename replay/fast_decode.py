@@ -176,41 +176,48 @@ class FastDecoder:
         cs = rope_angles(pos, a)
         x = model.tok_embeddings(self.tokens[t])  # [T, D]
         ctx: dict[str, tuple[Tensor, Tensor]] = {}
+        win = self._window(pos)
         for i in range(a.n_layers):
             if i == enc:  # decoder global KV from H_{L/2}, every token; the decoder over the last t - d
                 self._compress(i, model.layers[i].attention_norm(x), pos)
                 if d == t:
                     return x.new_zeros(a.vocab_size)
                 x, pos, cs = x[d:], pos[d:], cs[d:]
-            x = self._block(i, x, pos, cs, ctx)
+                win = self._window(pos) if d else win
+            x = self._block(i, x, pos, cs, win, ctx)
         return model.output(model.norm(x[-1:])).float()[0]
 
-    def _block(self, i: int, x: Tensor, pos: Tensor, cs: Tensor, ctx: dict[str, tuple[Tensor, Tensor]]) -> Tensor:
+    def _block(self, i: int, x: Tensor, pos: Tensor, cs: Tensor, win: tuple[Tensor, Tensor, Tensor],
+               ctx: dict[str, tuple[Tensor, Tensor]]) -> Tensor:
         block, s = self.model.layers[i], self.state
         attn, h = block.attention, block.attention_norm(x)
         if attn.compressor is not None and i < self.args.n_encoder:
             self._compress(i, h, pos)
         q, k = attn.qk(h, cs)
-        kbuf, e0 = self._ring(i, k, pos)
+        kbuf, e0 = self._ring(i, k, pos, win)
         if attn.indexer is not None:
             ctx["topk"] = attn.select(h, pos, cs, s.caches[f"index.L{attn.src}"].values, e0, ctx)
         glob, glob_ok = attn.selected(s, k, ctx)
         x = x + attn.wo(attend_blocks(q, pos, kbuf, e0, glob, glob_ok, self.args.window).reshape(x.shape[0], -1))
         return x + block.feed_forward(block.ffn_norm(x))
 
-    def _ring(self, i: int, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """SwaRing.push without host syncs: FP8 round trip of k [T, Dh], the keys attend_blocks needs
-        (kbuf, every block's window, zeros before the ring's start e0), then the new keys into the ring."""
+    def _window(self, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """For tokens at pos: [T], the positions p of attend_blocks' kbuf (every block's window), where each
+        is found in cat([ring keys, new keys]), and which are not past the last token. Shared by the layers."""
+        w, t = self.args.window, pos.shape[0]
+        pos0 = pos[0]
+        p = pos0 - pos0 % 16 - w + 1 + torch.arange(-(-(15 + t) // 16) * 16 + w - 1, device=pos.device)
+        return p, torch.where(p < pos0, p % w, w + p - pos0).clamp(0, w + t - 1), p < pos0 + t
+
+    def _ring(self, i: int, k: Tensor, pos: Tensor, win: tuple[Tensor, Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        """SwaRing.push without host syncs: FP8 round trip of k [T, Dh], the keys attend_blocks needs (kbuf,
+        zeros before the ring's start e0 and past the last token), then the new keys into the ring."""
         ring, w, t = self.state.rings[i], self.args.window, k.shape[0]
         codes, scales = self.codecs.quantize_swa(k)
         k = self.codecs.dequantize_swa(codes, scales, k.dtype)
-        pos0 = pos[0]
-        e0 = torch.maximum(self.meta[1 + i], pos0 - w + 1)
-        nb = -(-(15 + t) // 16)
-        p = pos0 - pos0 % 16 - w + 1 + torch.arange(nb * 16 + w - 1, device=k.device)  # kbuf's positions
-        src = torch.cat([ring.keys, k])  # [w + T, Dh]: ring slots, then the new keys
-        idx = torch.where(p < pos0, p % w, w + p - pos0).clamp(0, w + t - 1)
-        kbuf = torch.where(((p >= e0) & (p < pos0 + t))[:, None], src[idx], 0.0)
+        p, idx, upto = win
+        e0 = torch.maximum(self.meta[1 + i], pos[0] - w + 1)
+        kbuf = torch.where((upto & (p >= e0))[:, None], torch.cat([ring.keys, k])[idx], 0.0)
         keep = slice(max(0, t - w), t)
         slots = pos[keep] % w
         for dst, new in ((ring.codes, codes), (ring.scales, scales), (ring.keys, k)):

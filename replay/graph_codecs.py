@@ -40,6 +40,7 @@ class GraphCodecs:
         ties = torch.tensor(_E2M1_TIES, dtype=torch.float32)
         down = torch.nextafter(ties, torch.full_like(ties, float("-inf")))
         self.bounds = torch.where(torch.arange(len(_E2M1_TIES)) % 2 == 1, down, ties).to(device)
+        self.ue8m0 = _ue8m0_value(torch.arange(256, dtype=torch.uint8)).to(device)  # exponent byte -> 2^(b-127)
 
     def _fp4_quantize(self, x: Tensor, block: int, e4m3_scale: bool) -> tuple[Tensor, Tensor]:
         lead, d = tuple(x.shape[:-1]), x.shape[-1]
@@ -50,7 +51,7 @@ class GraphCodecs:
             scales, s = s8.view(torch.uint8), s8.float()
         else:
             scales = _ue8m0_ceil(amax.clamp_min(E2M1_MAX * 2.0**-126) / E2M1_MAX)
-            s = _ue8m0_value(scales)
+            s = self.ue8m0[scales.long()]
         y = (xb / s.unsqueeze(-1)).clamp(-E2M1_MAX, E2M1_MAX).reshape(*lead, d)
         codes = torch.bucketize(y.abs(), self.bounds).to(torch.uint8) | (torch.signbit(y).to(torch.uint8) << 3)
         return codes[..., 0::2] | (codes[..., 1::2] << 4), scales
@@ -58,7 +59,7 @@ class GraphCodecs:
     def _fp4_dequantize(self, codes: Tensor, scales: Tensor, block: int, e4m3_scale: bool,
                         dtype: torch.dtype) -> Tensor:
         lead, d = tuple(codes.shape[:-1]), codes.shape[-1] * 2
-        s = scales.view(torch.float8_e4m3fn).float() if e4m3_scale else _ue8m0_value(scales)
+        s = scales.view(torch.float8_e4m3fn).float() if e4m3_scale else self.ue8m0[scales.long()]
         vals = torch.stack([self.lut[(codes & 15).long()], self.lut[(codes >> 4).long()]], -1)
         return (vals.reshape(*lead, d // block, block) * s.unsqueeze(-1)).reshape(*lead, d).to(dtype)
 
@@ -74,16 +75,14 @@ class GraphCodecs:
     def dequantize_indexer(self, codes: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
         return self._fp4_dequantize(codes, scales, INDEX_BLOCK, False, dtype)
 
-    @staticmethod
-    def quantize_swa(x: Tensor) -> tuple[Tensor, Tensor]:
+    def quantize_swa(self, x: Tensor) -> tuple[Tensor, Tensor]:
         lead, d = tuple(x.shape[:-1]), x.shape[-1]
         xb = x.float().reshape(*lead, d // SWA_BLOCK, SWA_BLOCK)
         scales = _ue8m0_ceil(xb.abs().amax(-1).clamp_min(1e-4) / E4M3_MAX)
-        y = (xb / _ue8m0_value(scales).unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
+        y = (xb / self.ue8m0[scales.long()].unsqueeze(-1)).clamp(-E4M3_MAX, E4M3_MAX)
         return y.to(torch.float8_e4m3fn).view(torch.uint8).reshape(*lead, d), scales
 
-    @staticmethod
-    def dequantize_swa(codes: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    def dequantize_swa(self, codes: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
         lead, d = tuple(codes.shape[:-1]), codes.shape[-1]
         v = codes.view(torch.float8_e4m3fn).float().reshape(*lead, d // SWA_BLOCK, SWA_BLOCK)
-        return (v * _ue8m0_value(scales).unsqueeze(-1)).reshape(*lead, d).to(dtype)
+        return (v * self.ue8m0[scales.long()].unsqueeze(-1)).reshape(*lead, d).to(dtype)
