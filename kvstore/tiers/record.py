@@ -4,9 +4,9 @@ sizes are recorded and every record written under any setting reads back under a
     u8 flag | u32 raw_len | u32 prefix | ...
     flag 0 (raw):   value                                    (prefix = raw_len)
     flag 1 (zstd):  value[:prefix] raw | zstd frame of value[prefix:]
-    flag 2 (chunk): u32 codes_frame_len | value[:prefix] raw (chunk header + section table)
-                    | zstd frame of value[prefix:split] (codes_frame_len bytes; none if empty)
-                    | zstd frame of the transformed tail (record_chunk.py)
+    flag 2 (chunk): u16 F | F x u32 codes frame lengths | value[:prefix] raw (chunk header + table)
+                    | sign plane of the codes, raw (2 bits per codes byte) | F zstd frames of the
+                    codes' magnitudes | zstd frame of the transformed tail (record_chunk.py)
 
 Flag 2 is written for every value that is a chunk (magic ``KVCK``, a sane header and table);
 flag 1 for other values (manifests of the first format, anything a test puts), compressed
@@ -27,7 +27,7 @@ from kvstore.tiers import record_chunk
 from kvstore.tiers.base import CorruptValue
 
 HEADER = struct.Struct("<BII")
-CODES_LEN = struct.Struct("<I")  # flag 2 only, right after HEADER
+N_FRAMES, FRAME_LEN = struct.Struct("<H"), struct.Struct("<I")  # flag 2 only, right after HEADER
 RAW, ZSTD, CHUNK = 0, 1, 2
 
 #: Where a value's compressible part starts (the chunk format puts incompressible FP4 codes first).
@@ -94,32 +94,44 @@ class RecordCodec:
         return memoryview(out).toreadonly()
 
     def _decode_chunk(self, where: str, raw_len: int, prefix: int, body: memoryview) -> memoryview:
-        if len(body) < CODES_LEN.size + prefix:
-            raise CorruptValue(f"{where}: chunk record of {len(body)} bytes is shorter than its raw prefix {prefix}")
-        (codes_len,) = CODES_LEN.unpack_from(body)
-        body = body[CODES_LEN.size :]
-        p = record_chunk.plan(body[:prefix], raw_len)
-        if p is None or p.header_bytes != prefix or prefix + codes_len > len(body):
-            raise CorruptValue(f"{where}: chunk record's header, section table or lengths are invalid")
-        if (codes_len == 0) != (p.split == prefix):
-            raise CorruptValue(f"{where}: chunk record's codes frame is {codes_len} bytes for "
-                               f"{p.split - prefix} bytes of codes")
+        bad = CorruptValue(f"{where}: chunk record's header, section table or lengths are invalid")
+        if len(body) < N_FRAMES.size:
+            raise bad
+        (n_frames,) = N_FRAMES.unpack_from(body)
+        at = N_FRAMES.size + FRAME_LEN.size * n_frames
+        if len(body) < at + prefix:
+            raise bad
+        frame_lens = [FRAME_LEN.unpack_from(body, N_FRAMES.size + FRAME_LEN.size * i)[0] for i in range(n_frames)]
+        p = record_chunk.plan(body[at : at + prefix], raw_len)
+        if p is None or p.header_bytes != prefix or p.n_code_frames != n_frames:
+            raise bad
         out = bytearray(raw_len)
-        out[:prefix] = body[:prefix]
+        out[:prefix] = body[at : at + prefix]
+        at += prefix
+        sign_len = (p.codes_len + 3) // 4
+        signs = body[at : at + sign_len]
+        at += sign_len
+        if at + sum(frame_lens) > len(body):
+            raise bad
         dctx = self._ctx().dctx
-        if codes_len:
-            _frame_into(dctx, where, body[prefix : prefix + codes_len], memoryview(out)[prefix : p.split])
+        mags = bytearray(p.codes_len)
+        done = 0
+        for flen, n in zip(frame_lens, p.code_frame_lens()):
+            _frame_into(dctx, where, body[at : at + flen], memoryview(mags)[done : done + n])
+            at, done = at + flen, done + n
+        record_chunk.codes_inverse(signs, mags, p, out)
         tail = bytearray(p.tail_len)
-        _frame_into(dctx, where, body[prefix + codes_len :], memoryview(tail))
+        _frame_into(dctx, where, body[at:], memoryview(tail))
         record_chunk.inverse(tail, p, out)
         return memoryview(out).toreadonly()
 
 
 def _encode_chunk(cctx: Any, view: memoryview, p: record_chunk.Plan) -> bytes:
-    codes = cctx.compress(view[p.header_bytes : p.split]) if p.split > p.header_bytes else b""
+    signs, mags = record_chunk.codes_forward(view, p)
+    frames = [cctx.compress(m) for m in mags]
     tail = cctx.compress(record_chunk.forward(view, p))
-    return b"".join((HEADER.pack(CHUNK, p.raw_len, p.header_bytes), CODES_LEN.pack(len(codes)),
-                     view[: p.header_bytes], codes, tail))
+    return b"".join((HEADER.pack(CHUNK, p.raw_len, p.header_bytes), N_FRAMES.pack(len(frames)),
+                     *(FRAME_LEN.pack(len(f)) for f in frames), view[: p.header_bytes], signs, *frames, tail))
 
 
 def _frame_into(dctx: Any, where: str, frame: memoryview, dest: memoryview) -> None:

@@ -47,6 +47,37 @@ class Plan:
     scales: tuple[tuple[int, int, int], ...]  # (offset, entries n, width w) of each non-empty scales section
     ids_offset: int
     token_count: int
+    codes: tuple[tuple[tuple[int, int], ...], ...]  # (offset, length) of codes sections, per frame group
+
+    @property
+    def codes_len(self) -> int:
+        return self.split - self.header_bytes
+
+    @property
+    def n_code_frames(self) -> int:
+        """One zstd frame per group; bytes of the codes region in no section go into the last one."""
+        return len(self.codes) if self.codes else int(self.codes_len > 0)
+
+    def code_frame_lens(self) -> list[int]:
+        """Bytes each codes frame decompresses to."""
+        lens = [sum(length for _, length in g) for g in self.codes] or [0] * self.n_code_frames
+        if lens:
+            lens[-1] += self.codes_len - sum(lens)
+        return lens
+
+    def code_runs(self) -> list[tuple[int, int]]:
+        """(start, length) runs of the codes region in magnitude-stream order: the groups'
+        sections in table order, then the bytes in no section (padding) in offset order."""
+        hb = self.header_bytes
+        runs = [(off - hb, length) for g in self.codes for off, length in g]
+        gaps, end = [], 0
+        for start, length in sorted(runs):
+            if start > end:
+                gaps.append((end, start - end))
+            end = start + length
+        if end < self.codes_len:
+            gaps.append((end, self.codes_len - end))
+        return runs + gaps
 
     @property
     def bases_len(self) -> int:
@@ -54,7 +85,7 @@ class Plan:
 
     @property
     def tail_len(self) -> int:
-        """Bytes frame B decompresses to."""
+        """Bytes the tail frame decompresses to."""
         return self.raw_len - self.split + self.bases_len
 
 
@@ -73,24 +104,74 @@ def plan(prefix: bytes | memoryview, raw_len: int) -> Plan | None:
         return None
     scales: list[tuple[int, int, int]] = []
     regions = [(tokens_offset, 4 * token_count)]
+    codes: list[tuple[int, int, int]] = []  # (cache index, offset, length)
+    scale_len: dict[int, int] = {}
     for i in range(n_sections):
-        _cache, kind, _pad, n, off, length = _SECTION.unpack_from(mv, _HEADER_BYTES + i * _SECTION.size)
-        if kind != _KIND_SCALES:
-            continue
-        if n == 0:
-            if length:
-                return None
-            continue
-        if length % n or length == 0:
+        cache, kind, _pad, n, off, length = _SECTION.unpack_from(mv, _HEADER_BYTES + i * _SECTION.size)
+        if (n == 0) != (length == 0) or (n and length % n):
             return None
-        scales.append((off, n, length // n))
-        regions.append((off, length))
+        if kind == _KIND_SCALES:
+            scale_len[cache] = length
+            if n:
+                scales.append((off, n, length // n))
+                regions.append((off, length))
+        elif n:
+            codes.append((cache, off, length))
     end = split
     for off, length in sorted(regions):
         if off < end or off + length > raw_len:
             return None
         end = off + length
-    return Plan(raw_len, header_bytes, split, tuple(scales), tokens_offset, token_count)
+    end = header_bytes
+    for _, off, length in sorted(codes, key=lambda c: c[1]):
+        if off < end or off + length > split:
+            return None
+        end = off + length
+    groups: dict[int, list[tuple[int, int]]] = {}
+    for cache, off, length in codes:  # table order; grouped by the format's codes-to-scales ratio
+        sl = scale_len.get(cache, 0)
+        groups.setdefault(length // sl if sl else 0, []).append((off, length))
+    return Plan(raw_len, header_bytes, split, tuple(scales), tokens_offset, token_count,
+                tuple(tuple(g) for g in groups.values()))
+
+
+_BYTE = np.arange(256, dtype=np.uint8)
+#: codes byte -> its two sign bits (bit 3 -> bit 6, bit 7 -> bit 7) over its 6 magnitude bits; and back.
+_SPLIT = ((_BYTE & 7) | ((_BYTE >> 1) & 0x38) | ((_BYTE & 8) << 3) | (_BYTE & 0x80)).astype(np.uint8)
+_JOIN = np.empty(256, np.uint8)
+_JOIN[_SPLIT] = _BYTE
+
+
+def codes_forward(value: bytes | memoryview, p: Plan) -> tuple[bytes, list[bytes]]:
+    """(sign plane, the magnitude stream of each codes frame) of the codes region. Sign plane bit k
+    (byte k // 8, bit k % 8) is the sign of code k: bit 3 of codes byte k // 2 for even k, bit 7 for odd."""
+    split = _SPLIT[np.frombuffer(value, np.uint8, p.codes_len, p.header_bytes)]
+    two = np.zeros((p.codes_len + 3) // 4 * 4, np.uint8)  # each byte's two sign bits, 4 bytes per plane byte
+    np.right_shift(split, 6, out=two[: p.codes_len])
+    x = two.view("<u4")
+    signs = ((x & 3) | ((x >> 6) & 0xC) | ((x >> 12) & 0x30) | ((x >> 18) & 0xC0)).astype(np.uint8)
+    split &= 0x3F
+    stream = b"".join(split[start : start + length].data for start, length in p.code_runs())
+    out, at = [], 0
+    for n in p.code_frame_lens():
+        out.append(stream[at : at + n])
+        at += n
+    return signs.tobytes(), out
+
+
+def codes_inverse(signs: bytes | memoryview, mags: bytes | bytearray, p: Plan, out: bytearray) -> None:
+    """Write the codes region of ``out`` from its sign plane and its frames' magnitudes, joined."""
+    src = np.frombuffer(mags, np.uint8)
+    dst = np.frombuffer(out, np.uint8, p.codes_len, p.header_bytes)
+    at = 0
+    for start, length in p.code_runs():
+        dst[start : start + length] = src[at : at + length]
+        at += length
+    x = np.frombuffer(signs, np.uint8).astype("<u4")
+    x = (x & 3) | ((x & 0xC) << 6) | ((x & 0x30) << 12) | ((x & 0xC0) << 18)
+    two = x.view(np.uint8)[: p.codes_len]
+    dst |= two << 6
+    np.take(_JOIN, dst, out=dst)
 
 
 def forward(value: bytes | memoryview, p: Plan) -> bytes:
@@ -101,7 +182,7 @@ def forward(value: bytes | memoryview, p: Plan) -> bytes:
     bases = []
     for off, n, w in p.scales:
         s = src[off : off + n * w].reshape(n, w)
-        base = np.sort(s, axis=0)[(n - 1) // 2]  # the low median of each column
+        base = np.partition(s, (n - 1) // 2, axis=0)[(n - 1) // 2]  # the low median of each column
         bases.append(base)
         dst[off - p.split : off - p.split + n * w].reshape(w, n)[...] = (s - base).T
     t = p.token_count
