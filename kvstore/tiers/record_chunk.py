@@ -135,23 +135,37 @@ def plan(prefix: bytes | memoryview, raw_len: int) -> Plan | None:
                 tuple(tuple(g) for g in groups.values()))
 
 
-_BYTE = np.arange(256, dtype=np.uint8)
-#: codes byte -> its two sign bits (bit 3 -> bit 6, bit 7 -> bit 7) over its 6 magnitude bits; and back.
-_SPLIT = ((_BYTE & 7) | ((_BYTE >> 1) & 0x38) | ((_BYTE & 8) << 3) | (_BYTE & 0x80)).astype(np.uint8)
-_JOIN = np.empty(256, np.uint8)
-_JOIN[_SPLIT] = _BYTE
+def _sign_lut() -> np.ndarray:
+    """Sign-plane byte -> the sign bits of its 4 codes bytes, in place (bits 3 and 7), as one u32."""
+    lut = np.zeros((256, 4), np.uint8)
+    for byte in range(256):
+        for i in range(4):
+            two = (byte >> (2 * i)) & 3
+            lut[byte, i] = ((two & 1) << 3) | ((two & 2) << 6)
+    return lut.view("<u4").reshape(-1)
+
+
+_SIGNS = _sign_lut()
 
 
 def codes_forward(value: bytes | memoryview, p: Plan) -> tuple[bytes, list[bytes]]:
     """(sign plane, the magnitude stream of each codes frame) of the codes region. Sign plane bit k
-    (byte k // 8, bit k % 8) is the sign of code k: bit 3 of codes byte k // 2 for even k, bit 7 for odd."""
-    split = _SPLIT[np.frombuffer(value, np.uint8, p.codes_len, p.header_bytes)]
+    (byte k // 8, bit k % 8) is the sign of code k: bit 3 of codes byte k // 2 for even k, bit 7 for odd.
+    A magnitude byte is (byte & 7) | ((byte >> 1) & 0x38): the two codes' low 3 bits."""
+    c = np.frombuffer(value, np.uint8, p.codes_len, p.header_bytes)
     two = np.zeros((p.codes_len + 3) // 4 * 4, np.uint8)  # each byte's two sign bits, 4 bytes per plane byte
-    np.right_shift(split, 6, out=two[: p.codes_len])
+    t = two[: p.codes_len]
+    np.right_shift(c, 3, out=t)
+    t &= 1
+    hi = c >> 6
+    hi &= 2
+    t |= hi
     x = two.view("<u4")
     signs = ((x & 3) | ((x >> 6) & 0xC) | ((x >> 12) & 0x30) | ((x >> 18) & 0xC0)).astype(np.uint8)
-    split &= 0x3F
-    stream = b"".join(split[start : start + length].data for start, length in p.code_runs())
+    mags = c >> 1
+    mags &= 0x38
+    mags |= c & 7
+    stream = b"".join(mags[start : start + length].data for start, length in p.code_runs())
     out, at = [], 0
     for n in p.code_frame_lens():
         out.append(stream[at : at + n])
@@ -167,11 +181,12 @@ def codes_inverse(signs: bytes | memoryview, mags: bytes | bytearray, p: Plan, o
     for start, length in p.code_runs():
         dst[start : start + length] = src[at : at + length]
         at += length
-    x = np.frombuffer(signs, np.uint8).astype("<u4")
-    x = (x & 3) | ((x & 0xC) << 6) | ((x & 0x30) << 12) | ((x & 0xC0) << 18)
-    two = x.view(np.uint8)[: p.codes_len]
-    dst |= two << 6
-    np.take(_JOIN, dst, out=dst)
+    sign_bits = _SIGNS[np.frombuffer(signs, np.uint8)].view(np.uint8)[: p.codes_len]
+    hi = dst & 0x38
+    hi <<= 1
+    dst &= 7
+    dst |= hi
+    dst |= sign_bits
 
 
 def forward(value: bytes | memoryview, p: Plan) -> bytes:
