@@ -65,8 +65,8 @@ def daemon_ops(address: str, blobs: list[bytes], keys: list[bytes], ids: object
             pass
 
     def first(c: Client) -> None:  # the call up to its first message (the manifest and first chunks)
-        c._stub.LoadSession(pb.LoadSessionRequest(namespace=NS, session_id="s", arena_id=c.carrier.arena_id),
-                            metadata=c._metadata).next()
+        next(c._stub.LoadSession(pb.LoadSessionRequest(namespace=NS, session_id="s", arena_id=c.carrier.arena_id),
+                                 metadata=c._metadata))
 
     ops: dict[str, Callable[[], object]] = {
         "unary GetServerInfo": lambda: stream._stub.GetServerInfo(pb.GetServerInfoRequest()),

@@ -188,7 +188,8 @@ def stats_view(s: pb.StatsResponse) -> Group:
         lines.append(f"sessions {s.sessions:,}")
     x = s.transport
     lines.append(f"transport: {x.arenas:,} same-host arenas attached; chunk calls {x.arena_calls:,} through an arena "
-                 f"({x.overflow_calls:,} overflowed to the stream), {x.stream_calls:,} on the gRPC stream")
+                 f"({x.overflow_calls:,} overflowed to the stream), {x.stream_calls:,} on the gRPC stream; "
+                 f"{x.local_calls:,} calls over the local socket")
     lines += [f"[red]tier {r.name}: last error: {r.last_error}[/]" for r in s.tiers if r.last_error]
     return Group(*lines)
 

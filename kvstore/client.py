@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstore import convert, pbwire, shm, transport, wire
+from kvstore import convert, localrpc, pbwire, shm, transport, wire
 from kvstore.client_config import ClientConfig, ClientTls, default_address
 from kvstore.defaults import DEFAULT_ADDRESS
 from kvstore.errors import InvalidArgument, KvstoreError, Unauthenticated
@@ -46,14 +46,8 @@ class Client:
         opts = wire.channel_options(self.config)
         self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
                          else grpc.insecure_channel(self.address, opts))
-        self._stub = pb_grpc.KVStoreStub(self._channel)
-        # the loads, read without copying their chunk bytes (kvstore/pbwire.py)
-        self._load_chunks = self._channel.unary_stream(
-            "/kvstore.v1.KVStore/LoadChunks", request_serializer=pb.LoadChunksRequest.SerializeToString,
-            response_deserializer=pbwire.parse_chunk_data, _registered_method=True)
-        self._load_session = self._channel.unary_stream(
-            "/kvstore.v1.KVStore/LoadSession", request_serializer=pb.LoadSessionRequest.SerializeToString,
-            response_deserializer=pbwire.parse_load_session, _registered_method=True)
+        self._local: localrpc.LocalChannel | None = None
+        self._bind(self._channel)
         self._conn: wire.Connection | None = None
         self._carrier: transport.Carrier | None = None
         self._used = 0.0  # when the arena last carried a batch
@@ -63,6 +57,17 @@ class Client:
         # (a call collected before its status is cancelled, and the daemon would count it so)
         self._tails: set[Any] = set()
 
+    def _bind(self, channel: Any) -> None:
+        """Make the KVStore calls over ``channel``: the gRPC channel, or the daemon's local socket."""
+        self._stub = pb_grpc.KVStoreStub(channel)
+        # the loads, read without copying their chunk bytes (kvstore/pbwire.py)
+        self._load_chunks = channel.unary_stream(
+            "/kvstore.v1.KVStore/LoadChunks", request_serializer=pb.LoadChunksRequest.SerializeToString,
+            response_deserializer=pbwire.parse_chunk_data, _registered_method=True)
+        self._load_session = channel.unary_stream(
+            "/kvstore.v1.KVStore/LoadSession", request_serializer=pb.LoadSessionRequest.SerializeToString,
+            response_deserializer=pbwire.parse_load_session, _registered_method=True)
+
     def close(self) -> None:
         """Detach the arena (best effort: the daemon unmaps it after 300 s idle anyway), close the channel."""
         if self._carrier is not None and self._carrier.arena_id:
@@ -70,6 +75,8 @@ class Client:
                 self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
                                        timeout=wire.DETACH_TIMEOUT_S, metadata=self._metadata)
         self._drop_arena()
+        if self._local is not None:
+            self._local.close()
         self._channel.close()
 
     def __enter__(self) -> Client:
@@ -86,7 +93,20 @@ class Client:
                 conn = wire.connection(self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()), self.config)
                 self._conn = conn
                 self._carrier = self._attach(conn) if conn.arena_dir is not None else conn.stream()
+                if self._carrier.arena_id and conn.info.local_socket:
+                    self._use_local(conn.info.local_socket)
             return self._carrier
+
+    def _use_local(self, path: str) -> None:
+        """Calls over the daemon's local socket from now on (kvstore/localrpc.py), if it answers."""
+        local = localrpc.LocalChannel(path)
+        try:
+            local.probe()
+        except grpc.RpcError:
+            local.close()  # not reachable from here (another mount namespace, say): stay on gRPC
+            return
+        self._local = local
+        self._bind(local)
 
     @property
     def carrier(self) -> transport.Carrier:
@@ -197,8 +217,8 @@ class Client:
         with self._batch() as carrier:
             for attempt in range(2):
                 receiver = carrier.receiver(copy=not zero_copy)
-                stream = rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata)
-                try:
+                try:  # a gRPC call raises at its first message, a local one at once
+                    stream = rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata)
                     first = next(stream, None)
                 except grpc.RpcError as e:
                     if attempt == 0 and carrier.arena_id and wire.unknown_arena(e):

@@ -21,6 +21,7 @@ class _Counts:
     stream_calls: int = 0
     attaches: int = 0
     detaches: int = 0
+    local_calls: int = 0
 
 
 class Carriers:
@@ -61,7 +62,12 @@ class Carriers:
     def detach(self, owner: str, arena_id: str) -> None:
         self._counts.detaches += self.arenas.remove(owner, arena_id)
 
+    def count_local(self) -> None:
+        """A call made over the local socket (server/local.py)."""
+        self._counts.local_calls += 1
+
     def stats(self) -> pb.TransportStats:
         c = self._counts
         return pb.TransportStats(arenas=len(self.arenas), arena_calls=c.arena_calls, overflow_calls=c.overflow_calls,
-                                 stream_calls=c.stream_calls, attaches=c.attaches, detaches=c.detaches)
+                                 stream_calls=c.stream_calls, attaches=c.attaches, detaches=c.detaches,
+                                 local_calls=c.local_calls)

@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from kvstore import framing, shm
 from kvstore.server.auth import Auth
 from kvstore.server.config import DaemonConfig
-from kvstore.server.handlers import add_service
+from kvstore.server.handlers import add_service, methods
+from kvstore.server.local import LocalServer, socket_path
 from kvstore.server.metrics import start_metrics
 from kvstore.server.reflection import enable_reflection
 from kvstore.server.rpc_metrics import MetricsInterceptor, RpcMetrics
@@ -91,6 +92,11 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     metrics = (start_metrics(registry, sessions, service.carriers.stats, config.host, config.metrics_port)
                if registry is not None else None)
     await server.start()
+    local = (LocalServer(methods(service), socket_path(shm_dir, port), service.carriers.count_local)
+             if shm_dir is not None else None)
+    if local is not None:
+        await local.start()
+        service.local_socket = str(local.path)
     for name in ("", SERVICE):
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
     log.info("kvstore listening on %s:%d (tls=%s, tokens=%s, shm=%s, tiers=%s)", config.host, port,
@@ -117,6 +123,8 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     log.info("shutting down: %.0fs grace for in-flight RPCs", config.grace_s)
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
+    if local is not None:
+        await local.stop()
     task.cancel()
     if metrics is not None:
         metrics.shutdown()

@@ -11,7 +11,7 @@ instead of raising, and the handler (``service.rpc``) answers it with INVALID_AR
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 
@@ -50,14 +50,32 @@ def _serializer(cls: Any) -> Callable[[Any], bytes]:
     return to_bytes
 
 
+class Method(NamedTuple):
+    """One KVStore method as both listeners serve it: gRPC (``add_service``) and the local socket
+    (server/local.py)."""
+
+    handler: Callable[..., Any]
+    deserialize: Callable[[bytes], Any]
+    serialize: Callable[[Any], bytes]
+    client_streaming: bool
+    server_streaming: bool
+
+
+def methods(servicer: Any) -> dict[str, Method]:
+    """Every method of the service by its full path ("/kvstore.v1.KVStore/LoadSession"), with lenient
+    request deserializers and serializers that pass pre-encoded answers through."""
+    return {f"/{SERVICE.full_name}/{m.name}": Method(
+                getattr(servicer, m.name), _lenient(getattr(pb, m.input_type.name)),
+                _serializer(getattr(pb, m.output_type.name)), m.client_streaming, m.server_streaming)
+            for m in SERVICE.methods}
+
+
 def add_service(servicer: Any, server: grpc.aio.Server) -> None:
-    """``add_KVStoreServicer_to_server``, with lenient request deserializers and serializers that
-    pass pre-encoded answers through."""
+    """``add_KVStoreServicer_to_server``, with the lenient deserializers of ``methods``."""
     handlers = {}
-    for m in SERVICE.methods:
+    for path, m in methods(servicer).items():
         make = _KINDS[(m.client_streaming, m.server_streaming)]
-        handlers[m.name] = make(getattr(servicer, m.name),
-                                request_deserializer=_lenient(getattr(pb, m.input_type.name)),
-                                response_serializer=_serializer(getattr(pb, m.output_type.name)))
+        handlers[path.rsplit("/", 1)[1]] = make(m.handler, request_deserializer=m.deserialize,
+                                                response_serializer=m.serialize)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
     server.add_registered_method_handlers(SERVICE.full_name, handlers)

@@ -61,6 +61,8 @@ class StoreCollector(Collector):
         calls.add_metric(["arena_overflow"], t.overflow_calls)
         calls.add_metric(["stream"], t.stream_calls)
         yield calls
+        yield CounterMetricFamily("kvstore_local_socket_calls", "Calls made over the same-host local socket",
+                                  value=t.local_calls)
         yield GaugeMetricFamily("kvstore_sessions", "Live sessions", value=s.sessions)
         yield GaugeMetricFamily("kvstore_persistent_bytes_per_token", "Persistent bytes per token of live sessions",
                                 value=s.bytes_per_token.measured)

@@ -45,6 +45,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth = auth
         self.max_message_bytes = max_message_bytes
         self._info: pb.ServerInfo | None = None
+        self.local_socket = ""  # set by the daemon when it serves a local socket (server/local.py)
         self.carriers = Carriers(shm_dir, min(framing.DEFAULT_MESSAGE_BYTES, max_message_bytes // 2))
         # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
         # buffered, whatever size a stream's header declares
@@ -122,7 +123,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 tiers=[t.name for t in self.sessions.store.tiers], host_id=shm.host_id(),
                 shm_dir=str(self.carriers.shm_dir or ""), max_message_bytes=self.max_message_bytes,
                 write_mode=cfg.write_mode, carriers=self.carriers.offered,
-                layout_info=[convert.layout_to_pb(PRESETS[n], cfg.chunk_tokens) for n in sorted(PRESETS)])
+                layout_info=[convert.layout_to_pb(PRESETS[n], cfg.chunk_tokens) for n in sorted(PRESETS)],
+                local_socket=self.local_socket)
         return self._info
 
     @rpc
