@@ -18,6 +18,7 @@ from kvstore import convert, shm, transport, wire
 from kvstore.client_config import ClientConfig, default_address
 from kvstore.errors import InvalidArgument, KvstoreError
 from kvstore.framing import Blob
+from kvstore.localrpc_aio import AsyncLocalChannel
 from kvstore.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.v1 import kvstore_pb2 as pb
@@ -37,6 +38,7 @@ class AsyncClient:
         self._channel = (grpc.aio.secure_channel(self.address, self.config.tls.credentials(), opts)
                          if self.config.tls else grpc.aio.insecure_channel(self.address, opts))
         self._stub = pb_grpc.KVStoreStub(self._channel)
+        self._local: AsyncLocalChannel | None = None
         self._conn: wire.Connection | None = None
         self._carrier: transport.Carrier | None = None
         self._used = 0.0
@@ -47,10 +49,12 @@ class AsyncClient:
         """As Client.close: detach the arena (best effort), close the channel."""
         if self._carrier is not None and self._carrier.arena_id:
             async with self._lock:
-                with contextlib.suppress(grpc.aio.AioRpcError):
+                with contextlib.suppress(grpc.RpcError):
                     await self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
                                                  timeout=wire.DETACH_TIMEOUT_S, metadata=self._metadata)
         self._drop_arena()
+        if self._local is not None:
+            await self._local.close()
         await self._channel.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -66,7 +70,20 @@ class AsyncClient:
                 info = await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
                 conn = self._conn = wire.connection(info, self.config)
                 self._carrier = await self._attach(conn) if conn.arena_dir is not None else conn.stream()
+                if self._carrier.arena_id and info.local_socket:
+                    await self._use_local(info.local_socket)
             return self._carrier
+
+    async def _use_local(self, path: str) -> None:
+        """As Client._use_local: calls over the daemon's local socket from now on, if it answers."""
+        local = AsyncLocalChannel(path)
+        try:
+            await local.probe()
+        except grpc.RpcError:
+            await local.close()
+            return
+        self._local = local
+        self._stub = pb_grpc.KVStoreStub(local)
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -114,7 +131,7 @@ class AsyncClient:
         for attempt in range(self.config.retries + 1):
             try:
                 return await fn(request, timeout=self.config.timeout_s, metadata=self._metadata)
-            except grpc.aio.AioRpcError as e:
+            except grpc.RpcError as e:
                 if not wire.retryable(e) or attempt == self.config.retries:
                     raise wire.domain_error(e) from None
                 await asyncio.sleep(wire.backoff(self.config, attempt))
@@ -133,7 +150,7 @@ class AsyncClient:
                 try:
                     reqs = wire.save_requests(header, carrier.send(enumerate(blobs)))
                     return await self._stub.SaveChunks(reqs, timeout=self.config.timeout_s, metadata=self._metadata)
-                except grpc.aio.AioRpcError as e:
+                except grpc.RpcError as e:
                     if attempt == 0 and carrier.arena_id and wire.unknown_arena(e):
                         carrier = await self._reattach()
                         continue
@@ -156,11 +173,11 @@ class AsyncClient:
         async with self._batch() as carrier:
             for attempt in range(2):
                 receiver = carrier.receiver(copy=True)
-                # one iterator for the whole call: grpc.aio refuses read() and iteration on the same RPC
-                stream = aiter(rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata))
                 try:
+                    # one iterator for the whole call: grpc.aio refuses read() and iteration on the same RPC
+                    stream = aiter(rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata))
                     first = await anext(stream, None)
-                except grpc.aio.AioRpcError as e:
+                except grpc.RpcError as e:
                     if attempt == 0 and carrier.arena_id and wire.unknown_arena(e):
                         carrier = await self._reattach()
                         continue
@@ -231,6 +248,6 @@ async def _pairs(head: list[tuple[int, Blob]], stream: AsyncIterator[Any], recei
             if c is not None:
                 for item in receiver.feed(c):
                     yield item
-    except grpc.aio.AioRpcError as e:
+    except grpc.RpcError as e:
         raise wire.domain_error(e) from None
     receiver.finish()

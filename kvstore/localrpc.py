@@ -29,7 +29,7 @@ from typing import Any
 import grpc
 
 CALL, MSG, END, STATUS = 1, 2, 3, 4
-_HEAD = struct.Struct("<IB")
+HEADER = struct.Struct("<IB")  # a frame's length and kind
 MAX_FRAME = 64 << 20  # a bound on what either side accepts as one frame
 
 
@@ -48,7 +48,7 @@ def decode_metadata(raw: bytes) -> tuple[tuple[str, str], ...]:
 
 
 def frame(kind: int, body: bytes = b"") -> bytes:
-    return _HEAD.pack(len(body) + 1, kind) + body
+    return HEADER.pack(len(body) + 1, kind) + body
 
 
 def call_frame(path: str, metadata: Sequence[tuple[str, str | bytes]] | None) -> bytes:
@@ -111,11 +111,11 @@ class LocalChannel:
         self._closed = False
 
     # -- sockets ----------------------------------------------------------------------------------
-    def _take(self) -> socket.socket:
+    def _take(self, pooled: bool = True) -> socket.socket:
         with self._lock:
             if self._closed:
                 raise LocalRpcError(grpc.StatusCode.CANCELLED, "the channel is closed")
-            while self._free:
+            while pooled and self._free:
                 s = self._free.pop()
                 if _open(s):
                     return s
@@ -149,13 +149,19 @@ class LocalChannel:
     # -- one exchange -----------------------------------------------------------------------------
     def _exchange(self, path: str, requests: Iterable[bytes], timeout: float | None,
                   metadata: Sequence[tuple[str, str | bytes]] | None) -> list[bytes]:
+        data = b"".join([call_frame(path, metadata), *(frame(MSG, r) for r in requests), frame(END)])
         s = self._take()
         try:
             s.settimeout(timeout)
-            out = [call_frame(path, metadata)]
-            out.extend(frame(MSG, r) for r in requests)
-            out.append(frame(END))
-            s.sendall(b"".join(out))
+            try:
+                s.sendall(data)
+            except (BrokenPipeError, ConnectionResetError):
+                # a pooled socket the daemon closed since it was checked: nothing reached a daemon,
+                # so the call goes once more on a fresh socket
+                s.close()
+                s = self._take(pooled=False)
+                s.settimeout(timeout)
+                s.sendall(data)
             answers = _read_answer(s)
         except LocalRpcError:
             self._give(s)  # a status was read in full: the socket is clean
@@ -203,15 +209,15 @@ def _read_answer(s: socket.socket) -> list[bytes]:
     answers: list[bytes] = []
     buf = b""
     while True:
-        while len(buf) < _HEAD.size:
+        while len(buf) < HEADER.size:
             buf += _recv(s, 1 << 16)
-        length, kind = _HEAD.unpack_from(buf)
+        length, kind = HEADER.unpack_from(buf)
         if not 1 <= length <= MAX_FRAME:
             raise EOFError(f"a frame of {length} bytes from the daemon")
-        end = _HEAD.size + length - 1
+        end = HEADER.size + length - 1
         if len(buf) < end:
             buf += _recv_exact(s, end - len(buf))
-        body, buf = buf[_HEAD.size : end], buf[end:]
+        body, buf = buf[HEADER.size : end], buf[end:]
         if kind == MSG:
             answers.append(body)
         elif kind == STATUS:

@@ -4,6 +4,7 @@ the socket admits only the daemon's own user; bad framing costs only the connect
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import stat
@@ -16,6 +17,7 @@ import pytest
 from daemon_helpers import Daemon, make_session, running_daemon
 
 from kvstore import localrpc, shm
+from kvstore.aio_client import AsyncClient
 from kvstore.client import Client
 from kvstore.errors import InvalidArgument, NotFound, PermissionDenied
 from kvstore.v1 import kvstore_pb2 as pb
@@ -136,3 +138,20 @@ def test_another_user_cannot_call(daemon: Daemon) -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 3
+
+
+def test_the_async_client_takes_the_local_socket_too(daemon: Daemon, ns: str) -> None:
+    s = make_session(namespace=ns, tokens=700)
+    before = local_calls(daemon)
+
+    async def run() -> dict[int, bytes]:
+        async with AsyncClient(address=daemon.address, arena_bytes=4 << 20) as c:
+            await c.save_session(s.manifest, s.blobs)
+            assert c._local is not None and c.uses_shared_memory
+            _, chunks = await c.load_session(ns, "s1")
+            with pytest.raises(NotFound):
+                await c.get_session(ns, "missing")
+            return {i: bytes(b) async for i, b in chunks}
+
+    assert asyncio.run(run()) == dict(enumerate(s.blobs))
+    assert local_calls(daemon) == before + 4  # save, load, the failed get, the detach

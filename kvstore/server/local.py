@@ -23,11 +23,10 @@ from typing import Any
 import grpc
 
 from kvstore import localrpc
-from kvstore.localrpc import CALL, END, MSG, STATUS, frame
+from kvstore.localrpc import CALL, END, HEADER, MSG, STATUS, frame
 from kvstore.server.handlers import Method
 
 log = logging.getLogger("kvstore.server")
-_HEAD = struct.Struct("<IB")
 
 
 def socket_path(shm_dir: Path, port: int) -> Path:
@@ -56,7 +55,7 @@ class _Protocol(Exception):
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    length, kind = _HEAD.unpack(await reader.readexactly(_HEAD.size))
+    length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
     if not 1 <= length <= localrpc.MAX_FRAME:
         raise _Protocol(f"a frame of {length} bytes")
     return kind, await reader.readexactly(length - 1)
@@ -166,7 +165,7 @@ class _Requests:
 
 def _write_msg(writer: asyncio.StreamWriter, serialize: Callable[[Any], bytes], answer: Any) -> None:
     raw = serialize(answer)
-    writer.write(_HEAD.pack(len(raw) + 1, MSG))
+    writer.write(HEADER.pack(len(raw) + 1, MSG))
     writer.write(raw)
 
 

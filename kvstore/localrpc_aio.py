@@ -1,0 +1,131 @@
+"""The asyncio twin of ``kvstore.localrpc.LocalChannel``: grpc.aio.Channel's call surface over the
+daemon's local socket (docs/LOCAL.md), for ``AsyncClient``. Same framing, same rules: a call holds one
+connection from a pool for its whole exchange and reads its answer whole."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from kvstore.localrpc import END, HEADER, MAX_FRAME, MSG, STATUS, LocalRpcError, call_frame, frame, status_code
+
+_Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class AsyncLocalChannel:
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._free: list[_Conn] = []
+        self._closed = False
+
+    async def _take(self, pooled: bool = True) -> _Conn:
+        if self._closed:
+            raise LocalRpcError(grpc.StatusCode.CANCELLED, "the channel is closed")
+        while pooled and self._free:
+            conn = self._free.pop()
+            if not conn[0].at_eof():
+                return conn
+            conn[1].close()  # the daemon closed it (it restarted, say)
+        try:
+            return await asyncio.open_unix_connection(self.path, limit=MAX_FRAME)
+        except OSError as e:
+            raise LocalRpcError(grpc.StatusCode.UNAVAILABLE, f"local socket {self.path}: {e.strerror or e}") from None
+
+    def _give(self, conn: _Conn) -> None:
+        if self._closed:
+            conn[1].close()
+        else:
+            self._free.append(conn)
+
+    async def probe(self) -> None:
+        self._give(await self._take())
+
+    async def close(self) -> None:
+        self._closed = True
+        free, self._free = self._free, []
+        for _, w in free:
+            w.close()
+            with contextlib.suppress(OSError):
+                await w.wait_closed()
+
+    async def _exchange(self, path: str, requests: Iterable[bytes], timeout: float | None,
+                        metadata: Sequence[tuple[str, str | bytes]] | None) -> list[bytes]:
+        data = b"".join([call_frame(path, metadata), *(frame(MSG, r) for r in requests), frame(END)])
+        conn = await self._take()
+        try:
+            try:
+                conn[1].write(data)
+                await conn[1].drain()
+            except ConnectionError:
+                # a pooled connection the daemon closed while idle (the loop had not seen its EOF yet):
+                # nothing reached a daemon, so the call goes once more on a fresh connection
+                conn[1].close()
+                conn = await self._take(pooled=False)
+                conn[1].write(data)
+            answers = await asyncio.wait_for(_read_answer(*conn), timeout)
+        except LocalRpcError:
+            self._give(conn)  # a status was read in full: the connection is clean
+            raise
+        except (OSError, EOFError, asyncio.IncompleteReadError, TimeoutError) as e:
+            conn[1].close()
+            code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(e, TimeoutError) else grpc.StatusCode.UNAVAILABLE
+            raise LocalRpcError(code, f"local socket {self.path}: {e or type(e).__name__}") from None
+        self._give(conn)
+        return answers
+
+    def unary_unary(self, path: str, request_serializer: Callable[[Any], bytes],
+                    response_deserializer: Callable[[bytes], Any], **_: Any) -> Callable[..., Any]:
+        async def call(request: Any, timeout: float | None = None, metadata: Any = None, **__: Any) -> Any:
+            (raw,) = await self._exchange(path, [request_serializer(request)], timeout, metadata)
+            return response_deserializer(raw)
+        return call
+
+    def unary_stream(self, path: str, request_serializer: Callable[[Any], bytes],
+                     response_deserializer: Callable[[bytes], Any], **_: Any) -> Callable[..., Any]:
+        def call(request: Any, timeout: float | None = None, metadata: Any = None, **__: Any) -> AsyncIterator[Any]:
+            async def answers() -> AsyncIterator[Any]:
+                for raw in await self._exchange(path, [request_serializer(request)], timeout, metadata):
+                    yield response_deserializer(raw)
+            return answers()
+        return call
+
+    def stream_unary(self, path: str, request_serializer: Callable[[Any], bytes],
+                     response_deserializer: Callable[[bytes], Any], **_: Any) -> Callable[..., Any]:
+        async def call(requests: Iterable[Any], timeout: float | None = None, metadata: Any = None, **__: Any) -> Any:
+            (raw,) = await self._exchange(path, [request_serializer(r) for r in requests], timeout, metadata)
+            return response_deserializer(raw)
+        return call
+
+    def stream_stream(self, path: str, request_serializer: Callable[[Any], bytes],
+                      response_deserializer: Callable[[bytes], Any], **_: Any) -> Callable[..., Any]:
+        def call(requests: Iterable[Any], timeout: float | None = None, metadata: Any = None,
+                 **__: Any) -> AsyncIterator[Any]:
+            async def answers() -> AsyncIterator[Any]:
+                raws = await self._exchange(path, [request_serializer(r) for r in requests], timeout, metadata)
+                for raw in raws:
+                    yield response_deserializer(raw)
+            return answers()
+        return call
+
+
+async def _read_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> list[bytes]:
+    await writer.drain()
+    answers: list[bytes] = []
+    while True:
+        length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
+        if not 1 <= length <= MAX_FRAME:
+            raise EOFError(f"a frame of {length} bytes from the daemon")
+        body = await reader.readexactly(length - 1)
+        if kind == MSG:
+            answers.append(body)
+        elif kind == STATUS:
+            code = status_code(body[0]) if body else grpc.StatusCode.UNKNOWN
+            if code != grpc.StatusCode.OK:
+                raise LocalRpcError(code, body[1:].decode(errors="replace"))
+            return answers
+        else:
+            raise EOFError(f"an unknown frame kind {kind} from the daemon")
