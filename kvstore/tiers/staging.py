@@ -1,12 +1,17 @@
 """Host bytes into the HBM arena at PCIe speed: pinned, reused staging buffers on copy lanes.
 
 A copy from pageable memory is staged by the driver through its own small pinned buffer, one
-piece at a time (~19 GB/s on an H200 host, against ~55 GB/s from pinned memory). Here each lane
+piece at a time (7-19 GB/s on H200 hosts, against ~55 GB/s from pinned memory). Here each lane
 (a thread with its own CUDA stream and a few pinned buffers, allocated once) copies its share of
 a batch into one buffer with the CPU while its previous buffer is on its way to the device, and
 several lanes run at once, so neither the CPU copy nor the DMA engine waits for the other. numpy
 releases the GIL for large copies, and CUDA calls release it too, so the lanes run in parallel.
 The plan (which bytes go where) is pure logic in hbm_alloc.py.
+
+Measured (benchmarks/gpu/hbm.py, H200 in a VM): the DMA side keeps up, the CPU copy out of the
+caller's pageable bytes does not: puts run at 7-8 GB/s, about the driver's own pageable H2D there,
+and more lanes do not scale it. Reaching pinned speed needs the source to be pinned already (e.g.
+the daemon's shared-memory arenas registered with cudaHostRegister), which skips this copy.
 """
 
 from __future__ import annotations
