@@ -51,7 +51,7 @@ class FastDecoder:
         self.pending = {i: (z, z.clone()) for i, z in zip(self.comp, zeros, strict=True) if a.m[i] > 1}
         self.meta = torch.zeros(1 + a.n_layers + len(self.comp), dtype=torch.long, device=dev)  # pos0, lo, n
         self.tokens: dict[int, Tensor] = {}
-        self.steps: dict[tuple[int, int], _Step] = {}
+        self.steps: dict[tuple[int, int, tuple[bool, ...]], _Step] = {}
         self.binding = self._binding()
         self.graphs = config.graphs and dev.type == "cuda"
 
@@ -109,7 +109,11 @@ class FastDecoder:
         meta = [pos0] + [r.lo for r in s.rings] + [s.caches[f"main.L{i}"].n for i in self.comp]
         self._to_device(self.meta, torch.tensor(meta))
         self._to_device(self.tokens.setdefault(t, self.meta.new_zeros(t)), tokens)
-        out = self._step_fn(t, d)()
+        # which compressors may write an entry: a group completes in this step and is not loaded (else the
+        # step only keeps the pending projections: even positions of a decode, a replay over loaded entries)
+        writes = tuple(self.config.compile or (pos0 + t) // a.m[i] > max(s.caches[f"main.L{i}"].n, pos0 // a.m[i])
+                       for i in self.comp)  # compiled: one step for all (a compile takes a minute)
+        out = self._step_fn(t, d, writes)()
         s.pos = pos0 + t
         for i, ring in enumerate(s.rings):
             lo = pos0 + d if i >= a.n_encoder else pos0
@@ -133,14 +137,15 @@ class FastDecoder:
     def _binding(self) -> tuple[int, ...]:
         return tuple(t.data_ptr() for c in self.state.caches.values() for t in (c.codes, c.scales, c.values))
 
-    def _step_fn(self, t: int, d: int) -> _Step:
-        """The step for shape (t, d): as it is, torch.compile'd, and/or captured in a CUDA graph (once)."""
-        if (t, d) not in self.steps:
-            fn: _Step = lambda: self._static_step(t, d)  # noqa: E731
+    def _step_fn(self, t: int, d: int, writes: tuple[bool, ...]) -> _Step:
+        """The step for (t, d, writes): as it is, torch.compile'd, and/or captured in a CUDA graph (once)."""
+        key = (t, d, writes)
+        if key not in self.steps:
+            fn: _Step = lambda: self._static_step(t, d, writes)  # noqa: E731
             if self.config.compile:
                 fn = torch.compile(fn, fullgraph=True, dynamic=False)
-            self.steps[(t, d)] = self._capture(fn) if self.graphs else fn
-        return self.steps[(t, d)]
+            self.steps[key] = self._capture(fn) if self.graphs else fn
+        return self.steps[key]
 
     def _capture(self, fn: _Step) -> _Step:
         """Warm up on a side stream and capture; the state is restored after both (they ran the step)."""
@@ -168,7 +173,7 @@ class FastDecoder:
         return replay
 
     @torch.no_grad()
-    def _static_step(self, t: int, d: int) -> Tensor:
+    def _static_step(self, t: int, d: int, writes: tuple[bool, ...]) -> Tensor:
         """Tokens self.tokens[t] at positions meta[0] + [0, t) through the encoder and the m-compressors, the
         last t - d through the decoder -> the last token's logits [V]. Device tensors only, fixed shapes."""
         model, a, enc = self.model, self.args, self.args.n_encoder
@@ -179,20 +184,20 @@ class FastDecoder:
         win = self._window(pos)
         for i in range(a.n_layers):
             if i == enc:  # decoder global KV from H_{L/2}, every token; the decoder over the last t - d
-                self._compress(i, model.layers[i].attention_norm(x), pos)
+                self._compress(i, model.layers[i].attention_norm(x), pos, writes[self.comp.index(i)])
                 if d == t:
                     return x.new_zeros(a.vocab_size)
                 x, pos, cs = x[d:], pos[d:], cs[d:]
                 win = self._window(pos) if d else win
-            x = self._block(i, x, pos, cs, win, ctx)
+            x = self._block(i, x, pos, cs, win, ctx, writes)
         return model.output(model.norm(x[-1:])).float()[0]
 
     def _block(self, i: int, x: Tensor, pos: Tensor, cs: Tensor, win: tuple[Tensor, Tensor, Tensor],
-               ctx: dict[str, tuple[Tensor, Tensor]]) -> Tensor:
+               ctx: dict[str, tuple[Tensor, Tensor]], writes: tuple[bool, ...]) -> Tensor:
         block, s = self.model.layers[i], self.state
         attn, h = block.attention, block.attention_norm(x)
         if attn.compressor is not None and i < self.args.n_encoder:
-            self._compress(i, h, pos)
+            self._compress(i, h, pos, writes[self.comp.index(i)])
         q, k = attn.qk(h, cs)
         kbuf, e0 = self._ring(i, k, pos, win)
         if attn.indexer is not None:
@@ -224,18 +229,23 @@ class FastDecoder:
             dst.index_copy_(0, slots, new[keep])
         return kbuf, e0
 
-    def _compress(self, i: int, h: Tensor, pos: Tensor) -> None:
+    def _compress(self, i: int, h: Tensor, pos: Tensor, write_any: bool) -> None:
         """Compressor.forward without host syncs: every group the step may complete is computed; a group
         is written only where it is complete and not already loaded (else its old bytes are written back)."""
         comp, a, s, t = self.model.layers[i].attention.compressor, self.args, self.state, h.shape[0]
         assert comp is not None
         m, dh, dev = comp.m, a.head_dim, h.device
+        if not write_any and m == 1:
+            return
         kv, z = comp.project(h)  # [T, Dh]
         pos0 = pos[0]
         if m > 1:  # rows for positions [pos0 - (m-1), pos0 + T)
             pkv, pz = self.pending[i]
             old = (pos0 - (m - 1) + torch.arange(m - 1, device=dev)) % m
             kv, z = torch.cat([pkv[old], kv]), torch.cat([pz[old], z])
+        if not write_any:
+            self._keep_pending(i, kv, z, pos0, t)
+            return
         g = torch.arange(-(-t // m), device=dev)
         gam = pos0 // m + g  # [G]: the groups that may complete, first the one holding pos0
         idx = ((m - 1 - pos0 % m) + g[:, None] * m + torch.arange(m, device=dev)).clamp(max=m - 2 + t)
@@ -248,8 +258,13 @@ class FastDecoder:
                          (main.values, self.codecs.dequantize_main(mc, ms, main.values.dtype)),
                          (index.values, self.codecs.dequantize_indexer(ic, isc, index.values.dtype))):
             dst.index_copy_(0, gam, torch.where(write, new, dst[gam]))
-        if m > 1:  # the last m - 1 positions' projections, for the next step
-            last = t + torch.arange(m - 1, device=dev)
-            slots = (pos0 + t - (m - 1) + torch.arange(m - 1, device=dev)) % m
-            pkv.index_copy_(0, slots, kv[last])
-            pz.index_copy_(0, slots, z[last])
+        if m > 1:
+            self._keep_pending(i, kv, z, pos0, t)
+
+    def _keep_pending(self, i: int, kv: Tensor, z: Tensor, pos0: Tensor, t: int) -> None:
+        """The last m - 1 positions' projections (rows t .. t + m - 2 of kv, z), for the next step."""
+        m, (pkv, pz) = self.args.m[i], self.pending[i]
+        ar = torch.arange(m - 1, device=kv.device)
+        slots = (pos0 + t - (m - 1) + ar) % m
+        pkv.index_copy_(0, slots, kv[t + ar])
+        pz.index_copy_(0, slots, z[t + ar])

@@ -128,6 +128,13 @@ def tiny16(data: dict[str, object], rows: list[list[str]], cfg: ModelBench = Mod
                  f"{df * 1e3:.3f}",
                  "MET" if df * 1e3 <= DECODE_TARGET_MS else "NOT MET (target <= 2 ms)"])
     data["decode_graph_target_met"] = df * 1e3 <= DECODE_TARGET_MS
+    try:
+        prof = kernel_profile(fast, lambda: resume_fast(REPLAY))
+        data["decode_graph_profile"] = prof
+        rows.append(["of which: GPU kernel time of a graphed decode step", f"{prof['kernel_us_per_step'] / 1e3:.3f}",
+                     f"{prof['kernels_per_step']:.0f} kernels per step"])
+    except Exception as e:  # reported in the table
+        data["profile_error"] = repr(e)[:300]
     print(markdown_table(["tiny-16 on the GPU", "ms", "note"], rows), flush=True)
     if not cfg.compile or time.perf_counter() - started > cfg.compile_if_before_s:
         return
@@ -150,9 +157,35 @@ def tiny16(data: dict[str, object], rows: list[list[str]], cfg: ModelBench = Mod
         rows.append(["decode one token, torch.compile + CUDA graph", f"{dc * 1e3:.3f}",
                      f"{'MET' if dc * 1e3 <= DECODE_TARGET_MS else 'NOT MET'}; compile {data['compile_s']:.0f} s; "
                      f"logits max diff vs graphed {data['decode_compiled_maxdiff']:.1e}"])
+        prof = data["decode_compiled_profile"] = kernel_profile(comp, resume_comp)
+        rows.append(["of which: GPU kernel time of a compiled decode step", f"{prof['kernel_us_per_step'] / 1e3:.3f}",
+                     f"{prof['kernels_per_step']:.0f} kernels per step"])
     except Exception as e:  # reported in the table
         data["compile_error"] = repr(e)[:300]
         rows.append(["decode one token, torch.compile + CUDA graph", "-", f"failed: {repr(e)[:120]}"])
+
+
+def kernel_profile(fast: FastDecoder, resume: Callable[[], object], steps: int = 8) -> dict[str, object]:
+    """Where a decode step's GPU time goes: kernels per step, the sum of their durations (beside the wall
+    time it shows the gaps between kernels) and the kernels that take the most time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    resume()
+    tok = torch.tensor(7, device=fast.model.device)
+    fast.decode_one_token(tok, fast.state)
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            tok = fast.decode_one_token(tok, fast.state).argmax()
+        sync()
+    kernels = [e for e in prof.events() if e.device_type.name == "CUDA"]
+    by_name: dict[str, list[float]] = {}
+    for e in kernels:
+        by_name.setdefault(e.name[:60], []).append(e.time_range.elapsed_us())
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:8]
+    return {"kernels_per_step": len(kernels) / steps,
+            "kernel_us_per_step": sum(sum(v) for v in by_name.values()) / steps,
+            "top": [(name, len(v) / steps, sum(v) / steps) for name, v in top]}
 
 
 def decode_per_token(fast: FastDecoder, resume: Callable[[], object], n: int) -> float:
@@ -242,6 +275,12 @@ def run() -> tuple[str, dict[str, object]]:
     md = (f"### tiny-16 on the GPU ({data['weights']})\n\n{markdown_table(head, rows)}\n\n"
           f"### Resume at the real geometry (deepseek-v4.1-flash, 128K tokens, "
           f"{data.get('real_bytes', 0) / 1e6:.1f} MB of FP4 global KV)\n\n{markdown_table(head, real)}\n")
+    for key in ("decode_graph_profile", "decode_compiled_profile"):
+        if isinstance(prof := data.get(key), dict):
+            md += (f"\n{key.replace('_', ' ')}: {prof['kernels_per_step']:.0f} kernels, "
+                   f"{prof['kernel_us_per_step']:.0f} us of kernel time per step; the most time:\n\n"
+                   + markdown_table(["kernel", "per step", "us per step"],
+                                    [[f"`{n}`", f"{c:.1f}", f"{u:.1f}"] for n, c, u in prof["top"]]) + "\n")
     return md, data
 
 
