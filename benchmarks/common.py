@@ -46,9 +46,12 @@ def write_result(name: str, title: str, body: str) -> Path:
 
 def git_state(paths: Sequence[str] = ("kvstore",)) -> str:
     """The checkout's commit, and whether ``paths`` had uncommitted changes when a benchmark ran."""
+    import os
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():  # a copy without history (the device machine): the caller says which
+        return f"git {os.environ.get('KVSTORE_GIT_REV', 'unknown')}"
     run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
     dirty = run("status", "--porcelain", "--", *paths)
     note = f", with uncommitted changes in {', '.join(paths)}/" if dirty else ""
