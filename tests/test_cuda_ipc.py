@@ -14,10 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from kvstore import chunk
 from kvstore.client import Client
 from kvstore.cuda import device_load
 from kvstore.cuda.device_load import HOST, IPC, loader_for
-from kvstore.errors import FailedPrecondition, InvalidArgument
+from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvstore.server.device_arenas import MAX_PER_OWNER, DeviceArenas
+from kvstore.store import SessionStore, StoreConfig, TieredStore
+from kvstore.tiers import HostTierConfig, SsdTierConfig, make_tier
+from kvstore.tiers.host import HostTier
 from kvstore.v1 import kvstore_pb2 as pb
 from tests.daemon_helpers import Daemon, make_session, running_daemon, save_session
 
@@ -93,3 +98,62 @@ def test_attach_refuses_another_gpu_and_unknown_buffers(hbm_daemon: Daemon) -> N
         req = pb.LoadSessionToDeviceRequest(namespace="ns", session_id="s1", buffer_id="made-up")
         with pytest.raises(InvalidArgument, match="unknown device buffer"):
             c._call(c._stub.LoadSessionToDevice, req)
+
+
+class _CpuHbm(HostTier):
+    """A host tier posing as the HBM tier (``copy_to`` into a CPU tensor): the daemon's load logic
+    (device_arenas.py) tested on any machine; the real device copies are tested above."""
+
+    name = "hbm"
+    device = torch.device("cpu")
+
+    def copy_to(self, keys: list[bytes], dst: torch.Tensor, offsets: list[int]) -> list[bool]:
+        out = []
+        for key, at in zip(keys, offsets):
+            value = self.get(key)
+            if value is not None:
+                dst[at:at + len(value)] = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+            out.append(value is not None)
+        return out
+
+
+def test_device_arena_loads_without_a_gpu(tmp_path: Path) -> None:
+    ssd = SsdTierConfig(path=str(tmp_path / "ssd"))
+    cfg = StoreConfig(tiers=(HostTierConfig(pin_memory=False), ssd), chunk_tokens=256)
+    fast = _CpuHbm(HostTierConfig(pin_memory=False))
+    sessions = SessionStore(TieredStore([fast, make_tier(ssd, compressible_from=chunk.compressible_offset)], cfg), cfg)
+    try:
+        s = make_session(tokens=3000, chunk_tokens=256, seed=5)
+        sessions.save_chunks(s.namespace, s.manifest.layout_id, bytes(16), 0, s.blobs)
+        sessions.commit(s.manifest)
+        arenas = DeviceArenas(sessions)
+        buf = torch.zeros(1 << 20, dtype=torch.uint8)
+        bid = arenas.add_opened("me", buf)
+
+        def load_and_check(expect_device: int) -> None:
+            buf.zero_()
+            r = arenas.load("me", s.namespace, s.session_id, bid)
+            assert r.device_chunks == expect_device and not r.needed_bytes
+            assert [c.index for c in r.chunks] == list(range(len(s.blobs)))
+            for c, blob in zip(r.chunks, s.blobs):
+                assert c.offset % 256 == 0 and buf[c.offset:c.offset + c.size].numpy().tobytes() == blob
+
+        load_and_check(len(s.blobs))
+        for k in s.keys[::2]:  # demoted out of the fast tier: read through the host path, uploaded
+            fast.delete(k)
+        load_and_check(len(s.blobs) - len(s.keys[::2]))
+        small = arenas.add_opened("me", torch.zeros(1000, dtype=torch.uint8))
+        r = arenas.load("me", s.namespace, s.session_id, small)
+        assert r.needed_bytes >= sum(len(b) for b in s.blobs) and not r.chunks
+        with pytest.raises(InvalidArgument):
+            arenas.load("someone else", s.namespace, s.session_id, bid)  # another token's id: unknown
+        with pytest.raises(NotFound):
+            arenas.load("me", "other-ns", s.session_id, bid)
+        assert not arenas.detach("someone else", bid) and arenas.detach("me", bid)
+        with pytest.raises(InvalidArgument):
+            arenas.load("me", s.namespace, s.session_id, bid)
+        ids = [arenas.add_opened("me", torch.zeros(16, dtype=torch.uint8)) for _ in range(MAX_PER_OWNER + 1)]
+        assert not arenas.detach("me", small) and not arenas.detach("me", ids[0])  # the oldest were closed
+        assert len(arenas) == MAX_PER_OWNER
+    finally:
+        sessions.store.close()

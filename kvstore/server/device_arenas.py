@@ -60,6 +60,10 @@ class DeviceArenas:
             tensor = open_handle(handle)
         except IpcUnavailable as e:
             raise FailedPrecondition(f"{e}: load through the host path") from e
+        return self.add_opened(owner, tensor)
+
+    def add_opened(self, owner: str, tensor: Any) -> str:
+        """Register an opened buffer (a uint8 tensor on the HBM tier's device) for ``owner``."""
         buffer_id = secrets.token_hex(16)
         with self._lock:
             held = [i for i, (o, _) in self._buffers.items() if o == owner]
@@ -124,7 +128,7 @@ def _upload(dst: Any, pieces: list[tuple[int, Any]]) -> None:
         return
     import torch
 
-    with torch.cuda.device(dst.device):
-        for at, blob in pieces:
-            dst[at:at + len(blob)].copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+    for at, blob in pieces:  # a plain (synchronous) copy per chunk: these are the exceptions
+        dst[at:at + len(blob)].copy_(torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+    if dst.device.type == "cuda":
         torch.cuda.synchronize(dst.device)
