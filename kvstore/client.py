@@ -47,6 +47,7 @@ class Client:
         self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
                          else grpc.insecure_channel(self.address, opts))
         self._local: localrpc.LocalChannel | None = None
+        self._device_loaders: dict[Any, Any] = {}  # device -> kvstore.cuda.device_load.DeviceLoader
         self._bind(self._channel)
         self._conn: wire.Connection | None = None
         self._carrier: transport.Carrier | None = None
@@ -69,7 +70,10 @@ class Client:
             response_deserializer=pbwire.parse_load_session, _registered_method=True)
 
     def close(self) -> None:
-        """Detach the arena (best effort: the daemon unmaps it after 300 s idle anyway), close the channel."""
+        """Detach the device buffers and the arena (best effort: the daemon unmaps an arena after 300 s
+        idle anyway), close the channel."""
+        for loader in self._device_loaders.values():
+            loader.close()
         if self._carrier is not None and self._carrier.arena_id:
             with self._lock, contextlib.suppress(grpc.RpcError):
                 self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),

@@ -145,7 +145,7 @@ def loader_for(client: Any, device: torch.device | str | int | None) -> DeviceLo
     dev = torch.device(device if device is not None else "cuda")
     if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
         dev = torch.device("cuda", torch.cuda.current_device())
-    loaders: dict[torch.device, DeviceLoader] = client.__dict__.setdefault("_device_loaders", {})
+    loaders: dict[torch.device, DeviceLoader] = client._device_loaders  # closed by Client.close
     if dev not in loaders:
         loaders[dev] = DeviceLoader(client, dev)
     return loaders[dev]
