@@ -94,13 +94,12 @@ def test_records_of_earlier_builds_still_read() -> None:
     assert bytes(codec.decode(b"k", flag1)) == blob and bytes(codec.decode(b"k", flag0)) == blob
 
 
-def test_a_data_dir_of_the_previous_encoding_opens_and_serves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_data_dir_of_the_previous_encoding_opens_and_serves(tmp_path: Path) -> None:
     blobs = [make_chunk(get_layout("tiny-16"), 256, seed=s) for s in range(4)]
     keys = [bytes([s]) * 16 for s in range(4)]
-    with monkeypatch.context() as m:  # the previous encoder: no chunk planning, flag 1 for chunks
-        m.setattr(record_chunk, "plan", lambda prefix, raw_len: None)
-        with SsdTier(SsdTierConfig(path=str(tmp_path)), compressible_from=chunk.compressible_offset) as tier:
-            tier.put_many(zip(keys[:2], blobs[:2]))
+    old = SsdTierConfig(path=str(tmp_path), transform_chunks=False)  # the previous encoder: flag 1 for chunks
+    with SsdTier(old, compressible_from=chunk.compressible_offset) as tier:
+        tier.put_many(zip(keys[:2], blobs[:2]))
     with SsdTier(SsdTierConfig(path=str(tmp_path)), compressible_from=chunk.compressible_offset) as tier:
         tier.put_many(zip(keys[2:], blobs[2:]))  # new records beside the old ones
         assert [bytes(v) for v in tier.get_many(keys)] == blobs  # type: ignore[arg-type]

@@ -8,9 +8,10 @@ sizes are recorded and every record written under any setting reads back under a
                     | sign plane of the codes, raw (2 bits per codes byte) | F zstd frames of the
                     codes' magnitudes | zstd frame of the transformed tail (record_chunk.py)
 
-Flag 2 is written for every value that is a chunk (magic ``KVCK``, a sane header and table);
-flag 1 for other values (manifests of the first format, anything a test puts), compressed
-from ``compressible_from(value)`` on; flag 0 when compression is off or does not shrink it.
+Flag 2 is written for every value that is a chunk (magic ``KVCK``, a sane header and table)
+unless ``transform_chunks`` is off; flag 1 for other values (manifests of the first format,
+anything a test puts), compressed from ``compressible_from(value)`` on; flag 0 when compression
+is off or does not shrink the value.
 docs/FORMAT.md has the byte-level description.
 """
 
@@ -37,9 +38,10 @@ CompressibleFrom = Callable[[bytes | memoryview], int]
 class RecordCodec:
     """Frames values into records and back. zstd contexts are not thread-safe: one per thread."""
 
-    def __init__(self, level: int, compressible_from: CompressibleFrom | None) -> None:
+    def __init__(self, level: int, compressible_from: CompressibleFrom | None, transform_chunks: bool = True) -> None:
         self._level = level
         self._from = compressible_from
+        self._transform = transform_chunks
         self._local = threading.local()
 
     def _ctx(self) -> Any:
@@ -58,7 +60,7 @@ class RecordCodec:
             raise ValueError(f"ssd tier: compressible_from gave offset {start} for a {raw_len}-byte value")
         cctx = self._ctx().cctx
         if cctx is not None:
-            p = record_chunk.plan(view, raw_len)
+            p = record_chunk.plan(view, raw_len) if self._transform else None
             if p is not None:
                 record = _encode_chunk(cctx, view, p)
                 if len(record) < HEADER.size + raw_len:

@@ -1,14 +1,15 @@
 """SSD tier: values in one LMDB sub-database, each zstd-compressed on its own; meta records
 (session manifests) in a second one, so the two kinds never share a keyspace.
 
-A stored record is a 9-byte header and a payload::
+A stored record is a 9-byte header and a payload (record.py; docs/FORMAT.md byte by byte)::
 
-    flag u8        0 = raw, 1 = zstd
+    flag u8        0 = raw, 1 = zstd from ``prefix`` on, 2 = a chunk, transformed and compressed
     raw_len u32    length of the original value
-    prefix u32     leading bytes stored uncompressed, before the zstd frame of the rest
+    prefix u32     leading bytes stored uncompressed
 
-The prefix exists because a chunk puts its incompressible FP4 codes first and its compressible
-scale bytes last: ``compressible_from(value)`` says where compression should start. The sizes in
+Flag 2 (chunks, ``transform_chunks``) keeps the chunk header raw and compresses its FP4 codes and
+its scales in forms zstd shrinks (record_chunk.py); flag 1 (other values, or chunks with
+``transform_chunks`` off) compresses from ``compressible_from(value)`` on. The sizes in
 the header let an open rebuild usage totals and the key set from headers alone, without
 decompressing. LMDB commits are atomic and crash-safe; with ``sync`` a put that returned has been
 fsynced. The tier never checks contents (the store verifies chunk checksums), only the framing.
@@ -106,7 +107,7 @@ class SsdTier(Tier):
 
     def __init__(self, config: SsdTierConfig, compressible_from: CompressibleFrom | None = None) -> None:
         self._config = config
-        self._codec = RecordCodec(config.zstd_level, compressible_from)
+        self._codec = RecordCodec(config.zstd_level, compressible_from, config.transform_chunks)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = _Gate()  # no transaction may be open while the map is resized
         self._meta_lock = threading.Lock()
