@@ -12,6 +12,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,8 @@ from kvstore.layout import PRESETS, EntryFormat, get_layout
 from kvstore.manifest import Manifest, Retention
 from kvstore.tiers.record import CHUNK, RecordCodec
 
-READER = Path(__file__).resolve().parent / "node" / "read_chunk.js"
+ROOT_DIR = Path(__file__).resolve().parents[1]
+READER = ROOT_DIR / "tests" / "node" / "read_chunk.js"
 TINY = get_layout("tiny-16")
 
 
@@ -188,3 +190,8 @@ def test_ssd_record(node: str, tmp_path: Path, layout_name: str, tokens: int) ->
     out = tmp_path / "joined.bin"
     assert read(node, "record-join", rec_path, frames, out) == {"written": len(blob)}
     assert out.read_bytes() == blob
+
+
+def test_the_worked_example_in_format_md_is_what_the_writer_writes() -> None:
+    done = subprocess.run([sys.executable, str(ROOT_DIR / "docs" / "format_example.py"), "--check"], timeout=120)
+    assert done.returncode == 0, "docs/FORMAT.md's worked example is stale: run python docs/format_example.py"
