@@ -74,9 +74,13 @@ class RedisClusterProcess:
             self._spawn(port)
         for port in self.ports:
             self._wait_ping(port, timeout_s)
-        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
-                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s)
+        if self.masters == 1 and not self.replicas:  # --cluster create wants 3 masters: one takes all slots
+            with self.node(self.ports[0]) as r:
+                r.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        else:
+            subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                            "--cluster-replicas", str(self.replicas), "--cluster-yes"],
+                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout_s)
         self.wait_healthy(timeout_s)
         return self
 

@@ -15,6 +15,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
@@ -416,12 +417,14 @@ class SessionStore:
         ct = self.config.chunk_tokens
         self.store.pin(owned)
         try:
-            for k, info in zip(keys, infos):
-                blob = None if info is None else self.store.get(k, functools.partial(chunk_matches, k, info, ct))
-                with self._lock:
-                    self.hits.loaded_chunks += blob is not None
-                    self.hits.missed_chunks += blob is None
-                yield k, blob
+            # chunks only the shared tier holds are fetched ahead, a pipelined window at a time
+            with self._shared.read_ahead(owned, self.store) if self._shared else contextlib.nullcontext():
+                for k, info in zip(keys, infos):
+                    blob = None if info is None else self.store.get(k, functools.partial(chunk_matches, k, info, ct))
+                    with self._lock:
+                        self.hits.loaded_chunks += blob is not None
+                        self.hits.missed_chunks += blob is None
+                    yield k, blob
         finally:
             self.store.unpin(owned)
             with self._lock:

@@ -24,6 +24,7 @@ the tier's TTL, if any, or by Redis's maxmemory policy.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Sequence
@@ -144,6 +145,10 @@ class SharedSessions:
         except TierError as e:
             log.warning("shared tier unreadable, chunks only there count as missing: %s", e)
             return set()
+
+    def read_ahead(self, keys: Sequence[bytes], store: TieredStore) -> contextlib.AbstractContextManager[None]:
+        """For a load: fetch ahead the chunks of ``keys`` this daemon's own tiers do not hold."""
+        return self.tier.read_ahead([k for k in keys if not store.holds_durably(k)])
 
     # -- catching up ----------------------------------------------------------------------------
     def catch_up_session(self, ref: SessionRef) -> list[Update]:

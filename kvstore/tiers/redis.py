@@ -15,10 +15,14 @@ tiny next to a chunk.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from kvstore.tiers.base import MetaMap, Stored, Tier, Usage, Value, check_key, check_value
 from kvstore.tiers.config import RedisTierConfig
+from kvstore.tiers.redis_ahead import ReadAhead
 from kvstore.tiers.redis_keys import RedisKeys
 from kvstore.tiers.redis_link import Command, RedisLink
 from kvstore.tiers.redis_sessions import SessionRecords
@@ -63,6 +67,9 @@ class RedisTier(Tier):
         self._link = RedisLink(config)
         self._meta = _RedisMeta(self._link, self._keys)
         self._sessions = SessionRecords(self._link, self._keys)
+        self._ahead: dict[bytes, ReadAhead] = {}  # key -> the load's read-ahead that expects it
+        self._ahead_lock = threading.Lock()
+        self._ahead_pool = ThreadPoolExecutor(4, thread_name_prefix="redis-read-ahead")
 
     @property
     def where(self) -> str:
@@ -89,7 +96,28 @@ class RedisTier(Tier):
         with self._link.errors("put_many"):
             self._link.write(batch)  # one round trip (per master); each script is atomic
 
+    @contextlib.contextmanager
+    def read_ahead(self, keys: Sequence[bytes]) -> Iterator[None]:
+        """While in the block, gets of ``keys`` are served from pipelined windows (redis_ahead.py).
+        A key another load's read-ahead already expects stays with it."""
+        ra = ReadAhead(keys, self.get_many, self._ahead_pool)
+        with self._ahead_lock:
+            mine = [k for k in ra.keys if self._ahead.setdefault(k, ra) is ra]
+        try:
+            yield
+        finally:
+            with self._ahead_lock:
+                for k in mine:
+                    del self._ahead[k]
+            ra.close()
+
     def get(self, key: bytes) -> Stored | None:
+        ra = self._ahead.get(key)
+        if ra is not None:
+            with self._link.errors("get"):
+                found, value = ra.take(key)
+            if found:
+                return value
         rkey = self._keys.value(check_key(key))
         with self._link.errors("get"):
             if self._touching():
@@ -173,6 +201,7 @@ class RedisTier(Tier):
             return iter(())
 
     def close(self) -> None:
+        self._ahead_pool.shutdown(wait=False, cancel_futures=True)
         self._link.close()
 
 

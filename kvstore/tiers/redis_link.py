@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode
-from redis.exceptions import AskError, ClusterDownError, TryAgainError
+from redis.exceptions import AskError, ClusterDownError, RedisClusterException, TryAgainError
 from redis.retry import Retry
 
 from kvstore.tiers.base import TierError
@@ -34,6 +34,8 @@ from kvstore.tiers.config import RedisTierConfig
 Command = tuple[bytes, tuple[Any, ...]]
 _REROUTE = (AskError, TryAgainError, ClusterDownError, redis.ConnectionError, redis.TimeoutError)
 _WAIT_ATTEMPTS = 3
+#: What redis-py raises: its errors, and a cluster client's (not RedisError subclasses).
+_FAILURES = (redis.RedisError, RedisClusterException)
 
 
 class NotReplicated(TierError):
@@ -62,7 +64,7 @@ class RedisLink:
             # a cluster that is down fails here, and the tier reports it (TierError).
             try:
                 self.client = redis.RedisCluster.from_url(config.url, **timeouts)
-            except redis.RedisError as exc:
+            except _FAILURES as exc:
                 raise TierError(f"{self.where}: cannot read the cluster's slot map: {type(exc).__name__}: "
                                 f"{exc}") from exc
         else:
@@ -76,7 +78,7 @@ class RedisLink:
             raise TierError(f"{self.where}: {op} after close()")
         try:
             yield
-        except redis.RedisError as exc:
+        except _FAILURES as exc:
             raise TierError(f"{self.where}: {op} failed: {type(exc).__name__}: {exc}") from exc
 
     def pipeline(self) -> Any:
@@ -145,5 +147,5 @@ class RedisLink:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            with contextlib.suppress(redis.RedisError):
+            with contextlib.suppress(*_FAILURES):
                 self.client.close()

@@ -1,0 +1,101 @@
+"""The redis tier on a real 3-master Redis Cluster (the tier contract, the hash-tagged layout,
+read-ahead), and shared sessions and WAIT on a single Redis server."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from cluster_helpers import RedisClusterProcess, require_cluster
+from daemon_helpers import make_session
+
+from kvstore.errors import FailedPrecondition
+from kvstore.store import SessionStore, StoreConfig, open_store
+from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierError
+from kvstore.tiers.redis import RedisTier
+from kvstore.tiers.redis_keys import RedisKeys
+from kvstore.tiers.redis_link import NotReplicated
+
+require_cluster()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcess]:
+    c = RedisClusterProcess(tmp_path_factory.mktemp("cluster"), masters=3)
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def tier(cluster: RedisClusterProcess) -> Iterator[RedisTier]:
+    t = RedisTier(RedisTierConfig(url=cluster.url, cluster=True, namespace=f"t-{uuid.uuid4().hex[:8]}"))
+    yield t
+    t.close()
+
+
+def test_the_tier_contract_holds_across_slots(cluster: RedisClusterProcess, tier: RedisTier) -> None:
+    items = [(bytes([i]) * 16, bytes([i]) * (100 + i)) for i in range(64)]
+    tier.put_many(items)
+    tier.put(b"\x05" * 16, b"replaced")  # an overwrite is accounted by its size change
+    expected = dict(items) | {b"\x05" * 16: b"replaced"}
+    assert tier.get_many([k for k, _ in items] + [b"absent"]) == [*expected.values(), None]
+    assert tier.exists_many([b"\x01" * 16, b"absent"]) == [True, False]
+    assert set(tier.keys()) == set(expected)
+    used = sum(len(v) for v in expected.values())
+    assert (tier.usage().items, tier.usage().used_bytes) == (64, used)
+    assert tier.size_of(b"\x07" * 16) == 107 and tier.size_of(b"absent") is None
+    assert tier.delete_many([b"\x00" * 16, b"\x01" * 16, b"absent"]) == 2  # an empty value too
+    assert tier.recount() == tier.usage() and tier.usage().items == 62
+    tier.meta().put(b"m:x", b"manifest")
+    assert list(tier.meta().keys()) == [b"m:x"] and tier.meta().get(b"m:x") == b"manifest"
+    keys = RedisKeys(tier.config.namespace, tagged=True)
+    assert len({cluster.master_of(keys.value(k)) for k, _ in items}) == 3  # buckets spread over masters
+    with tier.read_ahead([k for k, _ in items]):  # pipelined windows, the same answers
+        assert [tier.get(k) for k, _ in items[2:]] == list(expected.values())[2:]
+        assert tier.get(b"\x00" * 16) is None
+
+
+def test_a_cluster_that_is_down_fails_as_a_tier_error() -> None:
+    with pytest.raises(TierError, match="cannot read the cluster's slot map"):
+        RedisTier(RedisTierConfig(url="redis://127.0.0.1:1/0", cluster=True, socket_timeout_s=0.2))
+
+
+def _store(tmp: Path, url: str, name: str, namespace: str) -> SessionStore:
+    redis_tier = RedisTierConfig(url=url, namespace=namespace, share_sessions=True)
+    return open_store(StoreConfig(tiers=(HostTierConfig(), SsdTierConfig(path=str(tmp / name)), redis_tier)))
+
+
+def test_sessions_are_shared_through_a_single_server(redis_url: str, tmp_path: Path) -> None:
+    prefix = f"p-{uuid.uuid4().hex[:8]}"
+    a, b = _store(tmp_path, redis_url, "a", prefix), _store(tmp_path, redis_url, "b", prefix)
+    try:
+        s = make_session(namespace="ns", session_id="s", tokens=700)
+        a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
+        assert [m.session_id for m in b.list("ns")] == ["s"]
+        assert [bytes(blob) for _, blob in b.load("ns", b.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
+        other = make_session(namespace="ns", session_id="s", tokens=700, seed=9)
+        b.save_session("ns", other.layout.layout_id, bytes(16), 0, other.blobs, other.manifest)
+        with pytest.raises(FailedPrecondition, match="changed through another daemon"):
+            a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)  # A had not seen B's
+        assert a.get("ns", "s").chunk_keys == tuple(other.keys)
+        assert a.delete("ns", "s") >= 0
+        with pytest.raises(KeyError):
+            b.get("ns", "s")
+    finally:
+        a.close()
+        b.close()
+
+
+def test_wait_without_enough_replicas_fails_the_write(redis_url: str) -> None:
+    t = RedisTier(RedisTierConfig(url=redis_url, namespace=f"w-{uuid.uuid4().hex[:8]}", wait_replicas=1,
+                                  wait_timeout_ms=50))
+    with pytest.raises(NotReplicated, match="0 of 1 replicas"):
+        t.put(b"k", b"v")
+    assert t.get(b"k") == b"v"  # applied on the master, just not acknowledged
+    t.close()
+    assert redis.Redis.from_url(redis_url).ping()
