@@ -20,11 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from replay.cache import SessionState
 from replay.graph_codecs import GraphCodecs
-from replay.model import Transformer, attend_blocks, rope_angles
+from replay.model import Linear, Transformer, attend_blocks, rope, rope_angles
 
 _Step = Callable[[], Tensor]
 
@@ -35,6 +36,9 @@ class FastDecodeConfig:
     chunk: int = 128  # tokens per replay step (one graph per distinct step shape)
     graphs: bool = True  # capture each step shape in a CUDA graph (CUDA only; else run the static step eagerly)
     compile: bool = False  # torch.compile each step first (fuses elementwise kernels; not bit-exact vs eager)
+    # pad the rows of the layers' projections to 16 as the eager path does (bit-identical on CPU); False: one
+    # token's projection as a plain GEMV (on the H200 the padded fp32 GEMMs took ~2.4 ms of a decode step)
+    exact_gemm: bool = True
 
 
 class FastDecoder:
@@ -198,13 +202,19 @@ class FastDecoder:
         attn, h = block.attention, block.attention_norm(x)
         if attn.compressor is not None and i < self.args.n_encoder:
             self._compress(i, h, pos, writes[self.comp.index(i)])
-        q, k = attn.qk(h, cs)
+        t, a, lin, ff = x.shape[0], self.args, self._linear, block.feed_forward
+        q = rope(lin(attn.wq, h).view(t, a.n_heads, a.head_dim), cs)  # Attention.qk
+        k = rope(attn.kv_norm(lin(attn.wkv, h)), cs)
         kbuf, e0 = self._ring(i, k, pos, win)
         if attn.indexer is not None:
             ctx["topk"] = attn.select(h, pos, cs, s.caches[f"index.L{attn.src}"].values, e0, ctx)
         glob, glob_ok = attn.selected(s, k, ctx)
-        x = x + attn.wo(attend_blocks(q, pos, kbuf, e0, glob, glob_ok, self.args.window).reshape(x.shape[0], -1))
-        return x + block.feed_forward(block.ffn_norm(x))
+        x = x + lin(attn.wo, attend_blocks(q, pos, kbuf, e0, glob, glob_ok, a.window).reshape(t, -1))
+        h = block.ffn_norm(x)
+        return x + lin(ff.w2, F.silu(lin(ff.w1, h)) * lin(ff.w3, h))  # FeedForward
+
+    def _linear(self, layer: Linear, x: Tensor) -> Tensor:
+        return layer(x) if self.config.exact_gemm else F.linear(x, layer.weight)
 
     def _window(self, pos: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """For tokens at pos: [T], the positions p of attend_blocks' kbuf (every block's window), where each

@@ -91,6 +91,20 @@ def test_replay_equals_eager(replayed: int, loaded: int) -> None:
     assert_same(eager, state)
 
 
+def test_gemv_projections_stay_close_to_eager() -> None:
+    """exact_gemm=False: one token's projections unpadded, so their sums go in another order (and now and
+    then an FP4/FP8 code flips): close to the eager path, not identical."""
+    model = Transformer(ModelArgs.tiny16(), seed=0)
+    fast = FastDecoder(model, FastDecodeConfig(max_len=512, graphs=False, exact_gemm=False))
+    toks = tokens(280, seed=1)
+    eager, state = model.new_state(), fast.new_state()
+    model.prefill(toks[:261], eager)
+    model.prefill(toks[:261], state)
+    for t in toks[261:].tolist():
+        torch.testing.assert_close(fast.decode_one_token(t, state), model.decode_one_token(t, eager),
+                                   rtol=0, atol=1e-2)
+
+
 def test_only_its_own_state_and_capacity() -> None:
     model = Transformer(ModelArgs.tiny8(), seed=0)
     fast = FastDecoder(model, FastDecodeConfig(max_len=64, graphs=False))
