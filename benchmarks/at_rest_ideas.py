@@ -38,8 +38,8 @@ def _z(level: int) -> Callable[[bytes], int]:
 
 
 def _tail(blob: bytes, residual: bool, planes: bool, varint: bool = False) -> bytes:
-    """The tail (scales, ids, checksum) with scales column-major (residuals from the column's low
-    median if ``residual``), ids as byte planes or delta+zigzag varints."""
+    """The tail (scales, ids, checksum) with scales column-major (residuals from the column's mean
+    if ``residual``), ids as byte planes or delta+zigzag varints."""
     p = record_chunk.plan(blob, len(blob))
     assert p is not None
     if residual and planes:
@@ -49,7 +49,7 @@ def _tail(blob: bytes, residual: bool, planes: bool, varint: bool = False) -> by
     dst = np.frombuffer(out, np.uint8)
     for off, n, w in p.scales:
         s = src[off : off + n * w].reshape(n, w)
-        base = np.sort(s, axis=0)[(n - 1) // 2] if residual else np.zeros(w, np.uint8)
+        base = (s.sum(axis=0, dtype=np.uint32) // n).astype(np.uint8) if residual else np.zeros(w, np.uint8)
         dst[off - p.split : off - p.split + n * w].reshape(w, n)[...] = (s - base).T
     ids = np.frombuffer(blob, "<u4", p.token_count, p.ids_offset)
     at = p.ids_offset - p.split
@@ -128,7 +128,7 @@ def ideas(train: list[bytes], layout: object) -> list[tuple[str, Idea]]:
         ("  same, zstd-19", _flag1(19)),
         ("codes raw; tail: scales column-major (one channel block across tokens)",
          _codes_raw(lambda b: _tail(b, False, False))),
-        ("codes raw; tail: scales as per-column residuals from the column median, column-major",
+        ("codes raw; tail: scales as per-column residuals from the column mean, column-major",
          _codes_raw(lambda b: _tail(b, True, False))),
         ("codes raw; tail: + token ids as 4 byte planes", _codes_raw(lambda b: _tail(b, True, True))),
         ("codes raw; tail: token ids delta + zigzag varint instead", _codes_raw(lambda b: _tail(b, True, False, True))),

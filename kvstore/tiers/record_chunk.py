@@ -19,8 +19,8 @@ keeps raw in front of the frames, so a reader needs nothing but the record:
                   tail'[tokens_offset - split + b*T + t] = byte b of id t
             then the bases of every such scales section appended, in section-table order.
 
-``split`` is the header's compressible_offset. The base is the encoder's choice (the low
-median of the column); a reader only adds it back.
+``split`` is the header's compressible_offset. The base is the encoder's choice (the column's
+mean, rounded down); a reader only adds it back.
 """
 
 from __future__ import annotations
@@ -165,11 +165,15 @@ def codes_forward(value: bytes | memoryview, p: Plan) -> tuple[bytes, list[bytes
     mags = c >> 1
     mags &= 0x38
     mags |= c & 7
-    stream = b"".join(mags[start : start + length].data for start, length in p.code_runs())
+    runs = p.code_runs()
     out, at = [], 0
-    for n in p.code_frame_lens():
-        out.append(stream[at : at + n])
-        at += n
+    for n in p.code_frame_lens():  # each frame's runs joined once (frame boundaries fall between runs)
+        take, got = [], 0
+        while got < n:
+            start, length = runs[at]
+            take.append(mags[start : start + length].data)
+            got, at = got + length, at + 1
+        out.append(b"".join(take))
     return signs.tobytes(), out
 
 
@@ -197,7 +201,7 @@ def forward(value: bytes | memoryview, p: Plan) -> bytes:
     bases = []
     for off, n, w in p.scales:
         s = src[off : off + n * w].reshape(n, w)
-        base = np.partition(s, (n - 1) // 2, axis=0)[(n - 1) // 2]  # the low median of each column
+        base = (s.sum(axis=0, dtype=np.uint32) // n).astype(np.uint8)  # each column's mean, rounded down
         bases.append(base)
         dst[off - p.split : off - p.split + n * w].reshape(w, n)[...] = (s - base).T
     t = p.token_count
