@@ -15,7 +15,6 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -109,6 +108,17 @@ def test_edge_inputs_bit_exact(fmt: str, dtype: torch.dtype) -> None:
 
 
 @on_device
+@pytest.mark.parametrize("dtype", DTYPES[1:], ids=str)
+def test_main_float64_division_is_exact_too(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(4)
+    x = torch.cat([edge_values(16), torch.randn(64, 16, generator=g) * 100])
+    x = finite_as(x, dtype)
+    got = codecs.quantize_fp4(x.to(DEVICE), 16, True, "q", codecs.KernelConfig(div64=True))
+    ref = quant.quantize_main(x)
+    assert torch.equal(got[0].cpu(), ref[0]) and torch.equal(got[1].cpu(), ref[1])
+
+
+@on_device
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_every_code_and_scale_dequantizes_exactly(fmt: str) -> None:
     g = torch.Generator().manual_seed(5)
@@ -179,16 +189,33 @@ def test_kernels_under_interpreter() -> None:
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
 
 
-def test_e2m1_code_is_a_threshold_count() -> None:
-    """The kernels' premise: round(x / s) > t <=> |x| > t * s (>= for >=) for every E4M3 scale s."""
+def _e2m1_codes(y: np.ndarray) -> np.ndarray:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    return np.clip(y, -6, 6).astype(np.float32).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 7
+
+
+def _e4m3_scales() -> np.ndarray:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    return np.arange(1, 0x7F, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
+
+
+def test_main_division_shortcuts_are_exact() -> None:
+    """The kernels' premises for x / s (s any positive E4M3 value), replayed in numpy:
+    - 16-bit inputs: x * float32(1 / s), snapped to the quarter it rounds to when that quarter
+      times s gives x back, has the E2M1 code of float32(x / s): for every bf16 and fp16 value;
+    - float32 inputs: float32(float64(x) * float64(1 / s)) == float32(x / s), near every tie and at random."""
+    bf16 = (np.arange(0, 0x7F80, dtype=np.uint32) << 16).view(np.float32)
+    fp16 = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)
     rng = np.random.default_rng(0)
-    ties = np.array(TIES, np.float32)
-    for code in range(1, 0x7F):
-        s = np.array([code], np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)[0]
-        near = (ties * s).view(np.int32)[:, None] + np.arange(-24, 25)[None, :]
-        spread = np.abs(rng.standard_normal(2000)).astype(np.float32) * s * 3
-        x = np.concatenate([near.ravel().view(np.float32), spread])
-        y = np.clip(x / s, -6, 6).astype(np.float32)
-        divided = y.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 7
-        counted = sum(((x >= t) if i % 2 else (x > t)).astype(np.uint8) for i, t in enumerate(ties * s))
-        np.testing.assert_array_equal(divided, counted)
+    big = np.float32(12582912.0)
+    with np.errstate(over="ignore"):
+        for s in _e4m3_scales():
+            for x in (bf16, fp16):
+                y = x * (np.float32(1) / s)
+                quarter = ((y * np.float32(4) + big) - big) * np.float32(0.25)
+                snapped = np.where(quarter * s == x, quarter, y)
+                np.testing.assert_array_equal(_e2m1_codes(snapped), _e2m1_codes(x / s))
+            near = ((np.array(TIES, np.float32) * s).view(np.int32)[:, None] + np.arange(-40, 41)).ravel()
+            x32 = np.concatenate([near.view(np.float32), np.abs(rng.standard_normal(4000)).astype(np.float32) * s * 3])
+            y64 = (x32.astype(np.float64) * (1.0 / np.float64(s))).astype(np.float32)
+            np.testing.assert_array_equal(y64, x32 / s)

@@ -2,14 +2,14 @@
 
 Imports triton at module level: load it only through ``kvstore.cuda.codecs``, which does so lazily.
 
-Why integers: every step that can meet a subnormal float32 works on bit patterns, so results do
-not depend on flush-to-zero (Triton links libdevice with ftz on) nor on the interpreter. Two float
-operations remain, both on normal numbers only: the per-block ``amax / 6`` (or ``/ 448``) through
-``div_rn`` (Triton's ``/`` is approximate), and E2M1 tie times an E4M3 scale (an exact product).
+Exact by construction, whatever the device: GPU float32 arithmetic here is IEEE (no flush to
+zero: plain mul/add, ``div_rn`` for the two divisions per block), and the interpreter's numpy is
+too, so every step rounds the same on both. Rounding to E2M1/E4M3 uses "magic" additions: adding
+1.5 * 2^23 (or 2^(k+20)) leaves round-to-nearest-even of a scaled value in the low mantissa bits.
 
-E2M1 without dividing: for every tie ``t`` of E2M1 and every scale ``s`` these formats produce,
-``round(x / s) > t  <=>  |x| > t * s`` (``t * s`` is exact; tests/test_cuda_codecs.py checks it for
-all E4M3 scales), so a code is the count of thresholds ``|x|`` passes. Codes are packed two per
+Dividing by the main format's E4M3 scale (not a power of two) is the one place that needs care;
+``_divide_snapped`` and the float64 path say why they are exact, and tests/test_cuda_codecs.py
+checks both premises (the first against every bf16 and fp16 value). Codes are packed two per
 byte, even element in the low nibble; E2M1 and E4M3 carry the sign of ``x`` (so -0.0 keeps it).
 """
 
@@ -23,45 +23,46 @@ DST_F32, DST_BF16, DST_F16 = 0, 1, 2  # output stored the same three ways
 
 
 @triton.jit
-def _load_bits(ptr, offs, mask, SRC: tl.constexpr):
-    """float32 bit patterns of the input: bf16 widens by a shift, fp16 converts exactly."""
+def _load_pairs(ptr, pairs, mask, SRC: tl.constexpr):
+    """float32 values of elements 2j and 2j+1 for every pair index j. 16-bit inputs load as one int32
+    per pair (even element in the low half, as the codes pack): no shuffles between threads."""
     if SRC == 0:
-        bits = tl.load(ptr + offs, mask=mask, other=0)
-    elif SRC == 1:
-        bits = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32) << 16
+        lo = tl.load(ptr + 2 * pairs, mask=mask, other=0).to(tl.float32, bitcast=True)
+        hi = tl.load(ptr + 2 * pairs + 1, mask=mask, other=0).to(tl.float32, bitcast=True)
     else:
-        bits = tl.load(ptr + offs, mask=mask, other=0.0).to(tl.float32).to(tl.int32, bitcast=True)
-    return bits
+        w = tl.load(ptr + pairs, mask=mask, other=0)
+        if SRC == 1:  # bf16 widens to float32 by a shift
+            lo = (w << 16).to(tl.float32, bitcast=True)
+            hi = (w & -65536).to(tl.float32, bitcast=True)
+        else:
+            lo = (w & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+            hi = (w >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return lo, hi
 
 
 @triton.jit
-def _store_bits(ptr, offs, bits, mask, DST: tl.constexpr):
-    """Store float32 bit patterns; to bf16 rounding to nearest even on the bits (FTZ-proof)."""
+def _to_bf16_bits(bits, EXACT: tl.constexpr):
+    """float32 bits -> bf16 bits in the low 16 bits; rounds to nearest even unless EXACT says the
+    value is representable (then truncation is the same and cheaper)."""
+    if not EXACT:
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16) & 0xFFFF
+
+
+@triton.jit
+def _store_pairs(ptr, pairs, lo, hi, mask, DST: tl.constexpr, EXACT: tl.constexpr):
+    """Store float32 values of elements 2j and 2j+1; 16-bit outputs as one int32 per pair."""
+    lob = lo.to(tl.int32, bitcast=True)
+    hib = hi.to(tl.int32, bitcast=True)
     if DST == 0:
-        tl.store(ptr + offs, bits, mask=mask)
+        tl.store(ptr + 2 * pairs, lob, mask=mask)
+        tl.store(ptr + 2 * pairs + 1, hib, mask=mask)
     elif DST == 1:
-        tl.store(ptr + offs, ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.int16), mask=mask)
+        tl.store(ptr + pairs, _to_bf16_bits(lob, EXACT) | (_to_bf16_bits(hib, EXACT) << 16), mask=mask)
     else:
-        tl.store(ptr + offs, bits.to(tl.float32, bitcast=True).to(tl.float16), mask=mask)
-
-
-@triton.jit
-def _rne_shift(m, sh):
-    """``m >> sh`` rounded to nearest, ties to even (m >= 0, 1 <= sh <= 30)."""
-    q = m >> sh
-    rem = m - (q << sh)
-    half = 1 << (sh - 1)
-    return q + ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
-
-
-@triton.jit
-def _e4m3_encode(ab):
-    """float32 bits of a magnitude <= 448 -> E4M3 code (no sign), round to nearest even."""
-    r = ab + 0x7FFFF + ((ab >> 20) & 1)
-    normal = (((r >> 23) - 120) << 3) | ((r >> 20) & 7)
-    m = (ab & 0x7FFFFF) | 0x800000  # below 2^-6: a multiple of 2^-9, i.e. m >> (141 - exponent)
-    sub = _rne_shift(m, tl.minimum(tl.maximum(141 - (ab >> 23), 1), 30))
-    return tl.where(ab >= 0x3C800000, normal, sub)
+        lo16 = lo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        hi16 = hi.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32)
+        tl.store(ptr + pairs, lo16 | (hi16 << 16), mask=mask)
 
 
 @triton.jit
@@ -72,18 +73,6 @@ def _e4m3_decode(c):
     sub = (m.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True)
     bits = tl.where(e == 0, sub, ((e + 120) << 23) | (m << 20))
     return tl.where((c & 0x7F) == 0x7F, 0x7FC00000, bits)
-
-
-@triton.jit
-def _ldexp_exact(bits, e):
-    """float32 bits of ``value * 2^e`` for a magnitude whose product is representable (zero, subnormal
-    or normal); overflow gives +Inf. No rounding happens: shifted-out bits are zero."""
-    ex = (bits >> 23) + e
-    normal = bits + e * 8388608
-    sub = ((bits & 0x7FFFFF) | 0x800000) >> tl.minimum(tl.maximum(1 - ex, 0), 31)
-    out = tl.where(ex >= 1, normal, sub)
-    out = tl.where(ex >= 255, 0x7F800000, out)
-    return tl.where(bits == 0, 0, out)
 
 
 @triton.jit
@@ -100,100 +89,155 @@ def _flag_nonfinite(flag_ptr, amax):
 
 
 @triton.jit
-def fp4_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks,
-                 BLOCK: tl.constexpr, E4M3: tl.constexpr, SRC: tl.constexpr, ROWS: tl.constexpr):
+def _row_amax(lo, hi):
+    """Per-block max of |x| as float32 bits (integer order is value order; NaN/Inf sort above)."""
+    return tl.max(tl.maximum(lo.to(tl.int32, bitcast=True) & 0x7FFFFFFF, hi.to(tl.int32, bitcast=True) & 0x7FFFFFFF),
+                  axis=1)
+
+
+@triton.jit
+def _e2m1_magnitude(y):
+    """E2M1 code (0-7) of y >= 0, saturating at 6, ties to even. With k = round-to-even integer:
+    code = min(k(2y), k(y) + 2, k(y/2) + 4, 7), each k taken in the low bits of 1.5 * 2^23 + ..."""
+    m = 12582912.0
+    y = tl.minimum(y, 6.0)
+    k0 = (y * 2.0 + m).to(tl.int32, bitcast=True)
+    k1 = (y + (m + 2.0)).to(tl.int32, bitcast=True)
+    k2 = (y * 0.5 + (m + 4.0)).to(tl.int32, bitcast=True)
+    return tl.minimum(tl.minimum(k0, k1), k2) & 7
+
+
+@triton.jit
+def _e4m3_round(y):
+    """(E4M3 code, its value) of 0 <= y <= 448, ties to even. y + 2^(k+20), for y's binade 2^k
+    (k >= -6, the subnormal step), holds round(y / 2^(k-3)) in its low bits; each binade adds 8."""
+    big = tl.maximum(y.to(tl.int32, bitcast=True) & 0x7F800000, 0x3C800000) + (20 << 23)
+    summed = y + big.to(tl.float32, bitcast=True)
+    code = summed.to(tl.int32, bitcast=True) - big + ((big >> 23) - 141) * 8
+    return code, summed - big.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _divide_snapped(a, r, s):
+    """float32(a / s) as far as E2M1 rounding can tell, for 16-bit inputs: a * (1 / s) is off by an
+    ulp at most, which only matters when a / s is exactly a quarter (every E2M1 tie is one); those
+    are recognised by multiplying back (exact: a quarter below 8 times s has <= 9 bits).
+    Checked against every bf16 and fp16 value and every E4M3 scale (tests/test_cuda_codecs.py)."""
+    y = a * r
+    quarter = ((y * 4.0 + 12582912.0) - 12582912.0) * 0.25
+    return tl.where(quarter * s == a, quarter, y)
+
+
+@triton.jit
+def fp4_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks, BLOCK: tl.constexpr, E4M3: tl.constexpr,
+                 SRC: tl.constexpr, ROWS: tl.constexpr, DIV64: tl.constexpr):
     """ROWS blocks of BLOCK elements -> packed E2M1 codes and one scale byte per block."""
+    HALF: tl.constexpr = BLOCK // 2
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
-    bits = _load_bits(x_ptr, rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :], live[:, None], SRC)
-    ab = bits & 0x7FFFFFFF
-    amax = tl.max(ab, axis=1)
+    pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    lo, hi = _load_pairs(x_ptr, pairs, live[:, None], SRC)
+    amax = _row_amax(lo, hi)
     _flag_nonfinite(flag_ptr, amax)
-    if E4M3:  # scale = e4m3(clamp(max(amax, 6 * 2^-9) / 6, max=448))
+    if E4M3:  # scale = e4m3(clamp(max(amax, 6 * 2^-9) / 6, max=448)); y = x / scale, exactly
         t = tl.math.div_rn(tl.maximum(amax, 0x3C400000).to(tl.float32, bitcast=True), 6.0)
-        sc = _e4m3_encode(tl.minimum(t, 448.0).to(tl.int32, bitcast=True))
-        s = _e4m3_decode(sc).to(tl.float32, bitcast=True)
-        t0 = (s * 0.25).to(tl.int32, bitcast=True)
-        t1 = (s * 0.75).to(tl.int32, bitcast=True)
-        t2 = (s * 1.25).to(tl.int32, bitcast=True)
-        t3 = (s * 1.75).to(tl.int32, bitcast=True)
-        t4 = (s * 2.5).to(tl.int32, bitcast=True)
-        t5 = (s * 3.5).to(tl.int32, bitcast=True)
-        t6 = (s * 5.0).to(tl.int32, bitcast=True)
-    else:  # scale = 2^ceil(log2(max(amax, 6 * 2^-126) / 6)), its exponent byte biased by 127
+        sc, s = _e4m3_round(tl.minimum(t, 448.0))
+        if DIV64 or SRC == 0:
+            # float64 x * (1 / s) rounds to float32 as x / s does: x / s is never within 2^-29 of
+            # a float32 rounding boundary it does not sit on (s has 4 significant bits)
+            inv = (1.0 / s.to(tl.float64))[:, None]
+            ylo = (tl.abs(lo).to(tl.float64) * inv).to(tl.float32)
+            yhi = (tl.abs(hi).to(tl.float64) * inv).to(tl.float32)
+        else:
+            r = tl.math.div_rn(s * 0.0 + 1.0, s)[:, None]
+            ylo = _divide_snapped(tl.abs(lo), r, s[:, None])
+            yhi = _divide_snapped(tl.abs(hi), r, s[:, None])
+    else:  # scale = 2^ceil(log2(max(amax, 6 * 2^-126) / 6)): dividing by it is an exact product
         e = _ue8m0_ceil(tl.maximum(amax, 0x01C00000), 6.0)
         sc = e + 127
-        z = e * 0  # the ties 0.25 ... 5.0 as float32 bits, one per block
-        t0 = _ldexp_exact(z + 0x3E800000, e)
-        t1 = _ldexp_exact(z + 0x3F400000, e)
-        t2 = _ldexp_exact(z + 0x3FA00000, e)
-        t3 = _ldexp_exact(z + 0x3FE00000, e)
-        t4 = _ldexp_exact(z + 0x40200000, e)
-        t5 = _ldexp_exact(z + 0x40600000, e)
-        t6 = _ldexp_exact(z + 0x40A00000, e)
-    # odd ties (0.75, 1.75, 3.5) round up to the even code above them, the others down
-    mag = ((ab > t0[:, None]).to(tl.int32) + (ab >= t1[:, None]).to(tl.int32)
-           + (ab > t2[:, None]).to(tl.int32) + (ab >= t3[:, None]).to(tl.int32)
-           + (ab > t4[:, None]).to(tl.int32) + (ab >= t5[:, None]).to(tl.int32)
-           + (ab > t6[:, None]).to(tl.int32))
-    codes = mag | (((bits >> 31) & 1) << 3)
-    lo, hi = tl.split(tl.reshape(codes, (ROWS, BLOCK // 2, 2)))
-    offs = rows[:, None] * (BLOCK // 2) + tl.arange(0, BLOCK // 2)[None, :]
-    tl.store(codes_ptr + offs, (lo | (hi << 4)).to(tl.uint8), mask=live[:, None])
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]
+        ylo = tl.abs(lo) * inv
+        yhi = tl.abs(hi) * inv
+    lob = lo.to(tl.int32, bitcast=True)
+    hib = hi.to(tl.int32, bitcast=True)
+    packed = (_e2m1_magnitude(ylo) | ((lob >> 28) & 8) | (_e2m1_magnitude(yhi) << 4) | ((hib >> 24) & 0x80))
+    tl.store(codes_ptr + pairs, packed.to(tl.uint8), mask=live[:, None])
     tl.store(scales_ptr + rows, sc.to(tl.uint8), mask=live)
+
+
+@triton.jit
+def _e2m1_values(nibble, s):
+    """E2M1 code (sign in bit 3) times s, exactly: twice the magnitude is max(m, 2m - 4, 4m - 16)."""
+    m = nibble & 7
+    twice = tl.maximum(tl.maximum(m, 2 * m - 4), 4 * m - 16)
+    v = ((twice | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s
+    return (v.to(tl.int32, bitcast=True) ^ ((nibble >> 3) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def fp4_dequantize(codes_ptr, scales_ptr, out_ptr, n_blocks,
                    BLOCK: tl.constexpr, E4M3: tl.constexpr, DST: tl.constexpr, ROWS: tl.constexpr):
     """Packed E2M1 codes and scale bytes -> values ``code * scale`` in the output dtype."""
+    HALF: tl.constexpr = BLOCK // 2
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
-    offs = rows[:, None] * (BLOCK // 2) + tl.arange(0, BLOCK // 2)[None, :]
-    packed = tl.load(codes_ptr + offs, mask=live[:, None], other=0).to(tl.int32)
+    pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    packed = tl.load(codes_ptr + pairs, mask=live[:, None], other=0).to(tl.int32)
     sc = tl.load(scales_ptr + rows, mask=live, other=127).to(tl.int32)
-    codes = tl.reshape(tl.join(packed & 15, packed >> 4), (ROWS, BLOCK))
-    m = codes & 7  # E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as float32 bits
-    mag = tl.where(m < 2, m * 0x3F000000, (((m >> 1) + 126) << 23) | ((m & 1) << 22))
-    if E4M3:  # a signed E4M3 scale: the product of two short mantissas is exact
+    if E4M3:  # a signed E4M3 scale (short mantissas: every product is exact)
         s = (_e4m3_decode(sc) | ((sc >> 7) << 31)).to(tl.float32, bitcast=True)
-        bits = (mag.to(tl.float32, bitcast=True) * s[:, None]).to(tl.int32, bitcast=True)
     else:
-        bits = _ldexp_exact(mag, sc[:, None] - 127)
-    bits = bits ^ ((codes >> 3) << 31)
-    out = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    _store_bits(out_ptr, out, bits, live[:, None], DST)
+        s = (sc << 23).to(tl.float32, bitcast=True)
+    half_s = (s * 0.5)[:, None]
+    lo = _e2m1_values(packed & 15, half_s)
+    hi = _e2m1_values(packed >> 4, half_s)
+    _store_pairs(out_ptr, pairs, lo, hi, live[:, None], DST, True)
 
 
 @triton.jit
 def fp8_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks,
                  BLOCK: tl.constexpr, SRC: tl.constexpr, ROWS: tl.constexpr):
     """SWA: E4M3 codes of ``x / 2^e`` with ``2^e = ue8m0_ceil(max(amax, 1e-4) / 448)``."""
+    HALF: tl.constexpr = BLOCK // 2
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
-    offs = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    bits = _load_bits(x_ptr, offs, live[:, None], SRC)
-    ab = bits & 0x7FFFFFFF
-    amax = tl.max(ab, axis=1)
+    pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    lo, hi = _load_pairs(x_ptr, pairs, live[:, None], SRC)
+    amax = _row_amax(lo, hi)
     _flag_nonfinite(flag_ptr, amax)
-    e1 = _ue8m0_ceil(tl.maximum(amax, 0x38D1B717), 448.0)  # 0x38D1B717: float32(1e-4)
-    e = e1[:, None]
-    ex = (ab >> 23) - e  # exponent of |x| / 2^e; at or below 0 it is below 2^-126 and encodes as 0
-    v = tl.where(((ab >> 23) > 0) & (ex > 0), ab - e * 8388608, 0)
-    codes = _e4m3_encode(tl.minimum(v, 0x43E00000)) | (((bits >> 31) & 1) << 7)
-    tl.store(codes_ptr + offs, codes.to(tl.uint8), mask=live[:, None])
-    tl.store(scales_ptr + rows, (e1 + 127).to(tl.uint8), mask=live)
+    e = _ue8m0_ceil(tl.maximum(amax, 0x38D1B717), 448.0)  # 0x38D1B717: float32(1e-4)
+    inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]
+    clo, _ = _e4m3_round(tl.minimum(tl.abs(lo) * inv, 448.0))
+    chi, _ = _e4m3_round(tl.minimum(tl.abs(hi) * inv, 448.0))
+    clo = clo | ((lo.to(tl.int32, bitcast=True) >> 24) & 0x80)
+    chi = chi | ((hi.to(tl.int32, bitcast=True) >> 24) & 0x80)
+    tl.store(codes_ptr + pairs, (clo | (chi << 8)).to(tl.int16), mask=live[:, None])  # two codes per int16
+    tl.store(scales_ptr + rows, (e + 127).to(tl.uint8), mask=live)
+
+
+@triton.jit
+def _e4m3_values(c, s):
+    """E4M3 codes (with sign) times s: the magnitude read as float16 bits is value * 2^-8, exactly."""
+    mag = ((c & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    bits = tl.where((c & 0x7F) == 0x7F, 0x7FC00000, (mag * s).to(tl.int32, bitcast=True))
+    return (bits ^ ((c >> 7) << 31)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def fp8_dequantize(codes_ptr, scales_ptr, out_ptr, n_blocks,
                    BLOCK: tl.constexpr, DST: tl.constexpr, ROWS: tl.constexpr):
     """SWA: E4M3 codes times ``2^(scale - 127)`` in the output dtype."""
+    HALF: tl.constexpr = BLOCK // 2
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
-    offs = rows[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
-    c = tl.load(codes_ptr + offs, mask=live[:, None], other=0).to(tl.int32)
+    pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    w = tl.load(codes_ptr + pairs, mask=live[:, None], other=0).to(tl.int32)  # two codes per int16
+    clo = w & 0xFF
+    chi = (w >> 8) & 0xFF
     sc = tl.load(scales_ptr + rows, mask=live, other=127).to(tl.int32)
-    mag = _e4m3_decode(c)
-    bits = tl.where(mag == 0x7FC00000, mag, _ldexp_exact(mag, sc[:, None] - 127))
-    _store_bits(out_ptr, offs, bits ^ ((c >> 7) << 31), live[:, None], DST)
+    # 2^(scale - 127 + 8) in two exact factors: each is a normal float32 for every scale byte 1-254
+    s1 = (tl.minimum(sc + 8, 254) << 23).to(tl.float32, bitcast=True)[:, None]
+    s2 = ((tl.maximum(sc + 8, 254) - 127) << 23).to(tl.float32, bitcast=True)[:, None]
+    lo = _e4m3_values(clo, s1) * s2
+    hi = _e4m3_values(chi, s1) * s2
+    _store_pairs(out_ptr, pairs, lo, hi, live[:, None], DST, False)
