@@ -9,8 +9,8 @@ every load reads the chunks from Redis, never from its own tiers), loads it thro
 client (same-host arena). Against it: raw redis-py GETs of the same values (one pipeline, and one
 GET at a time), with the client a cluster needs. Single-client figures are medians over
 ``--repeats`` loads; aggregate throughput runs 1-8 client processes at once, each loading the
-session ``--rounds`` times, through B and raw. Target: through-B load >= 0.8x raw pipelined
-redis-py cluster GET of the same bytes (3 masters, one client).
+session ``--rounds`` times, through B and raw. Target: through-B load >= 0.8x raw redis-py
+cluster GET of the same bytes (3 masters, one client; the faster raw way).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ class Target:
 @contextmanager
 def backend(kind: str, workdir: Path) -> Iterator[str]:
     """A Redis of ``kind`` on loopback; its URL."""
+    workdir.mkdir(parents=True, exist_ok=True)
     if kind == "single":
         server = RedisServer(workdir)
         server.start()
@@ -176,32 +177,34 @@ def report(run: dict[str, Any]) -> list[Path]:
     mb = lambda n_bytes, s: f"{n_bytes / s / 1e6:,.0f}"  # noqa: E731
     rows, agg = [], []
     for r in run["rows"]:
-        raw = r["raw_pipelined_s"]
+        raw = min(r["raw_pipelined_s"], r["raw_sequential_s"])  # the better raw way is the bar
         rows.append([r["backend"], f"{r['bytes'] / 1e6:.1f}", f"{r['daemon_s'] * 1e3:.1f}",
-                     f"{r['daemon_zero_copy_s'] * 1e3:.1f}", f"{raw * 1e3:.1f}", f"{r['raw_sequential_s'] * 1e3:.1f}",
-                     mb(r["bytes"], r["daemon_s"]), mb(r["bytes"], raw), f"{raw / r['daemon_s']:.2f}x",
-                     f"{raw / r['daemon_zero_copy_s']:.2f}x"])
+                     f"{r['daemon_zero_copy_s'] * 1e3:.1f}", f"{r['raw_pipelined_s'] * 1e3:.1f}",
+                     f"{r['raw_sequential_s'] * 1e3:.1f}", mb(r["bytes"], r["daemon_s"]), mb(r["bytes"], raw),
+                     f"{raw / r['daemon_s']:.2f}x", f"{raw / r['daemon_zero_copy_s']:.2f}x"])
         for how in ("daemon", "raw"):
             agg.append([r["backend"], "through daemon B" if how == "daemon" else "raw redis-py pipeline",
                         *(f"{v / 1e6:,.0f}" for v in r["aggregate"][how].values())])
     main = next(r for r in run["rows"] if r["backend"] == "cluster-3")
-    copy, zero = (main["raw_pipelined_s"] / main[k] for k in ("daemon_s", "daemon_zero_copy_s"))
+    best = min(main["raw_pipelined_s"], main["raw_sequential_s"])
+    copy, zero = (best / main[k] for k in ("daemon_s", "daemon_zero_copy_s"))
     verdict = lambda x: "met" if x >= TARGET else "NOT met"  # noqa: E731
     body = "\n\n".join([
         f"{run['when']}, {run['git']}; {run['machine']}, {run['cpus']} cores shared with other work (absolute "
         f"figures are noisy; the ways of one row were timed in turn, so their ratios are what count). "
         f"`{run['command']}`",
         f"**Target: load through daemon B >= {TARGET}x raw redis-py cluster GET of the same bytes (3 masters, "
-        f"one client): {copy:.2f}x with the default client (it copies the chunks out of its arena), "
-        f"{verdict(copy)}; {zero:.2f}x reading them in place (`zero_copy=True`), {verdict(zero)}.**",
+        f"one client; the faster of one pipeline and one GET at a time): {copy:.2f}x with the default client "
+        f"(it copies the chunks out of its arena), {verdict(copy)}; {zero:.2f}x reading them in place "
+        f"(`zero_copy=True`), {verdict(zero)}.**",
         f"One {LAYOUT} session of {main['chunks']} chunks ({main['bytes'] / 1e6:.1f} MB) saved through daemon A "
         f"with `--redis-share-sessions`; daemon B (own empty data dir, promotion off: every load reads Redis) "
         f"loads it through the default client (same-host arena; with and without copying the chunks out). "
         f"Raw: redis-py `GET` of the same values, all in one pipeline or one at a time (`RedisCluster` on a "
         f"cluster, `Redis` on the single server). Medians of {run['repeats']} loads each.",
         markdown_table(["backend", "MB", "through B ms", "through B zero-copy ms", "raw pipeline ms",
-                        "raw one-by-one ms", "through B MB/s", "raw pipeline MB/s", "B / raw", "B zero-copy / raw"],
-                       rows),
+                        "raw one-by-one ms", "through B MB/s", "best raw MB/s", "B / best raw",
+                        "B zero-copy / best raw"], rows),
         f"Aggregate MB/s with 1-8 client processes at once, each loading the session {run['rounds']} times "
         f"(first start to last finish; the daemon path copies). The daemon, Redis and the clients share "
         f"{run['cpus']} cores: past 2 clients the figures measure CPU contention as much as kvstore or Redis.",
