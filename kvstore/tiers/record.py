@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zstandard as zstd
 
 from kvstore.tiers import record_chunk
@@ -92,7 +93,7 @@ class RecordCodec:
             raise CorruptValue(f"{where}: bad raw prefix {prefix} for a {raw_len}-byte value")
         out = bytearray(raw_len)
         out[:prefix] = body[:prefix]
-        _frame_into(self._ctx().dctx, where, body[prefix:], memoryview(out)[prefix:])
+        _frame_into(self._ctx().dctx, where, body[prefix:], [memoryview(out)[prefix:]])
         return memoryview(out).toreadonly()
 
     def _decode_chunk(self, where: str, raw_len: int, prefix: int, body: memoryview) -> memoryview:
@@ -107,7 +108,7 @@ class RecordCodec:
         p = record_chunk.plan(body[at : at + prefix], raw_len)
         if p is None or p.header_bytes != prefix or p.n_code_frames != n_frames:
             raise bad
-        out = bytearray(raw_len)
+        out = memoryview(np.empty(raw_len, np.uint8))  # every byte is written below: no zero fill
         out[:prefix] = body[at : at + prefix]
         at += prefix
         sign_len = (p.codes_len + 3) // 4
@@ -116,16 +117,15 @@ class RecordCodec:
         if at + sum(frame_lens) > len(body):
             raise bad
         dctx = self._ctx().dctx
-        mags = bytearray(p.codes_len)
-        done = 0
-        for flen, n in zip(frame_lens, p.code_frame_lens()):
-            _frame_into(dctx, where, body[at : at + flen], memoryview(mags)[done : done + n])
-            at, done = at + flen, done + n
-        record_chunk.codes_inverse(signs, mags, p, out)
+        view = out[prefix : p.split]
+        for flen, runs in zip(frame_lens, p.frame_runs()):  # magnitudes straight into their places
+            _frame_into(dctx, where, body[at : at + flen], [view[a : a + n] for a, n in runs])
+            at += flen
+        record_chunk.codes_inverse(signs, p, out)
         tail = bytearray(p.tail_len)
-        _frame_into(dctx, where, body[at:], memoryview(tail))
+        _frame_into(dctx, where, body[at:], [memoryview(tail)])
         record_chunk.inverse(tail, p, out)
-        return memoryview(out).toreadonly()
+        return out.toreadonly()
 
 
 def _encode_chunk(cctx: Any, view: memoryview, p: record_chunk.Plan) -> bytes:
@@ -136,20 +136,23 @@ def _encode_chunk(cctx: Any, view: memoryview, p: record_chunk.Plan) -> bytes:
                      *(FRAME_LEN.pack(len(f)) for f in frames), view[: p.header_bytes], signs, *frames, tail))
 
 
-def _frame_into(dctx: Any, where: str, frame: memoryview, dest: memoryview) -> None:
-    """Decompress the one zstd ``frame`` into all of ``dest``; CorruptValue unless it fills it exactly."""
+def _frame_into(dctx: Any, where: str, frame: memoryview, dests: list[memoryview]) -> None:
+    """Decompress the one zstd ``frame`` into ``dests``, filling each in turn; CorruptValue unless
+    it fills them exactly."""
+    want = sum(len(d) for d in dests)
     try:
         # Check the frame's declared size first: a corrupt one must not make us allocate GBs.
-        if zstd.frame_content_size(frame) != len(dest):
+        if zstd.frame_content_size(frame) != want:
             raise CorruptValue(f"{where}: zstd frame size does not match the header's length")
         reader = dctx.stream_reader(frame)
         got = 0
-        while got < len(dest):
-            n = reader.readinto(dest[got:])
-            if not n:
-                break
-            got += n
+        for dest in dests:
+            filled = 0
+            while filled < len(dest):
+                n = reader.readinto(dest[filled:])
+                if not n:
+                    raise CorruptValue(f"{where}: decompressed {got + filled} bytes, header says {want}")
+                filled += n
+            got += filled
     except zstd.ZstdError as exc:
         raise CorruptValue(f"{where}: cannot decompress: {exc}") from exc
-    if got != len(dest):
-        raise CorruptValue(f"{where}: decompressed {got} bytes, header says {len(dest)}")

@@ -43,7 +43,7 @@ class Plan:
 
     raw_len: int
     header_bytes: int  # the raw prefix: header + section table
-    split: int  # compressible_offset: frame A holds [header_bytes, split), frame B the rest
+    split: int  # compressible_offset: the codes region is [header_bytes, split), the tail the rest
     scales: tuple[tuple[int, int, int], ...]  # (offset, entries n, width w) of each non-empty scales section
     ids_offset: int
     token_count: int
@@ -58,26 +58,24 @@ class Plan:
         """One zstd frame per group; bytes of the codes region in no section go into the last one."""
         return len(self.codes) if self.codes else int(self.codes_len > 0)
 
-    def code_frame_lens(self) -> list[int]:
-        """Bytes each codes frame decompresses to."""
-        lens = [sum(length for _, length in g) for g in self.codes] or [0] * self.n_code_frames
-        if lens:
-            lens[-1] += self.codes_len - sum(lens)
-        return lens
-
-    def code_runs(self) -> list[tuple[int, int]]:
-        """(start, length) runs of the codes region in magnitude-stream order: the groups'
-        sections in table order, then the bytes in no section (padding) in offset order."""
+    def frame_runs(self) -> list[list[tuple[int, int]]]:
+        """Per codes frame, the (start, length) runs of the codes region its magnitudes fill, in
+        stream order: a group's sections in table order; the bytes in no section (padding), in
+        offset order, go to the last frame."""
         hb = self.header_bytes
-        runs = [(off - hb, length) for g in self.codes for off, length in g]
+        frames = [[(off - hb, length) for off, length in g] for g in self.codes]
         gaps, end = [], 0
-        for start, length in sorted(runs):
+        for start, length in sorted(run for f in frames for run in f):
             if start > end:
                 gaps.append((end, start - end))
             end = start + length
         if end < self.codes_len:
             gaps.append((end, self.codes_len - end))
-        return runs + gaps
+        if not frames and self.codes_len:
+            frames = [[]]
+        if frames:
+            frames[-1] += gaps
+        return frames
 
     @property
     def bases_len(self) -> int:
@@ -165,26 +163,14 @@ def codes_forward(value: bytes | memoryview, p: Plan) -> tuple[bytes, list[bytes
     mags = c >> 1
     mags &= 0x38
     mags |= c & 7
-    runs = p.code_runs()
-    out, at = [], 0
-    for n in p.code_frame_lens():  # each frame's runs joined once (frame boundaries fall between runs)
-        take, got = [], 0
-        while got < n:
-            start, length = runs[at]
-            take.append(mags[start : start + length].data)
-            got, at = got + length, at + 1
-        out.append(b"".join(take))
+    out = [b"".join(mags[start : start + length].data for start, length in runs) for runs in p.frame_runs()]
     return signs.tobytes(), out
 
 
-def codes_inverse(signs: bytes | memoryview, mags: bytes | bytearray, p: Plan, out: bytearray) -> None:
-    """Write the codes region of ``out`` from its sign plane and its frames' magnitudes, joined."""
-    src = np.frombuffer(mags, np.uint8)
+def codes_inverse(signs: bytes | memoryview, p: Plan, out: bytearray | memoryview) -> None:
+    """Merge the sign plane into the codes region of ``out``, which holds the magnitudes (the
+    frames were decompressed straight into their runs: ``frame_runs``)."""
     dst = np.frombuffer(out, np.uint8, p.codes_len, p.header_bytes)
-    at = 0
-    for start, length in p.code_runs():
-        dst[start : start + length] = src[at : at + length]
-        at += length
     sign_bits = _SIGNS[np.frombuffer(signs, np.uint8)].view(np.uint8)[: p.codes_len]
     hi = dst & 0x38
     hi <<= 1
@@ -211,7 +197,7 @@ def forward(value: bytes | memoryview, p: Plan) -> bytes:
     return bytes(out) + b"".join(b.tobytes() for b in bases)
 
 
-def inverse(tail: bytes | bytearray | memoryview, p: Plan, out: bytearray) -> None:
+def inverse(tail: bytes | bytearray | memoryview, p: Plan, out: bytearray | memoryview) -> None:
     """Write the chunk bytes [split, raw_len) into ``out`` from ``tail`` (``p.tail_len`` bytes)."""
     src = np.frombuffer(tail, np.uint8)
     dst = np.frombuffer(out, np.uint8)
