@@ -22,7 +22,7 @@ import pytest
 import torch
 import xxhash
 import zstandard
-from test_record_codec import make_chunk
+from test_record_codec import ODD, make_chunk
 
 from kvstore import chunk, quant
 from kvstore.keys import ROOT, chunk_key
@@ -171,9 +171,11 @@ def test_manifest(node: str, layouts: Path, tmp_path: Path) -> None:
         assert Manifest.decode(man.encode()) == man
 
 
-@pytest.mark.parametrize(("layout_name", "tokens"), [("tiny-16", 256), ("tiny-16", 255), ("deepseek-v4.1-flash", 256)])
+@pytest.mark.parametrize(("layout_name", "tokens"), [("tiny-16", 256), ("tiny-16", 255), ("odd", 255),
+                                                     ("deepseek-v4.1-flash", 256)])
 def test_ssd_record(node: str, tmp_path: Path, layout_name: str, tokens: int) -> None:
-    blob = make_chunk(get_layout(layout_name), tokens, seed=1)
+    """Padding inside the tail (tiny-16, 255 tokens) and inside the codes region (odd: 24-byte codes rows)."""
+    blob = make_chunk(ODD if layout_name == "odd" else get_layout(layout_name), tokens, seed=1)
     record = RecordCodec(1, chunk.compressible_offset).encode(memoryview(blob))
     assert record[0] == CHUNK
     rec_path = write(tmp_path, "r.bin", record)
