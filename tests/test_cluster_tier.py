@@ -6,18 +6,22 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 from cluster_helpers import RedisClusterProcess, require_cluster
 from daemon_helpers import make_session
 
-from kvstore.errors import FailedPrecondition
+from kvstore.errors import FailedPrecondition, Unavailable
 from kvstore.store import SessionStore, StoreConfig, open_store
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierError
 from kvstore.tiers.redis import RedisTier
 from kvstore.tiers.redis_keys import RedisKeys
 from kvstore.tiers.redis_link import NotReplicated
+
+if TYPE_CHECKING:
+    from conftest import RedisServer
 
 require_cluster()
 
@@ -99,3 +103,20 @@ def test_wait_without_enough_replicas_fails_the_write(redis_url: str) -> None:
     assert t.get(b"k") == b"v"  # applied on the master, just not acknowledged
     t.close()
     assert redis.Redis.from_url(redis_url).ping()
+
+
+def test_without_its_shared_tier_a_daemon_reads_what_it_holds_and_refuses_saves(
+        redis_server: RedisServer, tmp_path: Path) -> None:
+    a = _store(tmp_path, redis_server.url, "a", "down")
+    try:
+        s = make_session(namespace="ns", session_id="s", tokens=700)
+        a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
+        redis_server.kill()
+        assert [m.session_id for m in a.list("ns")] == ["s"]  # from its own index
+        assert [bytes(b) for _, b in a.load("ns", a.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
+        t = make_session(namespace="ns", session_id="t", tokens=700, seed=3)
+        with pytest.raises(Unavailable, match="chunks were not published"):
+            a.save_session("ns", t.layout.layout_id, bytes(16), 0, t.blobs, t.manifest)
+        assert [m.session_id for m in a.list("ns")] == ["s"]
+    finally:
+        a.close()

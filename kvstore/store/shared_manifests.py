@@ -15,8 +15,10 @@ generation (``tiers/redis_sessions.py``). The rules:
   newer version is indexed as it is (in memory: the local durable tier keeps what was saved
   here), its chunks owned by its namespace, so loads read them from the shared tier and verify
   each against its key exactly as any other tier's;
-- if the shared tier cannot be read, a daemon answers from what it knows (logged); if it cannot
-  be written, the save fails (UNAVAILABLE): an acknowledged save is always published.
+- if the shared tier cannot be read, a daemon answers from what it knows (logged), and does not
+  try to catch up again for ``RETRY_S`` (a hung Redis costs one timeout per second, not one per
+  read); if it cannot be written, the save fails (UNAVAILABLE): an acknowledged save is always
+  published.
 
 Chunks in the shared tier are never deleted by a daemon (another may use them): they expire by
 the tier's TTL, if any, or by Redis's maxmemory policy.
@@ -27,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +46,7 @@ log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]
 #: A version to index: the session, its generation, its manifest (None: deleted).
 Update = tuple[SessionRef, int, Manifest | None]
+RETRY_S = 1.0  # after a failed catch-up, answer from the local index this long before trying again
 
 
 class SharedSessions:
@@ -54,6 +58,7 @@ class SharedSessions:
         self._lock = threading.Lock()
         self._gens: dict[SessionRef, int] = {}  # generation of the version this daemon indexes
         self._changes: dict[str, int] = {}  # tenant -> change counter last caught up with
+        self._quiet_until = 0.0  # monotonic time before which catching up is not tried
 
     @staticmethod
     def of(store: TieredStore) -> SharedSessions | None:
@@ -151,12 +156,18 @@ class SharedSessions:
         return self.tier.read_ahead([k for k in keys if not store.holds_durably(k)])
 
     # -- catching up ----------------------------------------------------------------------------
+    def _unreadable(self, e: TierError) -> None:
+        log.warning("shared tier unreadable, answering from this daemon's index for %.0f s: %s", RETRY_S, e)
+        self._quiet_until = time.monotonic() + RETRY_S
+
     def catch_up_session(self, ref: SessionRef) -> list[Update]:
         """The session's shared version, if newer than the one this daemon indexes."""
+        if time.monotonic() < self._quiet_until:
+            return []
         try:
             rec = self.records.fetch(*ref)
         except TierError as e:
-            log.warning("shared tier unreadable, answering from this daemon's index: %s", e)
+            self._unreadable(e)
             return []
         if rec is None or rec.generation <= self.generation(ref):
             return []
@@ -165,6 +176,8 @@ class SharedSessions:
     def catch_up(self, namespace: str | None) -> list[Update]:
         """Every shared version of ``namespace`` (None: of every tenant) newer than this daemon's."""
         out: list[Update] = []
+        if time.monotonic() < self._quiet_until:
+            return out
         try:
             for tenant in [namespace] if namespace is not None else self.records.tenants():
                 changes = self.records.changes(tenant)
@@ -177,7 +190,7 @@ class SharedSessions:
                 with self._lock:
                     self._changes[tenant] = changes
         except TierError as e:
-            log.warning("shared tier unreadable, answering from this daemon's index: %s", e)
+            self._unreadable(e)
         return out
 
     def _updates(self, tenant: str, sids: list[str], records: Sequence[Record | None]) -> list[Update]:
