@@ -103,6 +103,7 @@ class RedisTier(Tier):
         ra = ReadAhead(keys, self.get_many, self._ahead_pool)
         with self._ahead_lock:
             mine = [k for k in ra.keys if self._ahead.setdefault(k, ra) is ra]
+        ra.start()
         try:
             yield
         finally:

@@ -41,6 +41,12 @@ class ReadAhead:
             fut = self._windows[w] = self._pool.submit(lambda: dict(zip(keys, self._fetch(keys))))
         return fut
 
+    def start(self) -> None:
+        """Fetch the first windows now, before the load asks for its first chunk."""
+        with self._lock:
+            self._start(0)
+            self._start(1)
+
     def take(self, key: bytes) -> tuple[bool, Stored | None]:
         """(True, the value or None for a miss) if this read-ahead fetched ``key`` for the load;
         (False, None) if it does not expect it (or gave it out already). Errors of the fetch raise."""
