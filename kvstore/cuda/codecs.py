@@ -2,7 +2,7 @@
 
 ``kvstore.quant`` sends CUDA tensors here when :func:`available`. Triton is imported only when a
 kernel is launched, so this module (and ``kvstore.quant``) imports on machines without it. Inputs
-of any leading shape are flattened to blocks; each program handles ``rows`` blocks.
+of any leading shape are flattened to blocks; each program handles ``KernelConfig.blocks`` blocks.
 
 The NaN/Inf check costs one host sync per call, not per block: every program that sees a
 non-finite amax writes 1 to a device flag, read once after the launch.
@@ -22,16 +22,13 @@ DTYPES = tuple(_SRC)
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Launch shape: ``elements`` per program (a power of two, >= the block), ``num_warps`` per program;
-    ``div64``: the main format divides 16-bit inputs in float64 instead of by a checked reciprocal
-    (both exact; which is faster is the GPU's business: the benchmark sweeps it)."""
+    """Launch shape: ``blocks`` (quantization blocks, a power of two) per program, ``num_warps`` per
+    program; ``div64``: the main format divides 16-bit inputs in float64 instead of by a checked
+    reciprocal (both exact). Defaults: the best of the sweep in benchmarks/gpu/codecs.py on an H200."""
 
-    elements: int = 4096
+    blocks: int = 128
     num_warps: int = 4
     div64: bool = False
-
-    def rows(self, block: int) -> int:
-        return max(self.elements // block, 1)
 
 
 def available() -> bool:
@@ -68,7 +65,7 @@ def quantize_fp4(x: torch.Tensor, block: int, e4m3: bool, what: str,
     codes = torch.empty((*lead, d // 2), dtype=torch.uint8, device=x.device)
     scales = torch.empty((*lead, d // block), dtype=torch.uint8, device=x.device)
     flag = torch.zeros(1, dtype=torch.int32, device=x.device)
-    n_blocks, rows = x.numel() // block, config.rows(block)
+    n_blocks, rows = x.numel() // block, config.blocks
     if n_blocks:
         src, view = _SRC[x.dtype]
         kernels.fp4_quantize[_grid(n_blocks, rows)](
@@ -88,7 +85,7 @@ def dequantize_fp4(codes: torch.Tensor, scales: torch.Tensor, block: int, e4m3: 
     d = codes.shape[-1] * 2
     dst, view = _SRC[dtype]
     out = torch.empty((*codes.shape[:-1], d), dtype=dtype, device=codes.device)
-    n_blocks, rows = out.numel() // block, config.rows(block)
+    n_blocks, rows = out.numel() // block, config.blocks
     _check_scales(codes, scales, n_blocks)
     if n_blocks:
         kernels.fp4_dequantize[_grid(n_blocks, rows)](
@@ -107,7 +104,7 @@ def quantize_fp8(x: torch.Tensor, block: int, what: str, config: KernelConfig = 
     codes = torch.empty((*lead, d), dtype=torch.uint8, device=x.device)
     scales = torch.empty((*lead, d // block), dtype=torch.uint8, device=x.device)
     flag = torch.zeros(1, dtype=torch.int32, device=x.device)
-    n_blocks, rows = x.numel() // block, config.rows(block)
+    n_blocks, rows = x.numel() // block, config.blocks
     if n_blocks:
         src, view = _SRC[x.dtype]
         kernels.fp8_quantize[_grid(n_blocks, rows)](
@@ -126,7 +123,7 @@ def dequantize_fp8(codes: torch.Tensor, scales: torch.Tensor, block: int, dtype:
     codes, scales = codes.contiguous(), scales.contiguous()
     dst, view = _SRC[dtype]
     out = torch.empty(codes.shape, dtype=dtype, device=codes.device)
-    n_blocks, rows = out.numel() // block, config.rows(block)
+    n_blocks, rows = out.numel() // block, config.blocks
     _check_scales(codes, scales, n_blocks)
     if n_blocks:
         kernels.fp8_dequantize[_grid(n_blocks, rows)](

@@ -83,9 +83,16 @@ def _ue8m0_ceil(a, div):
 
 
 @triton.jit
-def _flag_nonfinite(flag_ptr, amax):
-    bad = tl.max((amax >= 0x7F800000).to(tl.int32), axis=0)
-    tl.store(flag_ptr, bad, mask=bad > 0)
+def _flag_nonfinite(flag_ptr, amax, first):
+    """Set the flag from every block with a NaN/Inf (no reduction across the program: no barrier)."""
+    tl.store(flag_ptr + first.to(tl.int32) * 0, 1, mask=first & (amax >= 0x7F800000)[:, None])
+
+
+@triton.jit
+def _store_scales(scales_ptr, rows, sc, first):
+    """One byte per block, from the thread holding the block's first pair (no layout change)."""
+    tl.store(scales_ptr + rows[:, None] + first.to(tl.int64) * 0, (sc[:, None] + first.to(tl.int32) * 0).to(tl.uint8),
+             mask=first)
 
 
 @triton.jit
@@ -96,14 +103,14 @@ def _row_amax(lo, hi):
 
 
 @triton.jit
-def _e2m1_magnitude(y):
-    """E2M1 code (0-7) of y >= 0, saturating at 6, ties to even. With k = round-to-even integer:
-    code = min(k(2y), k(y) + 2, k(y/2) + 4, 7), each k taken in the low bits of 1.5 * 2^23 + ..."""
+def _e2m1_magnitude(y, UNIT: tl.constexpr):
+    """E2M1 code (0-7) of v = y / UNIT >= 0, saturating at 6, ties to even. With k = round to even
+    integer: code = min(k(2v), k(v) + 2, k(v/2) + 4, 7), each k the low bits of 1.5 * 2^23 + ..."""
     m = 12582912.0
-    y = tl.minimum(y, 6.0)
-    k0 = (y * 2.0 + m).to(tl.int32, bitcast=True)
-    k1 = (y + (m + 2.0)).to(tl.int32, bitcast=True)
-    k2 = (y * 0.5 + (m + 4.0)).to(tl.int32, bitcast=True)
+    y = tl.minimum(y, 6.0 * UNIT)
+    k0 = (y * (2.0 / UNIT) + m).to(tl.int32, bitcast=True)
+    k1 = (y * (1.0 / UNIT) + (m + 2.0)).to(tl.int32, bitcast=True)
+    k2 = (y * (0.5 / UNIT) + (m + 4.0)).to(tl.int32, bitcast=True)
     return tl.minimum(tl.minimum(k0, k1), k2) & 7
 
 
@@ -118,14 +125,15 @@ def _e4m3_round(y):
 
 
 @triton.jit
-def _divide_snapped(a, r, s):
-    """float32(a / s) as far as E2M1 rounding can tell, for 16-bit inputs: a * (1 / s) is off by an
-    ulp at most, which only matters when a / s is exactly a quarter (every E2M1 tie is one); those
-    are recognised by multiplying back (exact: a quarter below 8 times s has <= 9 bits).
-    Checked against every bf16 and fp16 value and every E4M3 scale (tests/test_cuda_codecs.py)."""
-    y = a * r
-    quarter = ((y * 4.0 + 12582912.0) - 12582912.0) * 0.25
-    return tl.where(quarter * s == a, quarter, y)
+def _divide_snapped(a, r4, s4):
+    """4 * float32(a / s) as far as E2M1 rounding can tell, for 16-bit inputs (r4 = 4 / s rounded,
+    s4 = s / 4): a * r4 is off by an ulp at most, which only matters when a / s is exactly a quarter
+    (every E2M1 tie is one); those are recognised by multiplying back (exact: below 32 quarters,
+    times s, has <= 9 bits). Checked against every bf16 and fp16 value and every E4M3 scale
+    (tests/test_cuda_codecs.py)."""
+    y = a * r4
+    quarters = (y + 12582912.0) - 12582912.0
+    return tl.where(quarters * s4 == a, quarters, y)
 
 
 @triton.jit
@@ -136,9 +144,10 @@ def fp4_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks, BLOCK: tl.con
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
     pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    first = live[:, None] & (tl.arange(0, HALF) == 0)[None, :]
     lo, hi = _load_pairs(x_ptr, pairs, live[:, None], SRC)
     amax = _row_amax(lo, hi)
-    _flag_nonfinite(flag_ptr, amax)
+    _flag_nonfinite(flag_ptr, amax, first)
     if E4M3:  # scale = e4m3(clamp(max(amax, 6 * 2^-9) / 6, max=448)); y = x / scale, exactly
         t = tl.math.div_rn(tl.maximum(amax, 0x3C400000).to(tl.float32, bitcast=True), 6.0)
         sc, s = _e4m3_round(tl.minimum(t, 448.0))
@@ -146,31 +155,32 @@ def fp4_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks, BLOCK: tl.con
             # float64 x * (1 / s) rounds to float32 as x / s does: x / s is never within 2^-29 of
             # a float32 rounding boundary it does not sit on (s has 4 significant bits)
             inv = (1.0 / s.to(tl.float64))[:, None]
-            ylo = (tl.abs(lo).to(tl.float64) * inv).to(tl.float32)
-            yhi = (tl.abs(hi).to(tl.float64) * inv).to(tl.float32)
+            clo = _e2m1_magnitude((tl.abs(lo).to(tl.float64) * inv).to(tl.float32), 1)
+            chi = _e2m1_magnitude((tl.abs(hi).to(tl.float64) * inv).to(tl.float32), 1)
         else:
-            r = tl.math.div_rn(s * 0.0 + 1.0, s)[:, None]
-            ylo = _divide_snapped(tl.abs(lo), r, s[:, None])
-            yhi = _divide_snapped(tl.abs(hi), r, s[:, None])
+            r4 = (tl.math.div_rn(s * 0.0 + 1.0, s) * 4.0)[:, None]
+            s4 = (s * 0.25)[:, None]
+            clo = _e2m1_magnitude(_divide_snapped(tl.abs(lo), r4, s4), 4)
+            chi = _e2m1_magnitude(_divide_snapped(tl.abs(hi), r4, s4), 4)
     else:  # scale = 2^ceil(log2(max(amax, 6 * 2^-126) / 6)): dividing by it is an exact product
         e = _ue8m0_ceil(tl.maximum(amax, 0x01C00000), 6.0)
         sc = e + 127
         inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]
-        ylo = tl.abs(lo) * inv
-        yhi = tl.abs(hi) * inv
+        clo = _e2m1_magnitude(tl.abs(lo) * inv, 1)
+        chi = _e2m1_magnitude(tl.abs(hi) * inv, 1)
     lob = lo.to(tl.int32, bitcast=True)
     hib = hi.to(tl.int32, bitcast=True)
-    packed = (_e2m1_magnitude(ylo) | ((lob >> 28) & 8) | (_e2m1_magnitude(yhi) << 4) | ((hib >> 24) & 0x80))
+    packed = clo | ((lob >> 28) & 8) | (chi << 4) | ((hib >> 24) & 0x80)
     tl.store(codes_ptr + pairs, packed.to(tl.uint8), mask=live[:, None])
-    tl.store(scales_ptr + rows, sc.to(tl.uint8), mask=live)
+    _store_scales(scales_ptr, rows, sc, first)
 
 
 @triton.jit
 def _e2m1_values(nibble, s):
-    """E2M1 code (sign in bit 3) times s, exactly: twice the magnitude is max(m, 2m - 4, 4m - 16)."""
-    m = nibble & 7
-    twice = tl.maximum(tl.maximum(m, 2 * m - 4), 4 * m - 16)
-    v = ((twice | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s
+    """E2M1 code (sign in bit 3) times s, exactly. (m << 22) + 0x3F000000 is the float32 of every
+    magnitude m >= 2 (and 0.5, 0.75 for m = 0, 1, which min(f, 2f - 1) mends)."""
+    f = (((nibble & 7) << 22) + 0x3F000000).to(tl.float32, bitcast=True)
+    v = tl.minimum(f, f * 2.0 - 1.0) * s
     return (v.to(tl.int32, bitcast=True) ^ ((nibble >> 3) << 31)).to(tl.float32, bitcast=True)
 
 
@@ -188,9 +198,8 @@ def fp4_dequantize(codes_ptr, scales_ptr, out_ptr, n_blocks,
         s = (_e4m3_decode(sc) | ((sc >> 7) << 31)).to(tl.float32, bitcast=True)
     else:
         s = (sc << 23).to(tl.float32, bitcast=True)
-    half_s = (s * 0.5)[:, None]
-    lo = _e2m1_values(packed & 15, half_s)
-    hi = _e2m1_values(packed >> 4, half_s)
+    lo = _e2m1_values(packed & 15, s[:, None])
+    hi = _e2m1_values(packed >> 4, s[:, None])
     _store_pairs(out_ptr, pairs, lo, hi, live[:, None], DST, True)
 
 
@@ -202,9 +211,10 @@ def fp8_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks,
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
     pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
+    first = live[:, None] & (tl.arange(0, HALF) == 0)[None, :]
     lo, hi = _load_pairs(x_ptr, pairs, live[:, None], SRC)
     amax = _row_amax(lo, hi)
-    _flag_nonfinite(flag_ptr, amax)
+    _flag_nonfinite(flag_ptr, amax, first)
     e = _ue8m0_ceil(tl.maximum(amax, 0x38D1B717), 448.0)  # 0x38D1B717: float32(1e-4)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]
     clo, _ = _e4m3_round(tl.minimum(tl.abs(lo) * inv, 448.0))
@@ -212,7 +222,7 @@ def fp8_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks,
     clo = clo | ((lo.to(tl.int32, bitcast=True) >> 24) & 0x80)
     chi = chi | ((hi.to(tl.int32, bitcast=True) >> 24) & 0x80)
     tl.store(codes_ptr + pairs, (clo | (chi << 8)).to(tl.int16), mask=live[:, None])  # two codes per int16
-    tl.store(scales_ptr + rows, (e + 127).to(tl.uint8), mask=live)
+    _store_scales(scales_ptr, rows, e + 127, first)
 
 
 @triton.jit
