@@ -297,9 +297,9 @@ def main() -> None:
         "## 1. Persistent bytes per token on the ssd tier\n\nFrom `bytes_per_token()`, per token: payload (the "
         "layout formula), chunk overhead (headers, token ids, checksums), manifests, what the ssd tier stores "
         "(after compression) and LMDB's page overhead; measured = (stored + LMDB) / tokens. raw/stored is the "
-        "compression ratio (with zstd, chunks are ssd records of flag 2: FP4 codes as a sign plane + zstd'd "
-        "magnitudes, scales as per-column residuals, docs/FORMAT.md). `du` of the data dir and where every byte "
-        "goes: benchmarks/results/at_rest.md.\n\n"
+        "compression ratio (with zstd, chunks are ssd records of flag 1, the default: the scales tail compressed, "
+        "the FP4 codes raw; docs/FORMAT.md). The compact records of `kvstore serve --ssd-compact-records` "
+        "(flag 2), `du` of the data dir and where every byte goes: benchmarks/results/at_rest.md.\n\n"
         + bpt_table,
         "## 2. Durable save throughput\n\nMB of chunk bytes per second for save_chunks + commit (each returns "
         "once its data is fsync'd; two transactions) and for one save_session call (one transaction), "

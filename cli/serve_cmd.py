@@ -22,6 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--ssd-max-map-bytes", type=int, help="hard limit of the LMDB file: past it saves fail with "
                    "RESOURCE_EXHAUSTED and reads go on (default none: the disk is the limit)")
     p.add_argument("--zstd-level", type=int, help=f"ssd compression level, 0 = off (default {d.zstd_level})")
+    p.add_argument("--ssd-compact-records", action="store_const", const=True,
+                   help="store chunks on the ssd tier in the compact record format: ~4%% fewer bytes at rest "
+                   "(834 vs 866 B/token at deepseek-v4.1-flash), ~10x slower to encode and decode")
     p.add_argument("--no-sync", dest="sync", action="store_const", const=False, help="do not fsync each write")
     p.add_argument("--redis-url", help="add a shared Redis tier after the ssd tier")
     p.add_argument("--redis-ttl-s", type=int, help="expiry of values in the Redis tier")

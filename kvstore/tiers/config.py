@@ -36,8 +36,10 @@ class SsdTierConfig:
     capacity_bytes: int = 0
     zstd_level: int = 1  # 0 = store raw; 1..22 = zstd level (1 compresses E4M3 scales best per second)
     #: Chunks as record flag 2 (codes and scales transformed, then compressed: 834 instead of 866
-    #: B/token at rest at the real geometry) or, False, flag 1 (codes raw: decodes ~5x faster).
-    transform_chunks: bool = True
+    #: B/token at rest at the real geometry, but encoded ~10x and decoded ~14x slower: 235 / 283 MB/s,
+    #: benchmarks/results/at_rest.md) or, by default, flag 1 (only the scales tail compressed), which
+    #: keeps saves and ssd reads near the disk's speed. For stores bound by capacity, not latency.
+    transform_chunks: bool = False
     sync: bool = True  # True: a put that returned is on disk; False: flushed on flush()/close()
     map_size: int = 1 << 30  # initial LMDB map size; doubled whenever it fills
     max_map_size: int = 0  # the map never grows past this (saves then fail: ResourceExhausted); 0 = no limit
