@@ -122,7 +122,7 @@ def ideas(train: list[bytes], layout: object) -> list[tuple[str, Idea]]:
     _bound.layout = layout  # type: ignore[attr-defined]
     return [
         ("raw, no compression (flag 0)", lambda b: HEADER.size + len(b)),
-        ("codes raw, zstd-1 from the first scales section (flag 1, previous default)", _flag1(1)),
+        ("codes raw, zstd-1 from the first scales section (flag 1, the default)", _flag1(1)),
         ("  same, zstd-3", _flag1(3)),
         ("  same, zstd-9", _flag1(9)),
         ("  same, zstd-19", _flag1(19)),
@@ -134,7 +134,7 @@ def ideas(train: list[bytes], layout: object) -> list[tuple[str, Idea]]:
         ("codes raw; tail: token ids delta + zigzag varint instead", _codes_raw(lambda b: _tail(b, True, False, True))),
         ("codes in one zstd-1 frame + transformed tail frame", _codes_frame),
         ("codes: sign plane raw + magnitudes (6 bits a byte) in one zstd-1 frame per format + transformed "
-         "tail frame (flag 2, current)", _flag2(1)),
+         "tail frame (flag 2, --ssd-compact-records)", _flag2(1)),
         ("  same, zstd-3", _flag2(3)),
         ("  same, zstd-19", _flag2(19)),
         ("  same, tail frame with a zstd dictionary trained per layout (16 KiB)", _dict_idea(train)),
