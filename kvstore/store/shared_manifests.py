@@ -38,7 +38,9 @@ from kvstore.manifest import Manifest, ManifestError
 from kvstore.tiers.base import TierError
 
 if TYPE_CHECKING:
+    from kvstore.store.group_commit import Pending
     from kvstore.store.tiered import TieredStore
+    from kvstore.store.turn import SavedTurn, Turn
     from kvstore.tiers.redis import RedisTier
     from kvstore.tiers.redis_sessions import Record
 
@@ -46,6 +48,8 @@ log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]
 #: A version to index: the session, its generation, its manifest (None: deleted).
 Update = tuple[SessionRef, int, Manifest | None]
+#: A turn ``SessionStore._commit_turns`` accepted: its pending call, its manifest, its new chunks.
+Accepted = tuple["Pending[Turn, SavedTurn]", Manifest, list[tuple[bytes, Any]]]
 RETRY_S = 1.0  # after a failed catch-up, answer from the local index this long before trying again
 
 
@@ -91,7 +95,7 @@ class SharedSessions:
                 self._gens.pop(ref, None)
 
     # -- publishing -----------------------------------------------------------------------------
-    def publish_turns(self, accepted: list[Any], store: TieredStore) -> list[Any]:
+    def publish_turns(self, accepted: list[Accepted], store: TieredStore) -> list[Accepted]:
         """Publish each accepted turn (``SessionStore._commit_turns``'s triples: pending, manifest,
         new chunks); fail the ones that cannot be, and return the others, to commit locally."""
         out = []

@@ -131,15 +131,15 @@ class RedisTier(Tier):
             return []
         with self._link.errors("get_many"):
             if self._touching():
-                return self._link.read([("GETEX", rkey, "PX", self._ttl_ms) for rkey in rkeys])
+                return self._link.pipelined([("GETEX", rkey, "PX", self._ttl_ms) for rkey in rkeys])
             if not self._link.cluster:
                 return self._link.client.mget(rkeys)  # type: ignore[no-any-return]
-            return self._link.read([("GET", rkey) for rkey in rkeys])  # MGET cannot span slots
+            return self._link.pipelined([("GET", rkey) for rkey in rkeys])  # MGET cannot span slots
 
     def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
         """Whether each key is held (one round trip per master)."""
         with self._link.errors("exists_many"):
-            return [bool(n) for n in self._link.read([("EXISTS", self._keys.value(check_key(k))) for k in keys])]
+            return [bool(n) for n in self._link.pipelined([("EXISTS", self._keys.value(check_key(k))) for k in keys])]
 
     def delete(self, key: bytes) -> bool:
         cmd = self._delete(key)
@@ -167,12 +167,12 @@ class RedisTier(Tier):
         rkey = self._keys.value(check_key(key))
         with self._link.errors("size_of"):
             # STRLEN alone cannot tell an empty value from a missing key.
-            exists, size = self._link.read([("EXISTS", rkey), ("STRLEN", rkey)])
+            exists, size = self._link.pipelined([("EXISTS", rkey), ("STRLEN", rkey)])
         return int(size) if exists else None
 
     def usage(self) -> Usage:
         with self._link.errors("usage"):
-            counts = self._link.read([("HMGET", h, "bytes", "items") for h in self._keys.usage_hashes()])
+            counts = self._link.pipelined([("HMGET", h, "bytes", "items") for h in self._keys.usage_hashes()])
         used_bytes = sum(int(used or 0) for used, _ in counts)
         items = sum(int(n or 0) for _, n in counts)
         return Usage(used_bytes, self.config.capacity_bytes, items, used_bytes)
@@ -182,7 +182,7 @@ class RedisTier(Tier):
         evicted keys itself. Writes racing with it can leave the counters off; run it when idle."""
         keys = list(self.keys())
         with self._link.errors("recount"):
-            sizes = self._link.read([("STRLEN", self._keys.value(k)) for k in keys])
+            sizes = self._link.pipelined([("STRLEN", self._keys.value(k)) for k in keys])
             totals = {h: [0, 0] for h in self._keys.usage_hashes()}
             for key, size in zip(keys, sizes):
                 total = totals[self._keys.usage(key)]

@@ -85,8 +85,9 @@ class RedisLink:
         """A non-transactional pipeline: one round trip (per master, in parallel, on a cluster)."""
         return self.client.pipeline(transaction=False)
 
-    def read(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
-        """Run read commands in one pipeline; their answers in order."""
+    def pipelined(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Run commands in one pipeline, waiting for no replica; their answers in order. Reads
+        take this path; writes take ``write``."""
         if not commands:
             return []
         pipe = self.pipeline()
@@ -101,7 +102,7 @@ class RedisLink:
         if not commands:
             return []
         if not self.config.wait_replicas:
-            return self.read([args for _, args in commands])
+            return self.pipelined([args for _, args in commands])
         if not self.cluster:
             return self._write_waiting(self.client, list(enumerate(commands)), "the server")[1]
         return self._write_cluster_waiting(commands)

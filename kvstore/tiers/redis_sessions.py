@@ -98,7 +98,7 @@ class SessionRecords:
         """The tenant's change counter and every session's latest generation (deleted ones too)."""
         k = self._keys
         with self._link.errors("list sessions"):
-            changes, gens = self._link.read([("GET", k.changes(tenant)), ("HGETALL", k.generations(tenant))])
+            changes, gens = self._link.pipelined([("GET", k.changes(tenant)), ("HGETALL", k.generations(tenant))])
         return int(changes or 0), {bytes(s).decode(): int(g) for s, g in gens.items()}
 
     def tenants(self) -> list[str]:
