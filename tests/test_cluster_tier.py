@@ -14,6 +14,7 @@ from cluster_helpers import RedisClusterProcess, require_cluster
 from daemon_helpers import make_session
 
 from kvstore.errors import FailedPrecondition, Unavailable
+from kvstore.manifest import Retention
 from kvstore.store import SessionStore, StoreConfig, open_store
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierError
 from kvstore.tiers.redis import RedisTier
@@ -87,6 +88,8 @@ def test_sessions_are_shared_through_a_single_server(redis_url: str, tmp_path: P
         with pytest.raises(FailedPrecondition, match="changed through another daemon"):
             a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)  # A had not seen B's
         assert a.get("ns", "s").chunk_keys == tuple(other.keys)
+        b.touch("ns", "s", Retention(pinned=True))  # a retention change is a version too
+        assert a.get("ns", "s").retention.pinned
         assert a.delete("ns", "s") >= 0
         with pytest.raises(KeyError):
             b.get("ns", "s")
