@@ -70,9 +70,10 @@ def test_a_cluster_that_is_down_fails_as_a_tier_error() -> None:
         RedisTier(RedisTierConfig(url="redis://127.0.0.1:1/0", cluster=True, socket_timeout_s=0.2))
 
 
-def _store(tmp: Path, url: str, name: str, namespace: str) -> SessionStore:
+def _store(tmp: Path, url: str, name: str, namespace: str, chunk_tokens: int = 256) -> SessionStore:
     redis_tier = RedisTierConfig(url=url, namespace=namespace, share_sessions=True)
-    return open_store(StoreConfig(tiers=(HostTierConfig(), SsdTierConfig(path=str(tmp / name)), redis_tier)))
+    return open_store(StoreConfig(tiers=(HostTierConfig(), SsdTierConfig(path=str(tmp / name)), redis_tier),
+                                  chunk_tokens=chunk_tokens))
 
 
 def test_sessions_are_shared_through_a_single_server(redis_url: str, tmp_path: Path) -> None:
@@ -123,3 +124,18 @@ def test_without_its_shared_tier_a_daemon_reads_what_it_holds_and_refuses_saves(
         assert [m.session_id for m in a.list("ns")] == ["s"]
     finally:
         a.close()
+
+
+def test_a_daemon_with_other_chunk_sizes_ignores_shared_sessions_and_leaves_their_chunks(
+        redis_url: str, tmp_path: Path) -> None:
+    prefix = f"p-{uuid.uuid4().hex[:8]}"
+    a, b = _store(tmp_path, redis_url, "a", prefix), _store(tmp_path, redis_url, "b", prefix, chunk_tokens=128)
+    try:
+        s = make_session(namespace="ns", session_id="s", tokens=700)
+        a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
+        assert b.list("ns") == [] and list(b.load("ns", s.keys)) == [(k, None) for k in s.keys]
+        shared = next(t for t in b.store.tiers if isinstance(t, RedisTier))
+        assert shared.exists_many(s.keys) == [True] * len(s.keys)  # nothing deleted as "corrupt"
+    finally:
+        a.close()
+        b.close()

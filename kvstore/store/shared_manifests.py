@@ -56,8 +56,9 @@ RETRY_S = 1.0  # after a failed catch-up, answer from the local index this long 
 class SharedSessions:
     """This daemon's side of the shared session records: publishing, catching up, generations."""
 
-    def __init__(self, tier: RedisTier) -> None:
+    def __init__(self, tier: RedisTier, chunk_tokens: int) -> None:
         self.tier = tier
+        self.chunk_tokens = chunk_tokens
         self.records = tier.sessions()
         self._lock = threading.Lock()
         self._gens: dict[SessionRef, int] = {}  # generation of the version this daemon indexes
@@ -71,7 +72,7 @@ class SharedSessions:
 
         for t in store.tiers:
             if isinstance(t, RedisTier) and t.config.share_sessions:
-                return SharedSessions(t)
+                return SharedSessions(t, store.config.chunk_tokens)
         return None
 
     # -- generations ----------------------------------------------------------------------------
@@ -213,6 +214,11 @@ class SharedSessions:
                 if (m.namespace, m.session_id) != (tenant, sid):  # a record under another's name
                     log.error("shared record %s/%s holds the manifest of %s/%s: ignored", tenant, sid,
                               m.namespace, m.session_id)
+                    continue
+                if m.chunk_tokens != self.chunk_tokens:  # its chunks would all fail verification here,
+                    # and a chunk that fails verification is deleted from the tier that served it
+                    log.error("shared session %s/%s has chunks of %d tokens, this daemon's are %d: ignored",
+                              tenant, sid, m.chunk_tokens, self.chunk_tokens)
                     continue
             out.append(((tenant, sid), rec.generation, m))
         return out
