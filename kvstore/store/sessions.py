@@ -10,7 +10,9 @@ Invariants:
   which sessions reference a chunk is derived from the manifests (a reachability index rebuilt at
   open), so deleting one session never breaks another, and there is no refcount to drift;
 - tiers slower than the durable tier may be shared by several daemons (Redis): this store never
-  garbage-collects them; their copies expire by TTL.
+  garbage-collects them; their copies expire by TTL. A Redis tier with ``share_sessions`` also
+  gets every save before it is acknowledged, and sessions other daemons saved are caught up from
+  it (``shared_manifests.py``).
 """
 
 from __future__ import annotations
