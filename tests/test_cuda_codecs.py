@@ -201,8 +201,8 @@ def _e4m3_scales() -> np.ndarray:
 
 def test_main_division_shortcuts_are_exact() -> None:
     """The kernels' premises for x / s (s any positive E4M3 value), replayed in numpy:
-    - 16-bit inputs: 4x * float32(1 / s), snapped to the integer it rounds to when that many
-      quarters of s give x back, has the E2M1 code of 4 * float32(x / s): every bf16 and fp16 value;
+    - 16-bit inputs: x * float32(1 / s), snapped to the quarter it rounds to when that quarter
+      times s gives x back, has the E2M1 code of float32(x / s): for every bf16 and fp16 value;
     - float32 inputs: float32(float64(x) * float64(1 / s)) == float32(x / s), near every tie and at random."""
     bf16 = (np.arange(0, 0x7F80, dtype=np.uint32) << 16).view(np.float32)
     fp16 = np.arange(0, 0x7C00, dtype=np.uint16).view(np.float16).astype(np.float32)
@@ -211,10 +211,10 @@ def test_main_division_shortcuts_are_exact() -> None:
     with np.errstate(over="ignore"):
         for s in _e4m3_scales():
             for x in (bf16, fp16):
-                y4 = x * ((np.float32(1) / s) * np.float32(4))
-                quarters = (y4 + big) - big
-                snapped = np.where(quarters * (s * np.float32(0.25)) == x, quarters, y4)
-                np.testing.assert_array_equal(_e2m1_codes(snapped * np.float32(0.25)), _e2m1_codes(x / s))
+                y = x * (np.float32(1) / s)
+                quarter = ((y * np.float32(4) + big) - big) * np.float32(0.25)
+                snapped = np.where(quarter * s == x, quarter, y)
+                np.testing.assert_array_equal(_e2m1_codes(snapped), _e2m1_codes(x / s))
             near = ((np.array(TIES, np.float32) * s).view(np.int32)[:, None] + np.arange(-40, 41)).ravel()
             x32 = np.concatenate([near.view(np.float32), np.abs(rng.standard_normal(4000)).astype(np.float32) * s * 3])
             y64 = (x32.astype(np.float64) * (1.0 / np.float64(s))).astype(np.float32)

@@ -83,16 +83,11 @@ def _ue8m0_ceil(a, div):
 
 
 @triton.jit
-def _flag_nonfinite(flag_ptr, amax, first):
-    """Set the flag from every block with a NaN/Inf (no reduction across the program: no barrier)."""
-    tl.store(flag_ptr + first.to(tl.int32) * 0, 1, mask=first & (amax >= 0x7F800000)[:, None])
-
-
-@triton.jit
-def _store_scales(scales_ptr, rows, sc, first):
-    """One byte per block, from the thread holding the block's first pair (no layout change)."""
-    tl.store(scales_ptr + rows[:, None] + first.to(tl.int64) * 0, (sc[:, None] + first.to(tl.int32) * 0).to(tl.uint8),
-             mask=first)
+def _flag_nonfinite(flag_ptr, amax):
+    """One flag for the program. (Per-row masked stores instead cost a predicated store per element:
+    measured 25% slower on an H200.)"""
+    bad = tl.max((amax >= 0x7F800000).to(tl.int32), axis=0)
+    tl.store(flag_ptr, bad, mask=bad > 0)
 
 
 @triton.jit
@@ -103,14 +98,14 @@ def _row_amax(lo, hi):
 
 
 @triton.jit
-def _e2m1_magnitude(y, UNIT: tl.constexpr):
-    """E2M1 code (0-7) of v = y / UNIT >= 0, saturating at 6, ties to even. With k = round to even
-    integer: code = min(k(2v), k(v) + 2, k(v/2) + 4, 7), each k the low bits of 1.5 * 2^23 + ..."""
+def _e2m1_magnitude(y):
+    """E2M1 code (0-7) of y >= 0, saturating at 6, ties to even. With k = round-to-even integer:
+    code = min(k(2y), k(y) + 2, k(y/2) + 4, 7), each k taken in the low bits of 1.5 * 2^23 + ..."""
     m = 12582912.0
-    y = tl.minimum(y, 6.0 * UNIT)
-    k0 = (y * (2.0 / UNIT) + m).to(tl.int32, bitcast=True)
-    k1 = (y * (1.0 / UNIT) + (m + 2.0)).to(tl.int32, bitcast=True)
-    k2 = (y * (0.5 / UNIT) + (m + 4.0)).to(tl.int32, bitcast=True)
+    y = tl.minimum(y, 6.0)
+    k0 = (y * 2.0 + m).to(tl.int32, bitcast=True)
+    k1 = (y + (m + 2.0)).to(tl.int32, bitcast=True)
+    k2 = (y * 0.5 + (m + 4.0)).to(tl.int32, bitcast=True)
     return tl.minimum(tl.minimum(k0, k1), k2) & 7
 
 
@@ -125,15 +120,14 @@ def _e4m3_round(y):
 
 
 @triton.jit
-def _divide_snapped(a, r4, s4):
-    """4 * float32(a / s) as far as E2M1 rounding can tell, for 16-bit inputs (r4 = 4 / s rounded,
-    s4 = s / 4): a * r4 is off by an ulp at most, which only matters when a / s is exactly a quarter
-    (every E2M1 tie is one); those are recognised by multiplying back (exact: below 32 quarters,
-    times s, has <= 9 bits). Checked against every bf16 and fp16 value and every E4M3 scale
-    (tests/test_cuda_codecs.py)."""
-    y = a * r4
-    quarters = (y + 12582912.0) - 12582912.0
-    return tl.where(quarters * s4 == a, quarters, y)
+def _divide_snapped(a, r, s):
+    """float32(a / s) as far as E2M1 rounding can tell, for 16-bit inputs: a * (1 / s) is off by an
+    ulp at most, which only matters when a / s is exactly a quarter (every E2M1 tie is one); those
+    are recognised by multiplying back (exact: a quarter below 8 times s has <= 9 bits).
+    Checked against every bf16 and fp16 value and every E4M3 scale (tests/test_cuda_codecs.py)."""
+    y = a * r
+    quarter = ((y * 4.0 + 12582912.0) - 12582912.0) * 0.25
+    return tl.where(quarter * s == a, quarter, y)
 
 
 @triton.jit
@@ -144,10 +138,9 @@ def fp4_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks, BLOCK: tl.con
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
     pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
-    first = live[:, None] & (tl.arange(0, HALF) == 0)[None, :]
     lo, hi = _load_pairs(x_ptr, pairs, live[:, None], SRC)
     amax = _row_amax(lo, hi)
-    _flag_nonfinite(flag_ptr, amax, first)
+    _flag_nonfinite(flag_ptr, amax)
     if E4M3:  # scale = e4m3(clamp(max(amax, 6 * 2^-9) / 6, max=448)); y = x / scale, exactly
         t = tl.math.div_rn(tl.maximum(amax, 0x3C400000).to(tl.float32, bitcast=True), 6.0)
         sc, s = _e4m3_round(tl.minimum(t, 448.0))
@@ -155,24 +148,23 @@ def fp4_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks, BLOCK: tl.con
             # float64 x * (1 / s) rounds to float32 as x / s does: x / s is never within 2^-29 of
             # a float32 rounding boundary it does not sit on (s has 4 significant bits)
             inv = (1.0 / s.to(tl.float64))[:, None]
-            clo = _e2m1_magnitude((tl.abs(lo).to(tl.float64) * inv).to(tl.float32), 1)
-            chi = _e2m1_magnitude((tl.abs(hi).to(tl.float64) * inv).to(tl.float32), 1)
+            ylo = (tl.abs(lo).to(tl.float64) * inv).to(tl.float32)
+            yhi = (tl.abs(hi).to(tl.float64) * inv).to(tl.float32)
         else:
-            r4 = (tl.math.div_rn(s * 0.0 + 1.0, s) * 4.0)[:, None]
-            s4 = (s * 0.25)[:, None]
-            clo = _e2m1_magnitude(_divide_snapped(tl.abs(lo), r4, s4), 4)
-            chi = _e2m1_magnitude(_divide_snapped(tl.abs(hi), r4, s4), 4)
+            r = tl.math.div_rn(s * 0.0 + 1.0, s)[:, None]
+            ylo = _divide_snapped(tl.abs(lo), r, s[:, None])
+            yhi = _divide_snapped(tl.abs(hi), r, s[:, None])
     else:  # scale = 2^ceil(log2(max(amax, 6 * 2^-126) / 6)): dividing by it is an exact product
         e = _ue8m0_ceil(tl.maximum(amax, 0x01C00000), 6.0)
         sc = e + 127
         inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]
-        clo = _e2m1_magnitude(tl.abs(lo) * inv, 1)
-        chi = _e2m1_magnitude(tl.abs(hi) * inv, 1)
+        ylo = tl.abs(lo) * inv
+        yhi = tl.abs(hi) * inv
     lob = lo.to(tl.int32, bitcast=True)
     hib = hi.to(tl.int32, bitcast=True)
-    packed = clo | ((lob >> 28) & 8) | (chi << 4) | ((hib >> 24) & 0x80)
+    packed = (_e2m1_magnitude(ylo) | ((lob >> 28) & 8) | (_e2m1_magnitude(yhi) << 4) | ((hib >> 24) & 0x80))
     tl.store(codes_ptr + pairs, packed.to(tl.uint8), mask=live[:, None])
-    _store_scales(scales_ptr, rows, sc, first)
+    tl.store(scales_ptr + rows, sc.to(tl.uint8), mask=live)
 
 
 @triton.jit
@@ -211,10 +203,9 @@ def fp8_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks,
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     live = rows < n_blocks
     pairs = rows[:, None] * HALF + tl.arange(0, HALF)[None, :]
-    first = live[:, None] & (tl.arange(0, HALF) == 0)[None, :]
     lo, hi = _load_pairs(x_ptr, pairs, live[:, None], SRC)
     amax = _row_amax(lo, hi)
-    _flag_nonfinite(flag_ptr, amax, first)
+    _flag_nonfinite(flag_ptr, amax)
     e = _ue8m0_ceil(tl.maximum(amax, 0x38D1B717), 448.0)  # 0x38D1B717: float32(1e-4)
     inv = ((127 - e) << 23).to(tl.float32, bitcast=True)[:, None]
     clo, _ = _e4m3_round(tl.minimum(tl.abs(lo) * inv, 448.0))
@@ -222,7 +213,7 @@ def fp8_quantize(x_ptr, codes_ptr, scales_ptr, flag_ptr, n_blocks,
     clo = clo | ((lo.to(tl.int32, bitcast=True) >> 24) & 0x80)
     chi = chi | ((hi.to(tl.int32, bitcast=True) >> 24) & 0x80)
     tl.store(codes_ptr + pairs, (clo | (chi << 8)).to(tl.int16), mask=live[:, None])  # two codes per int16
-    _store_scales(scales_ptr, rows, e + 127, first)
+    tl.store(scales_ptr + rows, (e + 127).to(tl.uint8), mask=live)
 
 
 @triton.jit
