@@ -9,7 +9,6 @@ a fresh process guarantees. Without triton they skip.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from kvstore import quant
 from kvstore.cuda import codecs
 
 DEVICE_ENV = "KVSTORE_CODEC_TEST_DEVICE"
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+HAS_TRITON = codecs.available()
 DEVICE = os.environ.get(DEVICE_ENV) or ("cuda" if torch.cuda.is_available() else "")
 on_device = pytest.mark.skipif(
     not (DEVICE and HAS_TRITON),

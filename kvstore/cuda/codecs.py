@@ -33,7 +33,10 @@ class KernelConfig:
 
 def available() -> bool:
     """Whether triton is importable (the kernels themselves are compiled on first use)."""
-    return importlib.util.find_spec("triton") is not None
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a broken or shadowed install counts as absent
+        return False
 
 
 def _nonfinite_check(flag: torch.Tensor, what: str) -> None:
