@@ -73,8 +73,7 @@ def loaded(c: Client, ns: str, sid: str) -> tuple[tuple[bytes, ...], bytes, dict
     return m.chunk_keys, m.tail, {i: bytes(b) for i, b in chunks}
 
 
-def test_saved_through_a_listed_and_resumed_through_b(cluster: RedisClusterProcess, clients: tuple[Client, Client],
-                                                      ns: str) -> None:
+def test_saved_through_a_listed_and_resumed_through_b(clients: tuple[Client, Client], ns: str) -> None:
     a, b = clients
     s, _ = two_turns(ns, "chat", seed=1)
     a.save_session(s.manifest, s.blobs)
@@ -83,9 +82,6 @@ def test_saved_through_a_listed_and_resumed_through_b(cluster: RedisClusterProce
     assert loaded(b, ns, "chat") == (tuple(s.keys), s.manifest.tail, dict(enumerate(s.blobs)))
     lookup = b.lookup(ns, s.layout.layout_id, [int(t) for t in s.token_ids])
     assert lookup.chunks == 3
-    keys = RedisKeys("kvstore", tagged=True)
-    masters = {cluster.master_of(keys.value(k)) for k in s.keys} | {cluster.master_of(keys.record(ns, "chat"))}
-    assert len(masters) >= 2  # chunks spread over the cluster's masters by their hash tags
 
 
 def test_b_continues_the_session_and_a_resumes_b_s_version(clients: tuple[Client, Client], ns: str) -> None:
