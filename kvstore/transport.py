@@ -178,9 +178,11 @@ class Receiver:
         if size > self.arena.arena.size:
             raise InvalidArgument(f"arena_bytes {size} exceeds the arena's {self.arena.arena.size}")
         whole = framing.BlobAssembler(self.assembler.max_blob)  # the arena part holds whole blobs
-        blobs = whole.feed(bytes(self.arena.arena.view[:size]))
+        spans = whole.feed(self.arena.arena.view[:size])  # each size read once
         whole.finish()
-        return blobs
+        # one immutable copy per blob (a tier may keep it as it is: host.py); a sender that rewrote a
+        # header meanwhile gets a copy whose own header disagrees with its length: refused as corrupt
+        return [bytes(v) for v in spans]
 
     def blobs(self, data: Blob) -> list[Blob]:
         """A save's streamed part: blobs without indices (they are consecutive)."""

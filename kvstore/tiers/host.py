@@ -62,6 +62,8 @@ class HostTier(Tier):
     def _copy(self, view: memoryview) -> Any:
         # Copy outside the lock: values are up to a few MB and other threads should not wait.
         if self._pin is None or not len(view):
+            if isinstance(view.obj, bytes) and view.nbytes == len(view.obj):
+                return view.obj  # a whole bytes object is immutable: kept as it is, no copy
             return view.tobytes()
         return self._pin(view)
 
