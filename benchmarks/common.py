@@ -50,8 +50,8 @@ def git_state(paths: Sequence[str] = ("kvstore",)) -> str:
     import subprocess
 
     root = Path(__file__).resolve().parents[1]
-    if not (root / ".git").exists():  # a copy without history (the device machine): the caller says which
-        return f"git {os.environ.get('KVSTORE_GIT_REV', 'unknown')}"
+    if os.environ.get("KVSTORE_GIT_REV"):  # a copy of a working tree (the device machine): the caller says which
+        return f"git {os.environ['KVSTORE_GIT_REV']}"
     run = lambda *a: subprocess.run(["git", *a], cwd=root, capture_output=True, text=True).stdout.strip()  # noqa: E731
     dirty = run("status", "--porcelain", "--", *paths)
     note = f", with uncommitted changes in {', '.join(paths)}/" if dirty else ""
