@@ -113,9 +113,11 @@ class LocalServer:
     async def _call(self, method: Method | None, path: str, metadata: tuple[tuple[str, str], ...],
                     reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         requests = _Requests(reader, method.deserialize if method else bytes)
+        out = _Answer(writer)
         if method is None:
             await requests.drain()
-            writer.write(_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}"))
+            out.add(_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}"))
+            await out.end()
             return
         self.on_call()
         ctx = LocalContext(metadata)
@@ -123,15 +125,48 @@ class LocalServer:
             request = requests.iterate() if method.client_streaming else await requests.one()
             if method.server_streaming:
                 async for answer in method.handler(request, ctx):
-                    _write_msg(writer, method.serialize, answer)
+                    await out.message(method.serialize(answer))
             else:
-                _write_msg(writer, method.serialize, await method.handler(request, ctx))
+                await out.message(method.serialize(await method.handler(request, ctx)))
             status = _status(grpc.StatusCode.OK)
         except grpc.aio.AbortError:
             status = _status(ctx.code, ctx.details)
         await requests.drain()  # the END frame, and what a handler that refused a stream early left
-        writer.write(status)
-        await writer.drain()
+        out.add(status)
+        await out.end()
+
+
+class _Answer:
+    """A call's answer frames, sent in as few writes as possible: each send wakes the client, and
+    on a busy host a wake-up costs more than joining a few small frames (an arena answer is one
+    small message and a status: one send)."""
+
+    FLUSH_BYTES = 1 << 20
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, data: bytes) -> None:
+        self.parts.append(data)
+        self.size += len(data)
+
+    async def message(self, raw: bytes) -> None:
+        self.add(HEADER.pack(len(raw) + 1, MSG))
+        self.add(raw)
+        if self.size >= self.FLUSH_BYTES:  # a streamed answer: sent as it is made, a few at a time
+            self._send()
+            await self.writer.drain()
+
+    def _send(self) -> None:
+        if self.parts:
+            self.writer.write(self.parts[0] if len(self.parts) == 1 else b"".join(self.parts))
+            self.parts, self.size = [], 0
+
+    async def end(self) -> None:
+        self._send()
+        await self.writer.drain()
 
 
 class _Requests:
@@ -161,12 +196,6 @@ class _Requests:
     async def drain(self) -> None:
         async for _ in self.iterate():
             pass
-
-
-def _write_msg(writer: asyncio.StreamWriter, serialize: Callable[[Any], bytes], answer: Any) -> None:
-    raw = serialize(answer)
-    writer.write(HEADER.pack(len(raw) + 1, MSG))
-    writer.write(raw)
 
 
 def _status(code: grpc.StatusCode, details: str = "") -> bytes:
