@@ -1,5 +1,5 @@
 """Client-side commands against a running daemon: `kvstore health | stats | sessions | bytes-per-token
-| evict`. Every command takes the connection flags (address, token, TLS); every failure is one line
+| evict | prefetch`. Every command takes the connection flags (address, token, TLS); every failure is one line
 on stderr and a non-zero exit."""
 
 from __future__ import annotations
@@ -70,6 +70,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("session_id")
     p.add_argument("--to", required=True, metavar="TIER", help="tier name, e.g. ssd")
     p.set_defaults(func=cmd_evict)
+
+    p = sub.add_parser("prefetch", parents=[conn],
+                       help="promote a session's chunks to the fastest tier in the background, ahead of a resume")
+    p.add_argument("namespace")
+    p.add_argument("session_id")
+    p.set_defaults(func=cmd_prefetch)
 
 
 # -- connection and errors, in one place ---------------------------------------------------------
@@ -190,6 +196,10 @@ def stats_view(s: pb.StatsResponse) -> Group:
     lines.append(f"transport: {x.arenas:,} same-host arenas attached; chunk calls {x.arena_calls:,} through an arena "
                  f"({x.overflow_calls:,} overflowed to the stream), {x.stream_calls:,} on the gRPC stream; "
                  f"{x.local_calls:,} calls over the local socket")
+    p = s.prefetch
+    lines.append(f"prefetch: {p.requested:,} requested ({p.coalesced:,} coalesced, {p.dropped:,} dropped), "
+                 f"{p.completed:,} completed, {p.chunks_promoted:,} chunks promoted, {p.chunks_skipped:,} skipped, "
+                 f"{p.pending:,} pending")
     lines += [f"[red]tier {r.name}: last error: {r.last_error}[/]" for r in s.tiers if r.last_error]
     return Group(*lines)
 
@@ -334,3 +344,15 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> int:
     print(f"moved {moved} chunks of {args.namespace}/{args.session_id} to {args.to} (chunks now: {where})")
     return 0
 
+
+@with_client
+def cmd_prefetch(client: Client, args: argparse.Namespace) -> int:
+    r = client.prefetch_session(args.namespace, args.session_id)
+    where = f"{args.namespace}/{args.session_id}"
+    if r.dropped:
+        print(f"prefetch of {where} dropped: the daemon's prefetch queue is full ({r.already_fast} chunks already "
+              f"in {r.tier})")
+    else:
+        joined = " (joined a prefetch already waiting)" if r.coalesced else ""
+        print(f"prefetch of {where}: {r.queued} chunks queued for {r.tier}, {r.already_fast} already there{joined}")
+    return 0

@@ -237,6 +237,14 @@ class AsyncClient:
         req = pb.EvictSessionRequest(namespace=namespace, session_id=session_id, tier=tier)
         return (await self._call(self._stub.EvictSession, req)).moved_chunks
 
+    async def prefetch_session(self, namespace: str, session_id: str) -> pb.PrefetchSessionResponse:
+        """As Client.prefetch_session: a background promotion to the fastest tier, answered at once."""
+        return await self._call(self._stub.PrefetchSession, wire.prefetch_request(namespace, session_id))
+
+    async def prefetch(self, namespace: str, session_id: str) -> int:
+        """As Client.prefetch: how many chunks were queued."""
+        return (await self.prefetch_session(namespace, session_id)).queued
+
 
 async def _pairs(head: list[tuple[int, Blob]], stream: AsyncIterator[Any], receiver: transport.Receiver,
                  chunks_of: Callable[[Any], pb.ChunkData | None]) -> AsyncIterator[tuple[int, Blob]]:

@@ -301,6 +301,15 @@ class Client:
         req = pb.EvictSessionRequest(namespace=namespace, session_id=session_id, tier=tier)
         return self._call(self._stub.EvictSession, req).moved_chunks
 
+    def prefetch_session(self, namespace: str, session_id: str) -> pb.PrefetchSessionResponse:
+        """Ask the daemon to promote a session's chunks to its fastest tier in the background, ahead
+        of a resume; answers at once (chunks queued, already fast, coalesced or dropped)."""
+        return self._call(self._stub.PrefetchSession, wire.prefetch_request(namespace, session_id))
+
+    def prefetch(self, namespace: str, session_id: str) -> int:
+        """``prefetch_session``; how many chunks were queued for promotion."""
+        return self.prefetch_session(namespace, session_id).queued
+
 
 def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: transport.Receiver,
            chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], expected: int, tails: set[Any]

@@ -138,6 +138,10 @@ def lookup_request(namespace: str, layout_id: bytes, token_ids: Any) -> pb.Looku
     return pb.LookupRequest(namespace=namespace, layout_id=layout_id, token_ids=list(map(int, token_ids)))
 
 
+def prefetch_request(namespace: str, session_id: str) -> pb.PrefetchSessionRequest:
+    return pb.PrefetchSessionRequest(namespace=namespace, session_id=session_id)
+
+
 # -- answers --------------------------------------------------------------------------------------
 def save_result(r: pb.SaveChunksResponse) -> SaveResult:
     return SaveResult(list(r.keys), r.written)

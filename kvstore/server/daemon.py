@@ -25,6 +25,7 @@ from kvstore.server.reflection import enable_reflection
 from kvstore.server.rpc_metrics import MetricsInterceptor, RpcMetrics
 from kvstore.server.service import KVStoreService
 from kvstore.server.startup import SERVER_OPTIONS, bind, data_dir_lock
+from kvstore.server.stats_pb import prefetch_to_pb
 from kvstore.store import SessionStore, open_store
 from kvstore.v1 import kvstore_pb2
 
@@ -89,8 +90,10 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     enable_reflection([SERVICE, health.SERVICE_NAME], server)  # v1 and v1alpha
     addr = f"[{config.host}]:{config.port}" if ":" in config.host else f"{config.host}:{config.port}"
     port = bind(server, addr, _credentials(config))
-    metrics = (start_metrics(registry, sessions, service.carriers.stats, config.host, config.metrics_port)
+    metrics = (start_metrics(registry, sessions, service.carriers.stats, config.host, config.metrics_port,
+                             lambda: prefetch_to_pb(service.prefetcher.counters()))
                if registry is not None else None)
+    service.prefetcher.start()
     await server.start()
     local = (LocalServer(methods(service), socket_path(shm_dir, port), service.carriers.count_local)
              if shm_dir is not None else None)
@@ -126,6 +129,7 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     if local is not None:
         await local.stop()
     task.cancel()
+    await asyncio.to_thread(service.prefetcher.stop)  # its chunk copy done before the store closes
     if metrics is not None:
         metrics.shutdown()
     service.carriers.arenas.close_all()

@@ -19,9 +19,11 @@ from kvstore.v1 import kvstore_pb2 as pb
 
 
 class StoreCollector(Collector):
-    def __init__(self, sessions: SessionStore, transport: Callable[[], pb.TransportStats]) -> None:
+    def __init__(self, sessions: SessionStore, transport: Callable[[], pb.TransportStats],
+                 prefetch: Callable[[], pb.PrefetchStats] | None = None) -> None:
         self.sessions = sessions
         self.transport = transport
+        self.prefetch = prefetch
 
     def collect(self) -> Iterator[Metric]:
         s = store_stats(self.sessions)
@@ -63,14 +65,25 @@ class StoreCollector(Collector):
         yield calls
         yield CounterMetricFamily("kvstore_local_socket_calls", "Calls made over the same-host local socket",
                                   value=t.local_calls)
+        if self.prefetch is not None:
+            p = self.prefetch()
+            for name, help_, value in (
+                    ("requested", "PrefetchSession calls answered", p.requested),
+                    ("completed", "Sessions the prefetch worker finished", p.completed),
+                    ("chunks_promoted", "Chunks prefetch copied into the fastest tier", p.chunks_promoted),
+                    ("coalesced", "Prefetches that joined one already waiting", p.coalesced),
+                    ("dropped", "Prefetches refused because the queue was full", p.dropped)):
+                yield CounterMetricFamily(f"kvstore_prefetch_{name}", help_, value=value)
+            yield GaugeMetricFamily("kvstore_prefetch_pending", "Sessions waiting for prefetch", value=p.pending)
         yield GaugeMetricFamily("kvstore_sessions", "Live sessions", value=s.sessions)
         yield GaugeMetricFamily("kvstore_persistent_bytes_per_token", "Persistent bytes per token of live sessions",
                                 value=s.bytes_per_token.measured)
 
 
 def start_metrics(registry: CollectorRegistry, sessions: SessionStore, transport: Callable[[], pb.TransportStats],
-                  host: str, port: int) -> WSGIServer:
-    """Serve ``registry`` (the per-RPC metrics are already on it) plus the store and transport state."""
-    registry.register(StoreCollector(sessions, transport))
+                  host: str, port: int, prefetch: Callable[[], pb.PrefetchStats] | None = None) -> WSGIServer:
+    """Serve ``registry`` (the per-RPC metrics are already on it) plus the store, transport and
+    prefetch state."""
+    registry.register(StoreCollector(sessions, transport, prefetch))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server

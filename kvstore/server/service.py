@@ -25,9 +25,10 @@ from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
 from kvstore.server.device_arenas import DeviceArenas
-from kvstore.server.stats_pb import stats_to_pb
+from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb
 from kvstore.server.status import client_bytes, parsed, rpc
 from kvstore.store import SessionStore, store_stats
+from kvstore.store.prefetch import Prefetcher
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -50,6 +51,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
         # buffered, whatever size a stream's header declares
         self.max_chunk_bytes = max(chunk.encoded_size(lay, sessions.config.chunk_tokens) for lay in PRESETS.values())
+        #: resume-ahead prefetch (PrefetchSession): its worker is started and stopped by the daemon
+        self.prefetcher = Prefetcher(sessions)
 
     # -- helpers ----------------------------------------------------------------------------------
     def _ns(self, context: grpc.aio.ServicerContext, namespace: str) -> str:
@@ -269,6 +272,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth.check_admin(context.invocation_metadata())
         r = stats_to_pb(await asyncio.to_thread(store_stats, self.sessions))
         r.transport.CopyFrom(self.carriers.stats())
+        r.prefetch.CopyFrom(prefetch_to_pb(self.prefetcher.counters()))
         return r
 
     @rpc
@@ -286,6 +290,13 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth.check_admin(context.invocation_metadata())
         moved = await asyncio.to_thread(self.sessions.evict, request.namespace, request.session_id, request.tier)
         return pb.EvictSessionResponse(moved_chunks=moved)
+
+    @rpc
+    async def PrefetchSession(self, request: pb.PrefetchSessionRequest, context: Any) -> pb.PrefetchSessionResponse:
+        self._ns(context, request.namespace)  # then the session in that namespace, as a load finds it
+        a = await asyncio.to_thread(self.prefetcher.request, request.namespace, request.session_id)
+        return pb.PrefetchSessionResponse(queued=a.queued, already_fast=a.already_fast, coalesced=a.coalesced,
+                                          dropped=a.dropped, tier=self.prefetcher.fast_tier)
 
     # -- same GPU: loads copied device to device into a client's own CUDA IPC buffer (device_arenas.py)
     @functools.cached_property

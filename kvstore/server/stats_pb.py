@@ -1,8 +1,9 @@
-"""The daemon's statistics as a StatsResponse: the store's, and how chunk data travelled."""
+"""The daemon's statistics as a StatsResponse: the store's, how chunk data travelled, prefetches."""
 
 from __future__ import annotations
 
 from kvstore.store import BytesPerToken, StoreStats
+from kvstore.store.prefetch import PrefetchCounters
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -12,6 +13,12 @@ def bpt_to_pb(b: BytesPerToken) -> pb.BytesPerToken:
         chunk_overhead=b.chunk_overhead, manifests=b.manifests, stored=b.stored, raw=b.raw,
         lmdb_overhead=b.lmdb_overhead, measured=b.measured, baseline_swa_snapshot=b.baseline_swa_per_turn,
     )
+
+
+def prefetch_to_pb(c: PrefetchCounters) -> pb.PrefetchStats:
+    return pb.PrefetchStats(requested=c.requested, completed=c.completed, chunks_promoted=c.chunks_promoted,
+                            coalesced=c.coalesced, dropped=c.dropped, chunks_skipped=c.chunks_skipped,
+                            pending=c.pending)
 
 
 def stats_to_pb(s: StoreStats) -> pb.StatsResponse:

@@ -48,7 +48,7 @@ from kvstore.store.shared_manifests import SharedSessions, Update
 from kvstore.store.tiered import TieredStore
 from kvstore.store.turn import SavedTurn, Turn
 from kvstore.store.validate import chunk_batch_keys, chunk_layout, known_layout, manifest_layout
-from kvstore.tiers.base import WriteBatch
+from kvstore.tiers.base import Stored, WriteBatch
 
 log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
@@ -431,6 +431,14 @@ class SessionStore:
             self.store.unpin(owned)
             with self._lock:
                 self.hits.loads += 1
+
+    def chunk_checks(self, namespace: str, session_id: str) -> list[tuple[bytes, Callable[[Stored], bool]]]:
+        """A live session's chunks, each with the verification a load applies to it (prefetch.py)."""
+        m = self.get(namespace, session_id)
+        with self._lock:
+            infos = [self._chunks.owned(namespace, k) for k in m.chunk_keys]
+        ct = self.config.chunk_tokens
+        return [(k, functools.partial(chunk_matches, k, i, ct)) for k, i in zip(m.chunk_keys, infos) if i is not None]
 
     def evict(self, namespace: str, session_id: str, tier: str) -> int:
         """Move a session's chunks down to ``tier`` (admin: simulate memory pressure)."""

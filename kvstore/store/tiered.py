@@ -167,7 +167,16 @@ class TieredStore:
         """The verified chunk, from the fastest tier holding it; None on a miss. ``check`` is the
         verification (default: checksum and the key the chunk claims); a copy that fails it is
         counted, deleted from that tier, and the next tier is tried."""
-        valid = check if check is not None else (lambda blob: chunk_is_valid(key, blob))
+        if (found := self._find(key, check or (lambda blob: chunk_is_valid(key, blob)))) is None:
+            return None
+        i, blob = found
+        self._slots[i].counters.hits += 1
+        if i > 0 and self.config.promote_on_read:
+            self._promote(key, blob, i)
+        return blob
+
+    def _find(self, key: bytes, valid: Callable[[Stored], bool]) -> tuple[int, Stored] | None:
+        """The fastest tier holding a copy that passes ``valid``, and that copy (failing ones deleted)."""
         for i, slot in enumerate(self._slots):
             try:
                 blob = slot.get_strict(key)
@@ -182,11 +191,28 @@ class TieredStore:
                 log.error("chunk %s failed verification in tier %s: deleted there", key.hex(), slot.name)
                 slot.drop(key)
                 continue
-            slot.counters.hits += 1
-            if i > 0 and self.config.promote_on_read:
-                self._promote(key, blob, i)
-            return blob
+            return i, blob
         return None
+
+    def prefetch(self, key: bytes, check: Callable[[Stored], bool]) -> bool:
+        """Put a verified copy of a chunk, whole, into the fastest tier ahead of a load (prefetch.py);
+        only making room demotes anything. Waits for that tier's lock (a background worker; reads never
+        take it). False: already there, no valid copy, or no room (the rest pinned)."""
+        fast = self._slots[0]
+        found = None if fast.has(key) else self._find(key, check)
+        if found is None or found[0] == 0:
+            return False
+        with fast.lock:
+            self._make_room(0, len(found[1]), protect=key)
+            u = fast.usage()
+            if u is None or (u.capacity_bytes and u.used_bytes + len(found[1]) > u.capacity_bytes):
+                return False
+            try:
+                fast.put(key, found[1])
+            except TierError:
+                return False
+            fast.counters.promotions += 1
+        return True
 
     def _promote(self, key: bytes, blob: Stored, found: int) -> None:
         # Best effort: a read never waits for a tier's lock; a chunk not promoted now is promoted

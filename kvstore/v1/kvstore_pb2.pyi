@@ -480,7 +480,7 @@ class BytesPerToken(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., unique_chunks: _Optional[int] = ..., formula: _Optional[float] = ..., payload: _Optional[int] = ..., chunk_overhead: _Optional[int] = ..., manifests: _Optional[int] = ..., stored: _Optional[int] = ..., raw: _Optional[int] = ..., lmdb_overhead: _Optional[int] = ..., measured: _Optional[float] = ..., baseline_swa_snapshot: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "lookups", "requested_tokens", "hit_tokens", "loaded_chunks", "missed_chunks", "sessions", "bytes_per_token", "transport")
+    __slots__ = ("tiers", "lookups", "requested_tokens", "hit_tokens", "loaded_chunks", "missed_chunks", "sessions", "bytes_per_token", "transport", "prefetch")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -490,6 +490,7 @@ class StatsResponse(_message.Message):
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     lookups: int
     requested_tokens: int
@@ -499,7 +500,8 @@ class StatsResponse(_message.Message):
     sessions: int
     bytes_per_token: BytesPerToken
     transport: TransportStats
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ..., transport: _Optional[_Union[TransportStats, _Mapping]] = ...) -> None: ...
+    prefetch: PrefetchStats
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ..., transport: _Optional[_Union[TransportStats, _Mapping]] = ..., prefetch: _Optional[_Union[PrefetchStats, _Mapping]] = ...) -> None: ...
 
 class TransportStats(_message.Message):
     __slots__ = ("arenas", "arena_calls", "overflow_calls", "stream_calls", "attaches", "detaches", "local_calls")
@@ -534,3 +536,43 @@ class EvictSessionResponse(_message.Message):
     MOVED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     moved_chunks: int
     def __init__(self, moved_chunks: _Optional[int] = ...) -> None: ...
+
+class PrefetchSessionRequest(_message.Message):
+    __slots__ = ("namespace", "session_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    session_id: str
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ...) -> None: ...
+
+class PrefetchSessionResponse(_message.Message):
+    __slots__ = ("queued", "already_fast", "coalesced", "dropped", "tier")
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_FAST_FIELD_NUMBER: _ClassVar[int]
+    COALESCED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    queued: int
+    already_fast: int
+    coalesced: bool
+    dropped: bool
+    tier: str
+    def __init__(self, queued: _Optional[int] = ..., already_fast: _Optional[int] = ..., coalesced: _Optional[bool] = ..., dropped: _Optional[bool] = ..., tier: _Optional[str] = ...) -> None: ...
+
+class PrefetchStats(_message.Message):
+    __slots__ = ("requested", "completed", "chunks_promoted", "coalesced", "dropped", "chunks_skipped", "pending")
+    REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_PROMOTED_FIELD_NUMBER: _ClassVar[int]
+    COALESCED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_SKIPPED_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    requested: int
+    completed: int
+    chunks_promoted: int
+    coalesced: int
+    dropped: int
+    chunks_skipped: int
+    pending: int
+    def __init__(self, requested: _Optional[int] = ..., completed: _Optional[int] = ..., chunks_promoted: _Optional[int] = ..., coalesced: _Optional[int] = ..., dropped: _Optional[int] = ..., chunks_skipped: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...

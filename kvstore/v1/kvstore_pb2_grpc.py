@@ -119,6 +119,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
                 _registered_method=True)
+        self.PrefetchSession = channel.unary_unary(
+                '/kvstore.v1.KVStore/PrefetchSession',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -263,6 +268,18 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PrefetchSession(self, request, context):
+        """Resume ahead: promote a session's chunks to the fastest tier in the background, for a scheduler
+        that knows the session is about to resume; answers at once with how many chunks were queued.
+        Loads never wait for it and never see a partial chunk (each is verified and placed whole; the
+        durable copy stays). Another namespace's session is NOT_FOUND, as an absent one. One background
+        worker and a bounded queue: a second prefetch of a session still waiting joins it (coalesced);
+        when the queue is full the answer says dropped (nothing queued; loads work as ever).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -350,6 +367,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.DetachDeviceBuffer,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.SerializeToString,
+            ),
+            'PrefetchSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrefetchSession,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -811,6 +833,33 @@ class KVStore:
             '/kvstore.v1.KVStore/DetachDeviceBuffer',
             kvstore_dot_v1_dot_kvstore__pb2.DetachArenaRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.DetachArenaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrefetchSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/PrefetchSession',
+            kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionResponse.FromString,
             options,
             channel_credentials,
             insecure,
