@@ -251,6 +251,8 @@ def test_fuzz_lookup_and_session_reads(target: Target, data: st.DataObject) -> N
     call(t, "GetSession", pb.GetSessionRequest(namespace=data.draw(namespaces), session_id=data.draw(session_ids)),
          data.draw(read_tokens))
     call(t, "ListSessions", pb.ListSessionsRequest(namespace=data.draw(namespaces)), data.draw(read_tokens))
+    call(t, "PrefetchSession", pb.PrefetchSessionRequest(namespace=data.draw(namespaces),
+                                                         session_id=data.draw(session_ids)), data.draw(read_tokens))
     call(t, "GetServerInfo", pb.GetServerInfoRequest(), data.draw(read_tokens))
     call(t, "Stats", pb.StatsRequest(), data.draw(read_tokens))
 
