@@ -310,6 +310,18 @@ class Client:
         """``prefetch_session``; how many chunks were queued for promotion."""
         return self.prefetch_session(namespace, session_id).queued
 
+    def wait_prefetched(self, namespace: str, session_id: str, timeout_s: float = 30.0,
+                        poll_s: float = 0.005) -> float | None:
+        """Seconds until every chunk of the session is in the daemon's fastest tier (GetSession polled:
+        a measurement helper, e.g. prefetch then this then a timed load), or None if not within
+        ``timeout_s`` (a session bigger than that tier never is)."""
+        fast, t0 = self.info().tiers[0], time.perf_counter()
+        while set(self.get_session(namespace, session_id)[1]) - {fast}:
+            if time.perf_counter() - t0 > timeout_s:
+                return None
+            time.sleep(poll_s)
+        return time.perf_counter() - t0
+
 
 def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: transport.Receiver,
            chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], expected: int, tails: set[Any]

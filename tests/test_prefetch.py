@@ -115,6 +115,19 @@ def test_prefetch_brings_an_evicted_session_back_to_host(admin: Client) -> None:
     assert admin.prefetch_session("a", s.session_id).already_fast == 3
 
 
+def test_wait_prefetched_measures_the_promotion(daemon: Daemon, admin: Client) -> None:
+    s = make_session(namespace="a", session_id=sid(), tokens=8 * 256, seed=6)
+    save_session(admin, s)
+    with Client(address=daemon.address, token=TOK_A, shared_memory=False, timeout_s=30) as a:
+        assert a.wait_prefetched("a", s.session_id) is not None  # in host memory since its save
+        admin.evict("a", s.session_id, "ssd")
+        assert a.wait_prefetched("a", s.session_id, timeout_s=0.0) is None  # nothing asked it to move
+        assert a.prefetch("a", s.session_id) == 8
+        waited = a.wait_prefetched("a", s.session_id, timeout_s=WAIT_S)
+        assert waited is not None and waited >= 0
+        assert a.get_session("a", s.session_id)[1] == {"host": 8}
+
+
 def test_the_async_client_prefetches(daemon: Daemon, admin: Client) -> None:
     s = make_session(namespace="a", session_id=sid(), tokens=600, seed=2)
     save_session(admin, s)
