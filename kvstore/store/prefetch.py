@@ -28,6 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvstore.store.sessions import SessionRef, SessionStore
+from kvstore.tiers.base import TierError
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +117,11 @@ class Prefetcher:
         return answer
 
     def _in_fastest(self, key: bytes) -> bool:
-        return self.sessions.store.where(key)[:1] == [self.fast_tier]
+        """A probe of the fastest tier alone (``where`` would ask every tier, Redis over the network)."""
+        try:
+            return self.sessions.store.tiers[0].contains(key)
+        except TierError:
+            return False
 
     def counters(self) -> PrefetchCounters:
         with self._cond:
