@@ -175,6 +175,7 @@ def test_a_cannot_touch_or_see_b_sessions(world: World, round_: int) -> None:
             "TouchSession": lambda ns, sid: c.touch_session(ns, sid, Retention(ttl_s=0.001)),
             "ListSessions": lambda ns, sid: [x.session_id for x in c.list_sessions(ns)],
             "EvictSession": lambda ns, sid: c.evict(ns, sid, "ssd"),
+            "PrefetchSession": lambda ns, sid: c.prefetch(ns, sid),
         }
         for s in world.b_sessions:
             decoy = decoy_session(round_)
