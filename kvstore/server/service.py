@@ -91,6 +91,13 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 pieces.close()
         self.carriers.count(carrier)
 
+    async def _manifest(self, namespace: str, session_id: str) -> Manifest:
+        """A session's manifest: read on the event loop (a dict lookup), or in a worker thread when a
+        shared tier makes the read a network round trip that must not stall the loop."""
+        if self.sessions.reads_remote:
+            return await asyncio.to_thread(self.sessions.get, namespace, session_id)
+        return self.sessions.get(namespace, session_id)
+
     def _in_memory(self, keys: list[bytes]) -> bool:
         """Whether a load is small and held whole by the fastest tier, a memory tier (a lookup, no
         read: a chunk demoted meanwhile is still read correctly, just once from a slower tier here)."""
@@ -193,7 +200,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def LoadSession(self, request: pb.LoadSessionRequest, context: Any) -> AsyncIterator[pb.LoadSessionResponse]:
         self._ns(context, request.namespace)
         carrier = self._carrier(context, request.arena_id)  # before any answer
-        m = self.sessions.get(request.namespace, request.session_id)
+        m = await self._manifest(request.namespace, request.session_id)
         session: pb.Session | None = convert.session_to_pb(m)  # in the first message, with the first chunks
         async for piece in self._send(carrier, request.namespace, list(m.chunk_keys)):
             if piece.handle is not None:
@@ -229,7 +236,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @rpc
     async def GetSession(self, request: pb.GetSessionRequest, context: Any) -> pb.GetSessionResponse:
         self._ns(context, request.namespace)
-        m = self.sessions.get(request.namespace, request.session_id)
+        m = await self._manifest(request.namespace, request.session_id)
+
         def count() -> dict[str, int]:  # one worker-thread hop for the whole session
             tiers: dict[str, int] = {}
             for k in m.chunk_keys:

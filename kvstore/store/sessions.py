@@ -79,6 +79,11 @@ class SessionStore:
         self._shared = SharedSessions.of(store)
         self._load_manifests()
 
+    @property
+    def reads_remote(self) -> bool:
+        """Whether reading a manifest may take a network round trip (a shared tier catches up first)."""
+        return self._shared is not None
+
     # -- startup --------------------------------------------------------------------------------
     def _load_manifests(self) -> None:
         # Data dirs of the old format kept manifests among the chunks: move them out first, once.
