@@ -1,0 +1,161 @@
+"""The report of ``bench_peers.py``: results/peers.{md,json,png} from one run's record.
+
+Kept apart from the measuring so ``bench_peers.py --from-json`` can rewrite the report of a run
+without measuring again.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import RESULTS, markdown_table, write_result
+
+PEERS = ("kvstore-grpc", "kvstore-local", "lmcache-server", "redis", "lmdb")
+KV = ("kvstore-grpc", "kvstore-local")
+BASE = "lmcache-server"
+PROMISE = {
+    "kvstore-grpc": "durable: acknowledged once the chunks and the manifest are one fsync'd LMDB commit (and in "
+                    "the host-memory tier); each load verifies checksum, key and namespace. gRPC stream "
+                    "(`Client(address, shared_memory=False)`)",
+    "kvstore-local": "the same promise; same-host path (`Client(address)`: shared-memory arena + Unix socket), "
+                     "zero-copy loads (views of the arena)",
+    "lmcache-server": "memory only: LMCache 0.5.6's `lmcache_server` keeps each chunk in a Python dict in its "
+                      "process (no disk, no eviction; lost when it stops). A PUT gets no answer: a save is timed "
+                      "until one EXIST round trip after the last PUT confirms the server holds it. Driven by "
+                      "LMCache's own `LMCServerConnector` (what `remote_url: lm://host:port` creates) with its "
+                      "`LocalCPUBackend` allocator, one connection per client process",
+    "redis": "memory only: redis-server without persistence (`--save '' --appendonly no`); redis-py, one "
+             "SET/GET per chunk in one non-transactional pipeline",
+    "lmdb": "durable: raw py-lmdb, one write transaction per save, fsync'd on commit (a fresh file per client); "
+            "loads copy every value out of one read transaction; no checks",
+}
+
+
+def medians(row: dict[str, Any]) -> dict[str, float]:
+    return {k: statistics.median(v) for k, v in row["walls_s"].items()}
+
+
+def cell(row: dict[str, Any], op: str, peer: str) -> str:
+    walls = row["walls_s"].get(f"{op} {peer}")
+    if not walls:
+        return "NOT measured"
+    t = statistics.median(walls)
+    gb = row["clients"] * row["n_chunks"] * row["chunk_bytes"] / t / 1e9
+    return f"{t * 1e3:.1f} ms ({gb:.2f} GB/s)"
+
+
+def ratios(rows: list[dict[str, Any]], peer: str) -> list[tuple[str, float]]:
+    """(row label, LMCache's median wall / ``peer``'s) for every row and op: > 1 means ``peer`` is faster."""
+    out = []
+    for r in rows:
+        m = medians(r)
+        for op in ("save", "load"):
+            if f"{op} {BASE}" in m and f"{op} {peer}" in m:
+                out.append((f"{op} {r['chunk']} x {r['clients']}", m[f"{op} {BASE}"] / m[f"{op} {peer}"]))
+    return out
+
+
+def verdicts(run: dict[str, Any]) -> dict[str, str]:
+    """Per kvstore path: the target (faster than LMCache's server on every row), met or NOT met."""
+    out = {}
+    for peer in KV:
+        rs = ratios(run["rows"], peer)
+        if not rs:
+            out[peer] = "NOT measured (no LMCache rows)"
+            continue
+        slow = [f"{lab} {x:.2f}x" for lab, x in rs if x <= 1]
+        lo, hi = min(x for _, x in rs), max(x for _, x in rs)
+        out[peer] = (f"{'met' if not slow else 'NOT met'}: {lo:.2f}-{hi:.2f}x LMCache's speed over "
+                     f"{len(rs)} rows" + (f"; slower on {', '.join(slow)}" if slow else ""))
+    return out
+
+
+def plot(run: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clients = sorted({r["clients"] for r in run["rows"]})
+    chunks = list(dict.fromkeys(r["chunk"] for r in run["rows"]))
+    fig, axes = plt.subplots(2, len(clients), figsize=(6 * len(clients), 8), squeeze=False)
+    for i, op in enumerate(("save", "load")):
+        for j, nc in enumerate(clients):
+            ax, w = axes[i][j], 0.8 / len(PEERS)
+            for k, peer in enumerate(PEERS):
+                ys = []
+                for ch in chunks:
+                    r = next(r for r in run["rows"] if r["chunk"] == ch and r["clients"] == nc)
+                    walls = r["walls_s"].get(f"{op} {peer}")
+                    ys.append(nc * r["n_chunks"] * r["chunk_bytes"] / statistics.median(walls) / 1e9 if walls else 0)
+                ax.bar([x + k * w for x in range(len(chunks))], ys, w, label=peer,
+                       color=("C0", "C9", "C3", "C1", "C2")[k])
+            ax.set_xticks([x + 0.4 - w / 2 for x in range(len(chunks))], [f"{c} chunks" for c in chunks])
+            ax.set_title(f"{op}, {nc} client{'s' if nc > 1 else ''}")
+            ax.set_ylabel("GB/s (all clients)")
+            ax.legend(fontsize=8)
+    fig.suptitle("the same session bytes through kvstore, LMCache's server, redis-py and LMDB (higher is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(run: dict[str, Any]) -> list[Path]:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    js = RESULTS / "peers.json"
+    js.write_text(json.dumps(run, indent=1) + "\n")
+    rows = [[op, r["chunk"], f"{r['chunk_bytes']:,} B x {r['n_chunks']}", r["clients"],
+             *(cell(r, op, p) for p in PEERS),
+             *(f"{medians(r).get(f'{op} {BASE}', float('nan')) / medians(r)[f'{op} {p}']:.2f}x" for p in KV)]
+            for op in ("save", "load") for r in run["rows"]]
+    table = markdown_table(["op", "chunk", "session per client", "clients", *PEERS,
+                            *(f"{p} speed / LMCache's" for p in KV)], rows)
+    lmc = run["lmcache"]
+    install = "\n".join(f"    {s}" for s in lmc["steps"])
+    status = (f"LMCache {lmc['lmcache']} with torch {lmc['torch']}" if lmc["python"] != "None" else
+              f"**LMCache NOT measured**: {lmc['error']}")
+    v = verdicts(run)
+    cfg = run["config"]
+    body = f"""Target (issue 13, item 4): kvstore saves and loads faster than LMCache's server on every row.
+
+- kvstore gRPC stream path: **{v['kvstore-grpc']}**
+- kvstore same-host path: **{v['kvstore-local']}**
+
+Each cell: the median over {cfg['repeats']} rounds (after {cfg['warmup']} warm-up) of a round's wall time, from
+the first client's start to the last one's end, and the GB/s that makes for all clients together. Every
+client saves and loads its own session of real deepseek-v4.1-flash chunks (FP4 codes through the real
+codecs, seeded per client); every system moves exactly the same bytes per client. Systems are
+interleaved round by round. Loads read what the save put there: kvstore from its host-memory tier,
+LMCache and redis from memory, LMDB from the page cache.
+
+{table}
+
+Chunk sizes: "256 KiB" = 256 tokens = 229,208 B (224 KiB); "1 MiB" = 1,172 tokens = 1,048,136 B
+(1 MiB less 440 B), each chunk size served by a daemon started with `--chunk-tokens` of it.
+
+![save and load GB/s](peers.png)
+
+## What each save promises
+
+{markdown_table(["system", "what a save promises, how it is driven"], [[p, PROMISE[p]] for p in PEERS])}
+
+kvstore's numbers are durable saves against memory-only ones for LMCache's server and redis: a
+comparison of what each system offers as installed, not of equal guarantees.
+
+## Setup
+
+{status}, in its own venv (`benchmarks/.peers-venv`, created by the benchmark; steps this run):
+
+{install}
+
+Command: `{run['command']}` ({run['elapsed_s']:.0f} s, {run['date']} UTC, {run['git']}). Machine: {run['machine']};
+filesystem {' '.join(run['filesystem'])}; load average {run['load_before'][0]:.2f} before, {run['load_after'][0]:.2f}
+after (the machine is shared: other work ran beside this benchmark).
+Regenerate the report without measuring: `python benchmarks/bench_peers.py --from-json benchmarks/results/peers.json`.
+"""
+    return [js, write_result("peers.md", "kvstore beside LMCache's server, redis-py and LMDB", body),
+            plot(run, RESULTS / "peers.png")]
