@@ -226,9 +226,9 @@ def report(run: dict[str, Any]) -> list[Path]:
         f"(first start to last finish; the daemon path copies). The daemon, Redis and the clients share "
         f"{run['cpus']} cores: past 2 clients the figures measure CPU contention as much as kvstore or Redis.",
         markdown_table(["backend", "path", *(f"{n} clients" for n in run["clients"])], agg),
-        "A daemon with default settings promotes what it loads from Redis into its host and ssd tiers (an "
-        "fsync'd LMDB write per chunk), so its first load of a session saved elsewhere costs more and the "
-        "next ones are local: one sample each, ms: " + ", ".join(
+        "A daemon with default settings promotes what it loads from Redis into its host tier as it reads, "
+        "and into its ssd tier in one LMDB transaction at the end of the load (one fsync), so its first load "
+        "of a session saved elsewhere costs more and the next ones are local: one sample each, ms: " + ", ".join(
             f"{r['backend']} first {r['default_first_s'] * 1e3:.0f}, again {r['default_again_s'] * 1e3:.0f}"
             for r in run["rows"]) + ".",
     ])

@@ -423,15 +423,18 @@ class SessionStore:
         owned = [k for k, info in zip(keys, infos) if info is not None]
         ct = self.config.chunk_tokens
         self.store.pin(owned)
+        durable_later: list[tuple[bytes, Stored]] = []  # read from the shared tier: one batch, one fsync
         try:
             # chunks only the shared tier holds are fetched ahead, a pipelined window at a time
             with self._shared.read_ahead(owned, self.store) if self._shared else contextlib.nullcontext():
                 for k, info in zip(keys, infos):
-                    blob = None if info is None else self.store.get(k, functools.partial(chunk_matches, k, info, ct))
+                    blob = None if info is None else self.store.get(k, functools.partial(chunk_matches, k, info, ct),
+                                                                    durable_later)
                     with self._lock:
                         self.hits.loaded_chunks += blob is not None
                         self.hits.missed_chunks += blob is None
                     yield k, blob
+            self.store.promote_durably(durable_later)
         finally:
             self.store.unpin(owned)
             with self._lock:

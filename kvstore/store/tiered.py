@@ -163,17 +163,39 @@ class TieredStore:
         self.delete_many([key], local_only)
 
     # -- reads ----------------------------------------------------------------------------------
-    def get(self, key: bytes, check: Callable[[Stored], bool] | None = None) -> Stored | None:
+    def get(self, key: bytes, check: Callable[[Stored], bool] | None = None,
+            durable_later: list[tuple[bytes, Stored]] | None = None) -> Stored | None:
         """The verified chunk, from the fastest tier holding it; None on a miss. ``check`` is the
         verification (default: checksum and the key the chunk claims); a copy that fails it is
-        counted, deleted from that tier, and the next tier is tried."""
+        counted, deleted from that tier, and the next tier is tried. ``durable_later``: a copy read
+        from below the durable tier (a shared one) is promoted into the faster tiers now and left in
+        this list for the durable one, for the caller to write as one batch (``promote_durably``)."""
         if (found := self._find(key, check or (lambda blob: chunk_is_valid(key, blob)))) is None:
             return None
         i, blob = found
         self._slots[i].counters.hits += 1
         if i > 0 and self.config.promote_on_read:
+            if durable_later is not None and i > self.durable:
+                durable_later.append((key, blob))
+                i = self.durable
             self._promote(key, blob, i)
         return blob
+
+    def promote_durably(self, items: list[tuple[bytes, Stored]]) -> int:
+        """Copies read from below the durable tier, written into it in one transaction (one fsync,
+        not one per chunk). Best effort, like every promotion: skipped while that tier is busy."""
+        slot = self._slots[self.durable]
+        if not items or not slot.lock.acquire(blocking=False):
+            return 0
+        try:
+            self._make_room(self.durable, sum(len(b) for _, b in items))
+            slot.put_many(items)
+            slot.counters.promotions += len(items)
+            return len(items)
+        except TierError:
+            return 0
+        finally:
+            slot.lock.release()
 
     def _find(self, key: bytes, valid: Callable[[Stored], bool]) -> tuple[int, Stored] | None:
         """The fastest tier holding a copy that passes ``valid``, and that copy (failing ones deleted)."""
