@@ -40,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 VENV = HERE / ".peers-venv"
 CHUNKS = {"256 KiB": 256, "1 MiB": 1172}  # label -> chunk tokens at deepseek-v4.1-flash
 KV_PEERS = ("kvstore-grpc", "kvstore-local", "redis", "lmdb")
-LMC_PEERS = ("lmcache-server",)
+LMC_PEERS = ("lmcache-server", "lmcache-engine")
 
 
 @dataclass(frozen=True)
@@ -104,15 +104,17 @@ def wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 60) -
     raise RuntimeError("lmcache_server did not listen")
 
 
-def measure_row(kv: list[Proc], lmc: list[Proc], cfg: RunConfig, tmp: Path, **setup: Any) -> dict[str, list[float]]:
-    """Walls (s) of every save and load op over ``cfg.warmup + cfg.repeats`` interleaved rounds."""
+def measure_row(kv: list[Proc], lmc: list[Proc], cfg: RunConfig, tmp: Path, info: dict[str, Any], **setup: Any
+                ) -> dict[str, list[float]]:
+    """Walls (s) of every save and load op over ``cfg.warmup + cfg.repeats`` interleaved rounds;
+    what the LMCache clients say at setup goes into ``info``."""
     for i, p in enumerate(kv):
         p.send(op="setup", idx=i, blob_file=str(tmp / f"blobs{i}.bin"), lmdb_dir=str(tmp / f"lmdb{i}-{len(kv)}"),
                **setup)
     [p.recv() for p in kv]
     for i, p in enumerate(lmc):
         p.send(op="setup", idx=i, blob_file=str(tmp / f"blobs{i}.bin"), **setup)
-    [p.recv() for p in lmc]
+    info.update(*[p.recv() for p in lmc][:1])
     groups = [(f"{op} {peer}", kv) for op in ("save",) for peer in KV_PEERS]
     groups += [(f"save {peer}", lmc) for peer in LMC_PEERS if lmc]
     walls: dict[str, list[float]] = {}
@@ -131,7 +133,8 @@ def measure_row(kv: list[Proc], lmc: list[Proc], cfg: RunConfig, tmp: Path, **se
 def run(cfg: RunConfig, env_info: peers_venv.PeersEnv) -> dict[str, Any]:
     lay = get_layout("deepseek-v4.1-flash")
     tmp = Path(tempfile.mkdtemp(prefix="bench-peers-"))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "LMCACHE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LMCACHE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+           "PYTHONHASHSEED": "0"}  # LMCache's token hashes: stable across its processes, as it asks
     out: dict[str, Any] = {"rows": [], "filesystem": subprocess.run(
         ["df", "--output=source,fstype", str(tmp)], capture_output=True, text=True).stdout.split("\n")[1].split()}
     redis_proc, lmc_server, procs = ceilings.start_redis(redis_port := ceilings.free_port()), None, []
@@ -158,9 +161,10 @@ def run(cfg: RunConfig, env_info: peers_venv.PeersEnv) -> dict[str, Any]:
                     t = time.perf_counter()
                     setup = {"address": d.address, "chunk_tokens": ct, "n_chunks": n, "chunk_bytes": size,
                              "redis_port": redis_port, "port": lmc_port}
-                    walls = measure_row(kv[:nc], lmc[:nc], cfg, tmp, **setup)
+                    info: dict[str, Any] = {}
+                    walls = measure_row(kv[:nc], lmc[:nc], cfg, tmp, info, **setup)
                     out["rows"].append({"chunk": label, "chunk_tokens": ct, "chunk_bytes": size, "n_chunks": n,
-                                        "clients": nc, "walls_s": walls})
+                                        "clients": nc, "walls_s": walls, **info})
                     print(f"{label} x {nc} clients ({time.perf_counter() - t:.0f} s): " + ", ".join(
                         f"{k} {nc * n * size / statistics.median(v) / 1e9:.2f}" for k, v in walls.items())
                         + " GB/s", flush=True)

@@ -28,6 +28,7 @@ from lmcache.v1.memory_management import MemoryFormat, MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 from lmcache.v1.storage_backend.connector.lm_connector import LMCServerConnector
 from lmcache.v1.storage_backend.local_cpu_backend import LocalCPUBackend
+from peers_lmc_engine import EngineClient
 
 
 class LmcClient:
@@ -94,23 +95,29 @@ class LmcClient:
 
 
 def main() -> None:
-    state: dict[str, LmcClient] = {}
+    state: dict[str, Any] = {}
 
-    def setup(cmd: dict[str, Any]) -> str:
-        if "c" in state:
-            state.pop("c").close()
+    def setup(cmd: dict[str, Any]) -> dict[str, Any]:
+        for k in ("c", "e"):
+            if k in state:
+                state.pop(k).close()
         state["c"] = LmcClient(cmd)
+        state["e"] = EngineClient(cmd)
         import lmcache
 
-        return getattr(lmcache, "__version__", "?")
+        return {"lmcache": getattr(lmcache, "__version__", "?"), "engine_chunk_bytes": state["e"].chunk_bytes}
 
     def prepare(cmd: dict[str, Any]) -> str:
         state["c"].save()
         state["c"].load(check=True)
+        state["e"].save()
+        state["e"].load()
         return "ok"
 
     peers_proto.serve(setup, lambda: {"save lmcache-server": (state["c"].save, None),
-                                      "load lmcache-server": (state["c"].load, None)}, prepare)
+                                      "load lmcache-server": (state["c"].load, None),
+                                      "save lmcache-engine": (state["e"].save, None),
+                                      "load lmcache-engine": (state["e"].load, None)}, prepare)
 
 
 if __name__ == "__main__":
