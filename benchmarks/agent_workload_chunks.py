@@ -89,3 +89,19 @@ def snapshot_shape(layout: Layout, chunk_tokens: int, target: int) -> tuple[int,
     n = target // full
     tail = min(range(chunk_tokens), key=lambda t: abs(n * full + layout.chunk_payload_bytes(t) - target))
     return n, tail
+
+
+def mixed_codes_zstd(maker: ChunkMaker) -> tuple[float, float]:
+    """(zstd-1 compressed / raw size of the FP8/BF16 main-KV codes of ``maker``'s pool, their share
+    of a full chunk's encoded bytes): what a V4-style store would gain by compressing its codes,
+    which kvstore's ssd records keep raw (they compress from the first scales section on)."""
+    import zstandard
+
+    from kvstore.chunk import encoded_size
+
+    codes = b"".join(e[c.name].codes.tobytes() for e in maker.pool for c in maker.layout.caches
+                     if c.fmt is EntryFormat.FP8_BF16_MIXED)
+    if not codes:
+        return 1.0, 0.0
+    ratio = len(zstandard.ZstdCompressor(level=1).compress(codes)) / len(codes)
+    return ratio, len(codes) / len(maker.pool) / encoded_size(maker.layout, maker.chunk_tokens)

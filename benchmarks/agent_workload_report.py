@@ -56,10 +56,41 @@ def breakdown(f: dict) -> list[tuple[str, int]]:
              f["du"] - b["stored"] - b["lmdb_overhead"])]
 
 
+def _in_use(f: dict) -> int:
+    """Bytes in use: the durable tier's stored values plus LMDB's pages for them (no free pages)."""
+    return int(f["bpt"]["stored"] + f["bpt"]["lmdb_overhead"])
+
+
 def _avg_ratio(res: dict, kv: str, v4: str) -> float:
     """Time-averaged ratio of bytes at rest: integral of du(v4) over integral of du(kvstore)."""
     s = res["series"]
     return sum(r[v4]["du"] for r in s) / max(1, sum(r[kv]["du"] for r in s))
+
+
+def sensitivity(res: dict, kv: str, v4: str, tokens: int) -> tuple[str, float, float]:
+    """The ratio as a function of tokens per live snapshot (how often boundaries come), from this
+    run's measured bytes: kvstore's du per token, V4's du per token without its snapshots, and one
+    snapshot's bytes at rest (its share of V4's stored bytes, plus its share of LMDB and free
+    pages). Also the V4 store if it compressed its FP8/BF16 codes too (``codes_zstd``: zstd-1 ratio
+    of those codes, measured on the chunk pool). Returns (table, tokens per snapshot at the target's
+    break-even, bytes of one snapshot at rest)."""
+    f, fk = res["final"][v4], res["final"][kv]
+    lv = f["live"]
+    snaps = lv["snapshots"]
+    raw = lv["global_chunks"] + lv["manifests_global"] + lv["snapshot_chunks"] + lv["manifests_snapshot"]
+    snap_share = (lv["snapshot_chunks"] + lv["manifests_snapshot"]) / max(1, raw)
+    per_snap = f["du"] * snap_share / max(1, snaps)
+    kv_bpt, v4_global_bpt = fk["du"] / tokens, f["du"] * (1 - snap_share) / tokens
+    gain = 1 - (1 - res["codes_zstd"]) * res["codes_share"]
+    rows = []
+    for t in (250, 500, round(tokens / max(1, snaps)), 1000, 2000, 4000, 16000):
+        r = (v4_global_bpt + per_snap / t) / kv_bpt
+        rows.append([f"{t:,}" + (" (this run)" if t == round(tokens / max(1, snaps)) else ""), f"{r:.2f}x",
+                     f"{r * gain:.2f}x"])
+    even = per_snap / max(1e-9, TARGET * kv_bpt - v4_global_bpt) if TARGET * kv_bpt > v4_global_bpt else float("inf")
+    table = markdown_table(["live tokens per live SWA snapshot", "V4-Flash-style / kvstore",
+                            "same, V4 codes zstd-compressed too"], rows)
+    return table, even, per_snap
 
 
 def report(res: dict, png: Path) -> str:
@@ -74,10 +105,13 @@ def report(res: dict, png: Path) -> str:
             f = fin[name]
             rows.append([name, f["bpt"]["sessions"] if name == kv else f"{f['bpt']['sessions']} (incl. snapshots)",
                          f"{tokens[geo]:,}", f"{f['du'] / MB:,.1f}", f"**{f['du'] / tokens[geo]:,.1f}**",
+                         f"{_in_use(f) / tokens[geo]:,.1f}",
                          f"{f['bpt']['measured']:,.1f}" if name == kv else "(pseudo-tokens)",
-                         f"{f['du'] / fin[kv]['du']:.2f}x", f"{_avg_ratio(res, kv, name):.2f}x"])
+                         f"**{f['du'] / fin[kv]['du']:.2f}x**", f"{_in_use(f) / _in_use(fin[kv]):.2f}x",
+                         f"{_avg_ratio(res, kv, name):.2f}x"])
     head = markdown_table(["store", "live sessions", "live tokens (shared once)", "du MB", "du B/token",
-                           "daemon Stats B/token", "du vs kvstore", "time-averaged"], rows)
+                           "in use B/token", "daemon Stats B/token", "du vs kvstore", "in use vs kvstore",
+                           "du vs kvstore, time-averaged"], rows)
     bd_rows = []
     for geo, kv, v4 in GEOMETRIES:
         parts = {name: breakdown(fin[name]) for name in (kv, v4)}
@@ -108,6 +142,7 @@ def report(res: dict, png: Path) -> str:
                             "dedup saved", "chunks sent / written over the run"], dd_rows)
     hits = markdown_table(["store", "hits: host (share of loaded chunks)", "hits: ssd", "missed chunks",
                            "evictions / demotions / promotions per tier"], hit_rows)
+    sens, even, sens_snap = sensitivity(res, "real / kvstore", "real / V4-Flash-style", tokens["real"])
     lat = markdown_table(["store", "resume", "n", "p50 ms", "p90 ms"], res_rows)
     pf = ("Resume-ahead prefetch (`Client.prefetch`) was available: every other resume sent it "
           f"{1e3 * res['prefetch_pause_s']:.0f} ms before loading." if res["prefetch_available"] else
@@ -149,7 +184,9 @@ def report(res: dict, png: Path) -> str:
         "dedups). At tiny-16 no V4 global layout exists, so its second store keeps the tiny-16 global KV and adds "
         "tiny-16 SWA snapshots (16 x 128 x 132 = 270,336 B): the SWA factor alone.",
         "## Bytes at rest at the end\n\nB/token is over the live tokens of the workload, shared prefix counted "
-        "once (the same for both policies); du = allocated blocks of the data dir. The daemon's own Stats "
+        "once (the same for both policies); du = allocated blocks of the data dir; in use = the daemon's Stats "
+        "stored + LMDB pages (du without the free pages that deletes and expiries left in the LMDB file). The "
+        "daemon's own Stats "
         "bytes-per-token (its stored values + LMDB pages, over its live tokens) is shown for kvstore only (the "
         "V4-style daemon counts snapshot pseudo-tokens); it leaves out the free pages du counts.\n\n" + head,
         f"![bytes at rest over the run]({png.name})",
@@ -157,6 +194,14 @@ def report(res: dict, png: Path) -> str:
         "bookkeeping), the daemon's Stats (stored after compression, LMDB page overhead) and du; each column adds "
         "up to du. LMDB files never shrink: pages freed by deletes and expiries are reused by later saves, and "
         "show here as the rest of the files.\n\n" + bd,
+        "## How the ratio depends on the workload\n\nThe V4-Flash-style store's bytes grow with the number of "
+        "boundaries it keeps snapshots of; kvstore's do not. From this run's measured bytes at the real geometry "
+        f"(one snapshot at rest: {sens_snap / MB:.2f} MB incl. its share of LMDB and free pages), the end-of-run "
+        f"ratio if the live sessions had this many tokens per live snapshot; {TARGET:.0f}x holds down to one "
+        f"snapshot per {even:,.0f} live tokens. Right column: if the V4-style store also compressed its FP8/BF16 "
+        f"main-KV codes (zstd-1 keeps {res['codes_zstd']:.1%} of them on these synthetic chunks; they are "
+        f"{res['codes_share']:.1%} of a deepseek-v4-flash chunk), which kvstore's record format does not do for "
+        "any codes.\n\n" + sens,
         "## Dedup (the shared system prompt)\n\n" + dedup,
         "## Hit rates per tier (daemon Stats over the whole run)\n\n" + hits,
         "## Resume latency (load of what a resume needs: global KV; V4-style also the latest snapshot)\n\n"

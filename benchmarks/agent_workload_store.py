@@ -166,12 +166,13 @@ class Store:
         global KV and of snapshots, manifests, and what dedup saved (chunks referenced again); and
         the live tokens of the workload, each shared chunk counted once (snapshot pseudo-tokens not)."""
         out = {"global_chunks": 0, "snapshot_chunks": 0, "manifests_global": 0, "manifests_snapshot": 0,
-               "dedup_saved": 0, "global_refs": 0, "tokens": 0}
+               "dedup_saved": 0, "global_refs": 0, "tokens": 0, "snapshots": 0}
         seen: set[bytes] = set()
         for ref, keys in self.session_keys.items():
             snap = ref.startswith(SWA_NS + "/")
             out["manifests_snapshot" if snap else "manifests_global"] += self.manifest_bytes[ref]
             out["tokens"] += 0 if snap else self.tail_tokens[ref]
+            out["snapshots"] += snap
             for k in keys:
                 size = self.chunk_sizes[k]
                 if not snap:

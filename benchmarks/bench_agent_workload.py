@@ -1,6 +1,6 @@
 """Agent workload at the real geometry and at tiny-16: kvstore's persistence vs a V4-Flash-style one.
 
-    python benchmarks/bench_agent_workload.py [--sessions 120] [--quick]
+    python benchmarks/bench_agent_workload.py [--sessions 80] [--quick]
 
 A seeded synthetic agent workload (benchmarks/agent_workload_trace.py: a shared 2,000-token
 system prompt, multi-turn growth with model and tool outputs, pauses with eviction to the ssd tier
@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.agent_workload_chunks import mixed_codes_zstd
 from benchmarks.agent_workload_report import report
 from benchmarks.agent_workload_store import Store, StoreSpec, du_bytes
 from benchmarks.agent_workload_trace import TraceConfig, build_trace, token_ids
@@ -63,6 +64,7 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     trace = build_trace(cfg)
     stores = [Store(sp, root / sp.name.replace(" / ", "-").replace(" ", "_")) for sp in
               specs(args.host_mib, args.host_mib // 4)]
+    codes_zstd, codes_share = mixed_codes_zstd(stores[1].maker)
     prefetch = all(hasattr(st.client, "prefetch") for st in stores)
     ids: dict[int, np.ndarray] = {}
     series, resumes, t0 = [], 0, time.perf_counter()
@@ -125,18 +127,19 @@ def run(args: argparse.Namespace, root: Path) -> dict:
     fates = {f: sum(1 for e in trace if e.fate == f) for f in ("keep", "delete", "ttl")}
     return {"config": asdict(cfg), "events": len(trace), "kinds": kinds, "fates": fates,
             "boundaries": kinds["start"] + kinds["grow"], "tokens_written": int(sum(len(v) for v in ids.values())),
+            "codes_zstd": codes_zstd, "codes_share": codes_share,
             "workload_s": workload_s, "prefetch_available": prefetch, "prefetch_pause_s": PREFETCH_PAUSE_S,
             "reclaimed": reclaimed, "series": series, "final": final}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sessions", type=int, default=None, help="default 120, --quick 5")
+    ap.add_argument("--sessions", type=int, default=None, help="default 80, --quick 5")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--host-mib", type=int, default=64, help="host tier of the real-geometry daemons (tiny: 1/4)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (< 30 s); results not written")
     args = ap.parse_args()
-    args.sessions = args.sessions or (5 if args.quick else 120)
+    args.sessions = args.sessions or (5 if args.quick else 80)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(dir=REPO.parent, prefix="bench-agents-") as tmp:
         res = run(args, Path(tmp))
