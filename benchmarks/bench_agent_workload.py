@@ -137,7 +137,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=None, help="default 80, --quick 5")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--host-mib", type=int, default=64, help="host tier of the real-geometry daemons (tiny: 1/4)")
-    ap.add_argument("--quick", action="store_true", help="a smoke run (< 30 s); results not written")
+    ap.add_argument("--quick", action="store_true", help="a smoke run (< 30 s), written to the temp dir")
+    ap.add_argument("--out-dir", type=Path, default=None, help=f"where the results go (default {RESULTS})")
     args = ap.parse_args()
     args.sessions = args.sessions or (5 if args.quick else 80)
     started = time.perf_counter()
@@ -147,7 +148,7 @@ def main() -> None:
             "machine": machine(), "git": git_state(("kvstore", "benchmarks")),
             "runtime_s": time.perf_counter() - started}
     name = "agent_workload_quick" if args.quick else "agent_workload"
-    out_dir = Path(tempfile.gettempdir()) if args.quick else RESULTS
+    out_dir = args.out_dir or (Path(tempfile.gettempdir()) if args.quick else RESULTS)
     md = report(res, out_dir / f"{name}.png")
     (out_dir / f"{name}.json").write_text(json.dumps(res, indent=1))
     (out_dir / f"{name}.md").write_text(md)
