@@ -16,6 +16,7 @@ client's start to the last one's end. Writes results/peers.{md,json,png}.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +41,8 @@ from kvstore.server.process import DaemonProcess
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".peers-venv"
 CHUNKS = {"256 KiB": 256, "1 MiB": 1172}  # label -> chunk tokens at deepseek-v4.1-flash
-KV_PEERS = ("kvstore-grpc", "kvstore-local", "redis", "lmdb")
+KV_PEERS = ("kvstore-grpc", "kvstore-local", "kvstore-grpc-nosync", "kvstore-local-nosync", "redis", "lmdb")
+SAVE_ONLY = ("kvstore-grpc-nosync", "kvstore-local-nosync")  # loads read the same host tier
 LMC_PEERS = ("lmcache-server", "lmcache-engine")
 
 
@@ -75,14 +78,18 @@ class Proc:
                 return value
         raise RuntimeError(f"client process exited ({self.p.wait()}); its log:\n{self.log.read_text()[-3000:]}")
 
-    def stop(self) -> None:
+    def quit(self) -> None:
         if self.p.poll() is None:
-            try:
+            with contextlib.suppress(OSError):
                 self.send(op="quit")
-                self.p.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                self.p.kill()
-                self.p.wait()
+
+    def stop(self) -> None:
+        """After ``quit``: wait a little, then kill."""
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
 
 
 def all_of(procs: list[Proc], **cmd: Any) -> list[Any]:
@@ -121,7 +128,8 @@ def measure_row(kv: list[Proc], lmc: list[Proc], cfg: RunConfig, tmp: Path, info
     for phase in ("save", "load"):
         if phase == "load":
             all_of(kv + lmc, op="prepare")
-            groups = [(name.replace("save", "load", 1), procs) for name, procs in groups]
+            groups = [(name.replace("save", "load", 1), procs) for name, procs in groups
+                      if name.split(" ", 1)[1] not in SAVE_ONLY]
         for r in range(cfg.warmup + cfg.repeats):
             for name, procs in groups:
                 stamps = all_of(procs, op=name)
@@ -138,39 +146,57 @@ def run(cfg: RunConfig, env_info: peers_venv.PeersEnv) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": [], "filesystem": subprocess.run(
         ["df", "--output=source,fstype", str(tmp)], capture_output=True, text=True).stdout.split("\n")[1].split()}
     redis_proc, lmc_server, procs = ceilings.start_redis(redis_port := ceilings.free_port()), None, []
+    daemons: dict[tuple[int, bool], DaemonProcess] = {}
     try:
-        n_max = max(cfg.clients)
-        kv = [Proc(sys.executable, HERE / "peers_kv_worker.py", tmp / f"kv{i}.log", env) for i in range(n_max)]
-        procs += kv
-        lmc: list[Proc] = []
-        lmc_port = 0
-        if env_info.python is not None:
-            lmc_port = ceilings.free_port()
-            with open(tmp / "lmcache_server.log", "ab") as log:
-                lmc_server = subprocess.Popen([str(env_info.python.parent / "lmcache_server"), "127.0.0.1",
-                                               str(lmc_port), "cpu"], stdout=log, stderr=log, env=env)
-            wait_port(lmc_port, lmc_server)
-            lmc = [Proc(str(env_info.python), HERE / "peers_lmc_worker.py", tmp / f"lmc{i}.log", env)
-                   for i in range(n_max)]
-            procs += lmc
+        t0 = time.perf_counter()
+        # every daemon (a durable one and a --no-sync one per chunk size) starts at once, beside the clients
+        for ct in CHUNKS.values():
+            for nosync in (False, True):
+                daemons[(ct, nosync)] = DaemonProcess(tmp / f"daemon{ct}{'-nosync' * nosync}",
+                                                      ["--log-level", "WARNING", "--chunk-tokens", str(ct),
+                                                       *(["--no-sync"] * nosync)])
+        with ThreadPoolExecutor(len(daemons)) as ex:
+            starting = [ex.submit(d.start) for d in daemons.values()]
+            n_max = max(cfg.clients)
+            procs += [Proc(sys.executable, HERE / "peers_kv_worker.py", tmp / f"kv{i}.log", env) for i in range(n_max)]
+            lmc_port = 0
+            if env_info.python is not None:
+                lmc_port = ceilings.free_port()
+                with open(tmp / "lmcache_server.log", "ab") as log:
+                    lmc_server = subprocess.Popen([str(env_info.python.parent / "lmcache_server"), "127.0.0.1",
+                                                   str(lmc_port), "cpu"], stdout=log, stderr=log, env=env)
+                wait_port(lmc_port, lmc_server)
+                procs += [Proc(str(env_info.python), HERE / "peers_lmc_worker.py", tmp / f"lmc{i}.log", env)
+                          for i in range(n_max)]
+            for f in starting:
+                f.result()
+        kv, lmc = procs[:n_max], procs[n_max:]
+        print(f"servers up ({time.perf_counter() - t0:.0f} s)", flush=True)
         for label, ct in CHUNKS.items():
             size = chunk.encoded_size(lay, ct)
             n = max(1, round(cfg.session_bytes / size))
-            with DaemonProcess(tmp / f"daemon{ct}", ["--log-level", "WARNING", "--chunk-tokens", str(ct)]) as d:
-                for nc in cfg.clients:
-                    t = time.perf_counter()
-                    setup = {"address": d.address, "chunk_tokens": ct, "n_chunks": n, "chunk_bytes": size,
-                             "redis_port": redis_port, "port": lmc_port}
-                    info: dict[str, Any] = {}
-                    walls = measure_row(kv[:nc], lmc[:nc], cfg, tmp, info, **setup)
-                    out["rows"].append({"chunk": label, "chunk_tokens": ct, "chunk_bytes": size, "n_chunks": n,
-                                        "clients": nc, "walls_s": walls, **info})
-                    print(f"{label} x {nc} clients ({time.perf_counter() - t:.0f} s): " + ", ".join(
-                        f"{k} {nc * n * size / statistics.median(v) / 1e9:.2f}" for k, v in walls.items())
-                        + " GB/s", flush=True)
+            for nc in cfg.clients:
+                t = time.perf_counter()
+                setup = {"address": daemons[(ct, False)].address, "address_nosync": daemons[(ct, True)].address,
+                         "chunk_tokens": ct, "n_chunks": n, "chunk_bytes": size, "redis_port": redis_port,
+                         "port": lmc_port}
+                info: dict[str, Any] = {}
+                walls = measure_row(kv[:nc], lmc[:nc], cfg, tmp, info, **setup)
+                out["rows"].append({"chunk": label, "chunk_tokens": ct, "chunk_bytes": size, "n_chunks": n,
+                                    "clients": nc, "walls_s": walls, **info})
+                print(f"{label} x {nc} clients ({time.perf_counter() - t:.0f} s): " + ", ".join(
+                    f"{k} {nc * n * size / statistics.median(v) / 1e9:.2f}" for k, v in walls.items())
+                    + " GB/s", flush=True)
     finally:
         for p in procs:
+            p.quit()
+        for p in procs:
             p.stop()
+        for d in daemons.values():  # SIGTERM to all first: they shut down in parallel
+            if d.proc is not None and d.proc.poll() is None:
+                d.proc.terminate()
+        for d in daemons.values():
+            d.stop()
         for proc in (lmc_server, redis_proc):
             if proc is not None:
                 proc.terminate()

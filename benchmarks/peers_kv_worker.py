@@ -56,7 +56,10 @@ class KvClient:
         self.manifest = manifest_for(self.ns, self.keys, ids, ct)
         self.grpc = Client(address=cmd["address"], shared_memory=False)
         self.local = Client(address=cmd["address"], arena_bytes=ARENA_BYTES)
-        for c in (self.grpc, self.local):
+        # the same two paths to a daemon started with --no-sync: what kvstore's save costs without its fsync
+        self.grpc_ns = Client(address=cmd["address_nosync"], shared_memory=False)
+        self.local_ns = Client(address=cmd["address_nosync"], arena_bytes=ARENA_BYTES)
+        for c in (self.grpc, self.local, self.grpc_ns, self.local_ns):
             c.info()
         if not self.local.uses_shared_memory or self.grpc.uses_shared_memory:
             raise RuntimeError("the daemon did not offer the same-host path (or forced it on the stream client)")
@@ -82,8 +85,11 @@ class KvClient:
 
     def ops(self) -> dict[str, tuple[peers_proto.Op, peers_proto.Op | None]]:
         unsave = lambda: self.grpc.delete_session(self.ns, SID)  # noqa: E731
+        unsave_ns = lambda: self.grpc_ns.delete_session(self.ns, SID)  # noqa: E731
         return {"save kvstore-grpc": (lambda: self.save(self.grpc), unsave),
                 "save kvstore-local": (lambda: self.save(self.local), unsave),
+                "save kvstore-grpc-nosync": (lambda: self.save(self.grpc_ns), unsave_ns),
+                "save kvstore-local-nosync": (lambda: self.save(self.local_ns), unsave_ns),
                 "save redis": (self.red["save redis SET xN"], None),
                 "save lmdb": (self.put, self.drop),
                 "load kvstore-grpc": (lambda: self.load(self.grpc), None),
@@ -102,7 +108,7 @@ class KvClient:
         return "ok"
 
     def close(self) -> None:
-        for c in (self.grpc, self.local):
+        for c in (self.grpc, self.local, self.grpc_ns, self.local_ns):
             c.close()
         self.redis.close()
         self.lmdb.close()

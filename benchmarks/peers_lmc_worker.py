@@ -14,6 +14,7 @@ chunk, each received into a memory object of LMCache's allocator (``recv_into``)
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 from pathlib import Path
@@ -118,6 +119,7 @@ def main() -> None:
                                       "load lmcache-server": (state["c"].load, None),
                                       "save lmcache-engine": (state["e"].save, None),
                                       "load lmcache-engine": (state["e"].load, None)}, prepare)
+    os._exit(0)  # LMCache's engine leaves non-daemon threads behind; nothing is left to flush
 
 
 if __name__ == "__main__":

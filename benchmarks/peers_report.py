@@ -15,6 +15,7 @@ from benchmarks.common import RESULTS, markdown_table, write_result
 
 PEERS = ("kvstore-grpc", "kvstore-local", "lmcache-server", "lmcache-engine", "redis", "lmdb")
 KV = ("kvstore-grpc", "kvstore-local")
+NOSYNC = ("kvstore-grpc-nosync", "kvstore-local-nosync")  # a diagnostic for saves, not the target
 BASE = "lmcache-server"
 PROMISE = {
     "kvstore-grpc": "durable: acknowledged once the chunks and the manifest are one fsync'd LMDB commit (and in "
@@ -33,6 +34,9 @@ PROMISE = {
                       "chunks have kvstore's size within 0.2% (229,376 / 1,050,112 B) but not kvstore's bytes. "
                       "`store()` returns before its PUTs are sent: a save is timed until none is in flight and "
                       "an EXIST of the last chunk answers",
+    "kvstore-grpc-nosync": "a diagnostic, not the target: the gRPC path to a daemon started with `--no-sync` "
+                           "(the same commit, no fsync: what kvstore's save costs without its durability)",
+    "kvstore-local-nosync": "the same diagnostic on the same-host path",
     "redis": "memory only: redis-server without persistence (`--save '' --appendonly no`); redis-py, one "
              "SET/GET per chunk in one non-transactional pipeline",
     "lmdb": "durable: raw py-lmdb, one write transaction per save, fsync'd on commit (a fresh file per client); "
@@ -90,18 +94,20 @@ def plot(run: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(2, len(clients), figsize=(6 * len(clients), 8), squeeze=False)
     for i, op in enumerate(("save", "load")):
         for j, nc in enumerate(clients):
-            ax, w = axes[i][j], 0.8 / len(PEERS)
-            for k, peer in enumerate(PEERS):
+            ax, w = axes[i][j], 0.8 / len(PEERS + NOSYNC)
+            for k, peer in enumerate(PEERS + NOSYNC):
                 ys = []
                 for ch in chunks:
                     r = next(r for r in run["rows"] if r["chunk"] == ch and r["clients"] == nc)
                     walls = r["walls_s"].get(f"{op} {peer}")
-                    ys.append(nc * r["n_chunks"] * r["chunk_bytes"] / statistics.median(walls) / 1e9 if walls else 0)
+                    ys.append(nc * r["n_chunks"] * r["chunk_bytes"] / statistics.median(walls) / 1e9 if walls
+                              else float("nan"))
                 ax.bar([x + k * w for x in range(len(chunks))], ys, w, label=peer,
-                       color=("C0", "C9", "C3", "C6", "C1", "C2")[k])
+                       color=("C0", "C9", "C3", "C6", "C1", "C2", "C7", "silver")[k])
             ax.set_xticks([x + 0.4 - w / 2 for x in range(len(chunks))], [f"{c} chunks" for c in chunks])
             ax.set_title(f"{op}, {nc} client{'s' if nc > 1 else ''}")
-            ax.set_ylabel("GB/s (all clients)")
+            ax.set_ylabel("GB/s (all clients, log scale)")
+            ax.set_yscale("log")
             ax.legend(fontsize=8)
     fig.suptitle("the same session bytes through kvstore, LMCache's server, redis-py and LMDB (higher is better)")
     fig.tight_layout()
@@ -114,12 +120,15 @@ def report(run: dict[str, Any]) -> list[Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     js = RESULTS / "peers.json"
     js.write_text(json.dumps(run, indent=1) + "\n")
-    rows = [[op, r["chunk"], f"{r['chunk_bytes']:,} B x {r['n_chunks']}", r["clients"],
-             *(cell(r, op, p) for p in PEERS),
-             *(f"{medians(r).get(f'{op} {BASE}', float('nan')) / medians(r)[f'{op} {p}']:.2f}x" for p in KV)]
-            for op in ("save", "load") for r in run["rows"]]
-    table = markdown_table(["op", "chunk", "session per client", "clients", *PEERS,
-                            *(f"{p} speed / LMCache's" for p in KV)], rows)
+    tables = {}
+    for op in ("save", "load"):
+        peers = PEERS + NOSYNC if op == "save" else PEERS
+        rows = [[r["chunk"], f"{r['chunk_bytes']:,} B x {r['n_chunks']}", r["clients"],
+                 *(cell(r, op, p) for p in peers),
+                 *(f"{medians(r).get(f'{op} {BASE}', float('nan')) / medians(r)[f'{op} {p}']:.2f}x" for p in KV)]
+                for r in run["rows"]]
+        tables[op] = markdown_table(["chunk", "session per client", "clients", *peers,
+                                     *(f"{p} speed / lmcache-server's" for p in KV)], rows)
     lmc = run["lmcache"]
     install = "\n".join(f"    {s}" for s in lmc["steps"])
     status = (f"LMCache {lmc['lmcache']} with torch {lmc['torch']}" if lmc["python"] != "None" else
@@ -141,7 +150,13 @@ codecs, seeded per client); every system moves exactly the same bytes per client
 interleaved round by round. Loads read what the save put there: kvstore from its host-memory tier,
 LMCache and redis from memory, LMDB from the page cache.
 
-{table}
+**Save**
+
+{tables['save']}
+
+**Load**
+
+{tables['load']}
 
 Chunk sizes: "256 KiB" = 256 tokens = 229,208 B (224 KiB); "1 MiB" = 1,172 tokens = 1,048,136 B
 (1 MiB less 440 B), each chunk size served by a daemon started with `--chunk-tokens` of it.
@@ -150,7 +165,7 @@ Chunk sizes: "256 KiB" = 256 tokens = 229,208 B (224 KiB); "1 MiB" = 1,172 token
 
 ## What each save promises
 
-{markdown_table(["system", "what a save promises, how it is driven"], [[p, PROMISE[p]] for p in PEERS])}
+{markdown_table(["system", "what a save promises, how it is driven"], [[p, PROMISE[p]] for p in PEERS + NOSYNC])}
 
 kvstore's numbers are durable saves against memory-only ones for LMCache's server and redis: a
 comparison of what each system offers as installed, not of equal guarantees.
