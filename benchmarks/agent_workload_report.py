@@ -144,8 +144,11 @@ def report(res: dict, png: Path) -> str:
                            "evictions / demotions / promotions per tier"], hit_rows)
     sens, even, sens_snap = sensitivity(res, "real / kvstore", "real / V4-Flash-style", tokens["real"])
     lat = markdown_table(["store", "resume", "n", "p50 ms", "p90 ms"], res_rows)
-    pf = ("Resume-ahead prefetch (`Client.prefetch`) was available: every other resume sent it "
-          f"{1e3 * res['prefetch_pause_s']:.0f} ms before loading." if res["prefetch_available"] else
+    pf = ("Resume-ahead prefetch (`Client.prefetch`) was available: every other resume (after its eviction to "
+          f"ssd) sent it {1e3 * res['prefetch_pause_s']:.0f} ms before loading. The daemons' prefetch counters: "
+          + "; ".join(f"{n}: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in f["prefetch"].items())
+                      for n, f in fin.items()) + "."
+          if res["prefetch_available"] else
           "**Resume with prefetch: not measured** (`Client.prefetch` does not exist in this checkout); every "
           "resume below is a cold load from the ssd tier.")
     c, k = res["config"], res["kinds"]

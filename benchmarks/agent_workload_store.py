@@ -62,6 +62,7 @@ class Store:
     client: Client = field(init=False)
     maker: ChunkMaker = field(init=False)
     snap_maker: ChunkMaker | None = field(init=False)
+    snap_shape: tuple[int, int] = field(init=False)  # (chunks, tail tokens) of one snapshot pseudo-session
     chunk_sizes: dict[bytes, int] = field(default_factory=dict)  # every chunk ever sent: encoded bytes
     session_keys: dict[str, tuple[bytes, ...]] = field(default_factory=dict)  # live sessions (both namespaces)
     snapshots: dict[int, list[str]] = field(default_factory=dict)  # workload session -> its snapshot ids
@@ -132,7 +133,7 @@ class Store:
         refs = self._resume_refs(session)
         if prefetch:
             for ns, sid in refs:
-                self.client.prefetch(ns, sid)  # type: ignore[attr-defined]
+                self.client.prefetch(ns, sid)
             time.sleep(pause_s)
         t = time.perf_counter()
         for ns, sid in refs:

@@ -118,6 +118,9 @@ def run(args: argparse.Namespace, root: Path) -> dict:
                            "capacity_bytes": t.capacity_bytes, "evictions": t.evictions, "demotions": t.demotions,
                            "promotions": t.promotions} for t in s.tiers],
                 "loaded_chunks": s.loaded_chunks, "missed_chunks": s.missed_chunks,
+                "prefetch": {k: int(getattr(s.prefetch, k)) for k in ("requested", "completed", "chunks_promoted",
+                                                                     "coalesced", "dropped", "chunks_skipped")}
+                if prefetch else {},
                 "live": st.live_bytes(), "sent": st.sent, "written": st.written, "resumes": st.resumes,
             }
     finally:
