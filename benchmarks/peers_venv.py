@@ -69,6 +69,15 @@ def probe(python: Path) -> tuple[str, str] | str:
     return lmc, torch
 
 
+def recipe(venv: str = "benchmarks/.peers-venv") -> list[str]:
+    """The install steps ``ensure`` runs, as commands (for the report)."""
+    pip = f"{venv}/bin/python -m pip install -q"
+    return [f"python -m venv {venv}", f"{pip} {TORCH}    # else: {pip} --index-url {TORCH_CPU_INDEX} {TORCH}",
+            f"{pip} --no-deps lmcache=={LMCACHE_VERSION}",
+            f"{pip} <lmcache's {len(DEPS)} declared dependencies (peers_venv.DEPS)> {TORCH}"
+            f"    # not: {', '.join(SKIPPED)}"]
+
+
 def ensure(venv: Path) -> PeersEnv:
     """The peers venv with LMCache ``LMCACHE_VERSION`` in it, installed on first use."""
     python, steps = venv / "bin" / "python", []
