@@ -44,22 +44,35 @@ PROMISE = {
             "loads copy every value out of one read transaction; no checks",
 }
 
-# one-off observations (not re-measured by the run): why the save rows are where they are
-NOTES = """\
-- The save gap is kvstore's save path, not its durability: a daemon started with `--no-sync` (the
-  `-nosync` columns) saves at most ~1.7x faster than the durable one, still below LMCache's server,
-  while raw LMDB with an fsync'd commit on the same bytes is faster than LMCache's server. A
-  `py-spy record` of the daemon during same-host saves of the 37-chunk session (8.1 MiB, 40 ms
-  each, at f63694a) put 2/3 of its busy samples in the ssd tier's write: `txn.put` into LMDB
-  (21%), the record framing in `RecordCodec.encode` (a join that copies every chunk into its
-  record: 21%; zstd-1 of the compressible part: 9%) and the fsync'd commit (12%). A daemon with
-  `--zstd-level 0` saved no faster in a side run.
-- Loads: the same-host path (arena, Unix socket, zero-copy views) beats LMCache's server on every
-  row; the gRPC stream path moves the same bytes through protobuf messages of at most 4 MiB and
-  reaches 0.4-0.6 GB/s, against LMCache's single `recv_into` per chunk.
+def gbps(r: dict[str, Any], name: str) -> float:
+    return r["clients"] * r["n_chunks"] * r["chunk_bytes"] / statistics.median(r["walls_s"][name]) / 1e9
+
+
+def notes(run: dict[str, Any]) -> str:
+    """Why the rows are where they are: this run's diagnostic columns, and a one-off profile."""
+    rows = [r for r in run["rows"] if "save kvstore-local-nosync" in r["walls_s"] and f"save {BASE}" in r["walls_s"]]
+    if not rows:
+        return "- (no diagnostic columns in this run)"
+    gain = [medians(r)[f"save {p}"] / medians(r)[f"save {p}-nosync"] for r in rows for p in KV]
+    beats = sum(gbps(r, f"save {p}-nosync") > gbps(r, f"save {BASE}") for r in rows for p in KV)
+    lmdb = sum(gbps(r, "save lmdb") > gbps(r, f"save {BASE}") for r in rows)
+    grpc = [gbps(r, "load kvstore-grpc") for r in rows]
+    return f"""\
+- The save gap is kvstore's save path more than its durability: a daemon started with `--no-sync`
+  (the `-nosync` columns) saves {min(gain):.2f}-{max(gain):.2f}x as fast as the durable one and beats
+  LMCache's server on {beats} of {2 * len(rows)} rows, while raw LMDB with an fsync'd commit on the same
+  bytes beats it on {lmdb} of {len(rows)}. A one-off `py-spy record` of the daemon during same-host
+  saves of the 37-chunk session (8.1 MiB, 40 ms each, at f63694a) put 2/3 of its busy samples in the
+  ssd tier's write: `txn.put` into LMDB (21%), the record framing in `RecordCodec.encode` (a join
+  that copies every chunk into its record: 21%; zstd-1 of the compressible part: 9%) and the
+  fsync'd commit (12%). A daemon with `--zstd-level 0` saved no faster in a side run.
+- Loads: the same-host path (arena, Unix socket, zero-copy views) reads kvstore's host tier; the
+  gRPC stream path moves the same bytes through protobuf messages of at most 4 MiB
+  ({min(grpc):.2f}-{max(grpc):.2f} GB/s here), against LMCache's one `recv_into` per chunk.
 - LMCache's engine is slower than its bare connector: per chunk it hashes tokens, allocates from
-  its pool and goes through its storage manager; its retrieve also asks the server whether each
-  chunk exists before fetching it."""
+  its pool and goes through its storage manager; before fetching, its retrieve asks the server
+  whether each chunk exists (one EXIST round trip per chunk: the `lm://` connector has no batched
+  form)."""
 
 
 def medians(row: dict[str, Any]) -> dict[str, float]:
@@ -195,7 +208,7 @@ Chunk sizes: "256 KiB" = 256 tokens = 229,208 B (224 KiB); "1 MiB" = 1,172 token
 
 ## Notes
 
-{NOTES}
+{notes(run)}
 
 ## What each save promises
 
