@@ -461,6 +461,9 @@ class SessionStore:
         self.store.close()
 
     def live_chunks(self) -> dict[bytes, Layout]:
-        """Every chunk referenced by a live session, with its layout."""
+        """Every chunk referenced by a live (unexpired) session, with its layout: the sessions ``list``
+        returns, so that chunks and tokens are counted over the same sessions until the next GC."""
+        now = self.clock()
         with self._lock:
-            return {k: known_layout(m.layout_id) for m in self._manifests.values() for k in m.chunk_keys}
+            return {k: known_layout(m.layout_id) for m in self._manifests.values() if not m.expired(now)
+                    for k in m.chunk_keys}
