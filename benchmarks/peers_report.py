@@ -125,26 +125,26 @@ def plot(run: dict[str, Any], path: Path) -> Path:
 
     clients = sorted({r["clients"] for r in run["rows"]})
     chunks = list(dict.fromkeys(r["chunk"] for r in run["rows"]))
-    fig, axes = plt.subplots(2, len(clients), figsize=(6 * len(clients), 8), squeeze=False)
+    fig, axes = plt.subplots(2, len(clients), figsize=(6 * len(clients), 8.5), squeeze=False)
+    colours = dict(zip(PEERS + NOSYNC, ("C0", "C9", "C3", "C6", "C1", "C2", "C7", "silver")))
     for i, op in enumerate(("save", "load")):
+        peers = PEERS + NOSYNC if op == "save" else PEERS
         for j, nc in enumerate(clients):
-            ax, w = axes[i][j], 0.8 / len(PEERS + NOSYNC)
-            for k, peer in enumerate(PEERS + NOSYNC):
+            ax, w = axes[i][j], 0.8 / len(peers)
+            for k, peer in enumerate(peers):
                 ys = []
                 for ch in chunks:
                     r = next(r for r in run["rows"] if r["chunk"] == ch and r["clients"] == nc)
-                    walls = r["walls_s"].get(f"{op} {peer}")
-                    ys.append(nc * r["n_chunks"] * r["chunk_bytes"] / statistics.median(walls) / 1e9 if walls
-                              else float("nan"))
-                ax.bar([x + k * w for x in range(len(chunks))], ys, w, label=peer,
-                       color=("C0", "C9", "C3", "C6", "C1", "C2", "C7", "silver")[k])
+                    ys.append(gbps(r, f"{op} {peer}") if r["walls_s"].get(f"{op} {peer}") else float("nan"))
+                ax.bar([x + k * w for x in range(len(chunks))], ys, w, label=peer, color=colours[peer])
             ax.set_xticks([x + 0.4 - w / 2 for x in range(len(chunks))], [f"{c} chunks" for c in chunks])
             ax.set_title(f"{op}, {nc} client{'s' if nc > 1 else ''}")
             ax.set_ylabel("GB/s (all clients, log scale)")
             ax.set_yscale("log")
-            ax.legend(fontsize=8)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9)
     fig.suptitle("the same session bytes through kvstore, LMCache's server, redis-py and LMDB (higher is better)")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
