@@ -177,6 +177,8 @@ def report(run: dict[str, Any]) -> list[Path]:
          for name, p in (("same-host (arena + Unix socket)", "kvstore-local"), ("gRPC stream", "kvstore-grpc"))])
     overall = ("**Target met** on every row." if met else
                "**Target NOT met**: kvstore is not faster than LMCache's server on every row (details below).")
+    if not ratios(run["rows"], "kvstore-local"):
+        overall = f"**Target NOT measured**: LMCache did not run ({run['lmcache']['error']}; see Setup)."
     cfg = run["config"]
     body = f"""Target (issue 13, item 4): kvstore saves and loads faster than LMCache's server on every row.
 
