@@ -212,21 +212,33 @@ def _read_answer(s: socket.socket) -> list[bytes]:
         while len(buf) < HEADER.size:
             buf += _recv(s, 1 << 16)
         length, kind = HEADER.unpack_from(buf)
-        if not 1 <= length <= MAX_FRAME:
-            raise EOFError(f"a frame of {length} bytes from the daemon")
-        end = HEADER.size + length - 1
+        end = HEADER.size + frame_length(length)
         if len(buf) < end:
             buf += _recv_exact(s, end - len(buf))
         body, buf = buf[HEADER.size : end], buf[end:]
-        if kind == MSG:
-            answers.append(body)
-        elif kind == STATUS:
-            code = status_code(body[0]) if body else grpc.StatusCode.UNKNOWN
-            if code != grpc.StatusCode.OK:
-                raise LocalRpcError(code, body[1:].decode(errors="replace"))
+        if answer_frame(kind, body, answers):
             return answers
-        else:
-            raise EOFError(f"an unknown frame kind {kind} from the daemon")
+
+
+def frame_length(length: int) -> int:
+    """A frame's body length from its header's length field; EOFError when out of range."""
+    if not 1 <= length <= MAX_FRAME:
+        raise EOFError(f"a frame of {length} bytes from the daemon")
+    return length - 1
+
+
+def answer_frame(kind: int, body: bytes, answers: list[bytes]) -> bool:
+    """One frame of an answer: a message is kept in ``answers``; the status ends the answer (True),
+    raising LocalRpcError unless it is OK; any other kind breaks the framing (EOFError)."""
+    if kind == MSG:
+        answers.append(body)
+        return False
+    if kind == STATUS:
+        code = status_code(body[0]) if body else grpc.StatusCode.UNKNOWN
+        if code != grpc.StatusCode.OK:
+            raise LocalRpcError(code, body[1:].decode(errors="replace"))
+        return True
+    raise EOFError(f"an unknown frame kind {kind} from the daemon")
 
 
 def _open(s: socket.socket) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from kvstore.localrpc import END, HEADER, MAX_FRAME, MSG, STATUS, LocalRpcError, call_frame, frame, status_code
+from kvstore.localrpc import END, HEADER, MAX_FRAME, MSG, LocalRpcError, answer_frame, call_frame, frame, frame_length
 
 _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -117,15 +117,6 @@ async def _read_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWrite
     answers: list[bytes] = []
     while True:
         length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
-        if not 1 <= length <= MAX_FRAME:
-            raise EOFError(f"a frame of {length} bytes from the daemon")
-        body = await reader.readexactly(length - 1)
-        if kind == MSG:
-            answers.append(body)
-        elif kind == STATUS:
-            code = status_code(body[0]) if body else grpc.StatusCode.UNKNOWN
-            if code != grpc.StatusCode.OK:
-                raise LocalRpcError(code, body[1:].decode(errors="replace"))
+        body = await reader.readexactly(frame_length(length))
+        if answer_frame(kind, body, answers):
             return answers
-        else:
-            raise EOFError(f"an unknown frame kind {kind} from the daemon")
