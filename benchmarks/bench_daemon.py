@@ -108,13 +108,15 @@ def rekey(template: bytes, namespace: str) -> tuple[list[bytes], list[bytes], np
             for k, c in zip(keys, decoded)], keys, ids
 
 
-def manifest_for(ns: str, session_id: str, keys: list[bytes], ids: np.ndarray) -> Manifest:
+def manifest_for(ns: str, session_id: str, keys: list[bytes], ids: np.ndarray,
+                 chunk_tokens: int = CHUNK_TOKENS) -> Manifest:
+    """A manifest of exactly the given complete chunks (an empty trailing span)."""
     lay = get_layout(LAYOUT)
-    tokens = len(keys) * CHUNK_TOKENS
+    tokens = len(keys) * chunk_tokens
     ents = {c.name: chunk.Entries(np.zeros((0, c.code_bytes), np.uint8), np.zeros((0, c.scale_bytes), np.uint8))
             for c in lay.caches}
     tail = chunk.encode(lay, key=bytes(16), start=tokens, token_ids=np.zeros(0, np.uint32), entries=ents)
-    return Manifest(session_id, ns, lay.layout_id, tokens, CHUNK_TOKENS, tuple(keys), tail,
+    return Manifest(session_id, ns, lay.layout_id, tokens, chunk_tokens, tuple(keys), tail,
                     tuple(int(t) for t in ids[max(0, tokens - 128):tokens]))
 
 

@@ -16,29 +16,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import ceilings, common, peers_proto
-from kvstore import chunk
+from benchmarks.bench_daemon import manifest_for
 from kvstore.client import Client
 from kvstore.layout import get_layout
-from kvstore.manifest import Manifest
 
 LAYOUT = "deepseek-v4.1-flash"
 ARENA_BYTES = 64 << 20
 SID = "s"
-
-
-def manifest_for(ns: str, keys: list[bytes], ids: np.ndarray, chunk_tokens: int) -> Manifest:
-    """A manifest of exactly the given complete chunks (an empty trailing span)."""
-    lay = get_layout(LAYOUT)
-    tokens = len(keys) * chunk_tokens
-    ents = {c.name: chunk.Entries(np.zeros((0, c.code_bytes), np.uint8), np.zeros((0, c.scale_bytes), np.uint8))
-            for c in lay.caches}
-    tail = chunk.encode(lay, key=bytes(16), start=tokens, token_ids=np.zeros(0, np.uint32), entries=ents)
-    return Manifest(SID, ns, lay.layout_id, tokens, chunk_tokens, tuple(keys), tail,
-                    tuple(int(t) for t in ids[max(0, tokens - 128):tokens]))
 
 
 class KvClient:
@@ -53,7 +39,7 @@ class KvClient:
                                                           seed=cmd["idx"])
         Path(cmd["blob_file"]).write_bytes(b"".join(self.blobs))
         self.nbytes = sum(map(len, self.blobs))
-        self.manifest = manifest_for(self.ns, self.keys, ids, ct)
+        self.manifest = manifest_for(self.ns, SID, self.keys, ids, ct)
         self.grpc = Client(address=cmd["address"], shared_memory=False)
         self.local = Client(address=cmd["address"], arena_bytes=ARENA_BYTES)
         # the same two paths to a daemon started with --no-sync: what kvstore's save costs without its fsync
