@@ -236,10 +236,10 @@ def test_move_to_meta(tier: Tier) -> None:
 
 
 def test_hbm_free_list_never_overlaps_and_coalesces() -> None:
-    from kvstore.tiers.hbm import _FreeList
+    from kvstore.tiers.hbm_alloc import ExtentAllocator
 
     capacity = 1 << 20
-    free_list, rng = _FreeList(capacity), random.Random(0)
+    free_list, rng = ExtentAllocator(capacity), random.Random(0)
     live: dict[int, int] = {}  # offset -> size of the blocks handed out
     for _ in range(2000):
         if live and rng.random() < 0.45:

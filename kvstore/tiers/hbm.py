@@ -28,8 +28,6 @@ from kvstore.tiers.staging import Stager
 
 __all__ = ["HbmTier", "TierFullError"]
 
-_FreeList = ExtentAllocator  # the name older tests and tools import
-
 
 class HbmTier(Tier):
     """A GPU-resident LRU map over one arena. Values of 0 bytes take no arena space."""
