@@ -11,7 +11,7 @@ from torch import Tensor
 
 from replay import dense
 from replay.fidelity import exact_replay_length, packed_copy, resumed_state, teacher_forced
-from replay.model import Attention, ModelArgs, SessionState, Transformer
+from replay.model import Attention, ModelArgs, Transformer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -43,12 +43,12 @@ def test_dense_forward_matches_run_bit_for_bit_with_exclusion() -> None:
 
 def test_no_selected_entry_lies_wholly_inside_the_querys_window(monkeypatch: pytest.MonkeyPatch) -> None:
     model = Transformer(ARGS, seed=2)
-    seen: list[tuple[int, Tensor, int, Tensor, Tensor]] = []
+    seen: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []
     select = Attention.select
 
-    def spy(self: Attention, h: Tensor, pos: Tensor, cs: Tensor, state: SessionState,
-            ctx: dict[str, tuple[Tensor, Tensor]], win_lo: int) -> tuple[Tensor, Tensor]:
-        sel, ok = select(self, h, pos, cs, state, ctx, win_lo)
+    def spy(self: Attention, h: Tensor, pos: Tensor, cs: Tensor, keys: Tensor, win_lo: Tensor,
+            ctx: dict[str, tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+        sel, ok = select(self, h, pos, cs, keys, win_lo, ctx)
         seen.append((self.args.m[self.src], pos, win_lo, sel, ok))
         return sel, ok
 
@@ -58,7 +58,7 @@ def test_no_selected_entry_lies_wholly_inside_the_querys_window(monkeypatch: pyt
     model.decode_tokens(_tokens(1, 40, 1)[0].tolist(), state)
     assert {m for m, *_ in seen} == {1, 2}
     for m, pos, win_lo, sel, ok in seen:
-        first = torch.maximum(pos - ARGS.window + 1, torch.tensor(win_lo))[:, None]  # the window's first position
+        first = torch.maximum(pos - ARGS.window + 1, win_lo)[:, None]  # the window's first position
         assert bool((sel[ok] * m < first.expand_as(sel)[ok]).all())  # a token of each selected entry precedes it
     assert any(bool(ok.any()) for *_, ok in seen)
 
