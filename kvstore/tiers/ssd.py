@@ -175,7 +175,7 @@ class SsdTier(Tier):
         if self._closed:
             raise TierError("ssd tier: used after close()")
 
-    def _commit(self, op: str, puts: Sequence[tuple[bytes, bytes]], deletes: Iterable[bytes] = (),
+    def _commit(self, op: str, puts: Sequence[tuple[bytes, bytes | memoryview]], deletes: Iterable[bytes] = (),
                 meta_puts: Sequence[tuple[bytes, bytes]] = (), meta_deletes: Sequence[bytes] = ()) -> int:
         """Write ``puts`` and ``deletes`` (and the meta records') in one transaction, doubling the
         map whenever it fills, then update the in-memory sizes. Returns how many deleted keys
@@ -251,14 +251,16 @@ class SsdTier(Tier):
 
     def put(self, key: bytes, value: Value) -> None:
         check_key(key)
-        self._commit("put", [(key, self._codec.encode(check_value(value)))])  # compress outside the lock
+        self._commit("put", [(key, self._codec.encode_batch([check_value(value)])[0])])  # encoded outside the lock
 
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
-        records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in items]
-        self._commit("put_many", records)  # one transaction: one fsync for the batch
+        checked = [(check_key(key), check_value(value)) for key, value in items]
+        records = zip([k for k, _ in checked], self._codec.encode_batch([v for _, v in checked]))
+        self._commit("put_many", list(records))  # one transaction: one fsync for the batch
 
     def write(self, batch: WriteBatch) -> int:
-        records = [(check_key(key), self._codec.encode(check_value(value))) for key, value in batch.puts]
+        keys = [check_key(key) for key, _ in batch.puts]
+        records = list(zip(keys, self._codec.encode_batch([check_value(value) for _, value in batch.puts])))
         # values and meta records, puts and deletes, in one LMDB transaction: one commit, one fsync
         return self._commit("write", records, [check_key(key) for key in batch.deletes],
                             meta_puts=[(check_key(key), bytes(value)) for key, value in batch.meta_puts],
