@@ -7,7 +7,7 @@ used / capacity never divides by zero into +Inf: the series is absent, which is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -47,14 +47,13 @@ class StoreCollector(Collector):
         yield from gauges.values()
         yield from counters.values()
         h = s.hits
-        for name, help_, value in (
-                ("lookups", "Lookup calls", h.lookups),
-                ("lookup_requested_tokens", "Tokens asked for in lookups", h.requested_tokens),
-                ("lookup_hit_tokens", "Tokens found in lookups", h.hit_tokens),
-                ("loads", "Chunk and session loads", h.loads),
-                ("loaded_chunks", "Chunks served by loads", h.loaded_chunks),
-                ("missed_chunks", "Chunks loads asked for and did not get", h.missed_chunks)):
-            yield CounterMetricFamily(f"kvstore_{name}", help_, value=value)
+        yield from _counters("kvstore_", (
+            ("lookups", "Lookup calls", h.lookups),
+            ("lookup_requested_tokens", "Tokens asked for in lookups", h.requested_tokens),
+            ("lookup_hit_tokens", "Tokens found in lookups", h.hit_tokens),
+            ("loads", "Chunk and session loads", h.loads),
+            ("loaded_chunks", "Chunks served by loads", h.loaded_chunks),
+            ("missed_chunks", "Chunks loads asked for and did not get", h.missed_chunks)))
         t = self.transport()
         yield GaugeMetricFamily("kvstore_transport_arenas", "Same-host arenas attached now", value=t.arenas)
         calls = CounterMetricFamily("kvstore_transport_calls", "Chunk saves and loads, by how their chunks travelled",
@@ -67,13 +66,12 @@ class StoreCollector(Collector):
                                   value=t.local_calls)
         if self.prefetch is not None:
             p = self.prefetch()
-            for name, help_, value in (
-                    ("requested", "PrefetchSession calls answered", p.requested),
-                    ("completed", "Sessions the prefetch worker finished", p.completed),
-                    ("chunks_promoted", "Chunks prefetch copied into the fastest tier", p.chunks_promoted),
-                    ("coalesced", "Prefetches that joined one already waiting", p.coalesced),
-                    ("dropped", "Prefetches refused because the queue was full", p.dropped)):
-                yield CounterMetricFamily(f"kvstore_prefetch_{name}", help_, value=value)
+            yield from _counters("kvstore_prefetch_", (
+                ("requested", "PrefetchSession calls answered", p.requested),
+                ("completed", "Sessions the prefetch worker finished", p.completed),
+                ("chunks_promoted", "Chunks prefetch copied into the fastest tier", p.chunks_promoted),
+                ("coalesced", "Prefetches that joined one already waiting", p.coalesced),
+                ("dropped", "Prefetches refused because the queue was full", p.dropped)))
             yield GaugeMetricFamily("kvstore_prefetch_pending", "Sessions waiting for prefetch", value=p.pending)
         yield GaugeMetricFamily("kvstore_sessions", "Live sessions", value=s.sessions)
         yield GaugeMetricFamily("kvstore_persistent_bytes_per_token", "Persistent bytes per token of live sessions",
@@ -87,3 +85,9 @@ def start_metrics(registry: CollectorRegistry, sessions: SessionStore, transport
     registry.register(StoreCollector(sessions, transport, prefetch))
     server, _thread = start_http_server(port, addr=host, registry=registry)
     return server
+
+
+def _counters(prefix: str, rows: Iterable[tuple[str, str, float]]) -> Iterator[CounterMetricFamily]:
+    """One counter family per (name, help, value) row."""
+    for name, help_, value in rows:
+        yield CounterMetricFamily(f"{prefix}{name}", help_, value=value)
