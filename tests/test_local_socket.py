@@ -155,3 +155,22 @@ def test_the_async_client_takes_the_local_socket_too(daemon: Daemon, ns: str) ->
 
     assert asyncio.run(run()) == dict(enumerate(s.blobs))
     assert local_calls(daemon) == before + 4  # save, load, the failed get, the detach
+
+
+def test_a_starting_daemon_removes_the_sockets_of_dead_daemons(tmp_path: pytest.TempPathFactory) -> None:
+    shm_dir = shm.default_shm_dir()
+    assert shm_dir is not None
+    stale = shm_dir / f"kvstore-test-{uuid.uuid4().hex[:8]}.sock"  # what a SIGKILLed daemon leaves
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(stale))
+    assert stale.exists()
+    try:
+        with running_daemon(tmp_path / "data") as d, Client(address=d.address) as c:  # type: ignore[operator]
+            assert not stale.exists()
+            live = c.info().local_socket
+            # a live daemon's socket is left alone by another daemon starting
+            with running_daemon(tmp_path / "data2"):  # type: ignore[operator]
+                assert os.path.exists(live)
+                assert c.list_sessions("x") == [] and c._local is not None
+    finally:
+        stale.unlink(missing_ok=True)

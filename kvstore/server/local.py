@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import socket
+import stat
 import struct
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -32,6 +33,29 @@ log = logging.getLogger("kvstore.server")
 def socket_path(shm_dir: Path, port: int) -> Path:
     """One socket per daemon port (the port is this daemon's alone while it runs)."""
     return shm_dir / f"kvstore-{port}.sock"
+
+
+def sweep_stale(shm_dir: Path) -> int:
+    """Remove the sockets of daemons of this user that died without removing theirs (SIGKILL): no one
+    listens on them, so a connect is refused. A live daemon's socket accepts and is left alone."""
+    removed = 0
+    for p in shm_dir.glob("kvstore-*.sock"):
+        try:
+            st = p.lstat()
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+                continue
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(0.5)
+                s.connect(str(p))
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed += 1
+        except OSError:
+            continue
+    if removed:
+        log.info("local socket: removed %d stale socket files in %s", removed, shm_dir)
+    return removed
 
 
 class LocalContext:
@@ -70,6 +94,7 @@ class LocalServer:
         self._conns: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        sweep_stale(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # left by a daemon on this port that was killed: the port is ours now
         old = os.umask(0o177)  # created 0600: no window in which another user could connect
