@@ -150,11 +150,12 @@ class RedisClusterProcess:
             return str(r.info("replication")["role"])
 
     def wait_for_failover(self, replica: int, timeout_s: float = 20.0) -> None:
-        """Until ``replica`` is a master and the cluster serves every slot again."""
+        """Until ``replica`` is a master, every live node's slot map says so (gossip reaches the nodes
+        one by one), and the cluster serves every slot again."""
         deadline = time.monotonic() + timeout_s
         while True:
             try:
-                if self.role(replica) == "master":
+                if self.role(replica) == "master" and all(self._serves(p, replica) for p in self.alive()):
                     break
             except redis.RedisError:
                 pass
@@ -162,6 +163,11 @@ class RedisClusterProcess:
                 raise RuntimeError(f"replica {replica} was not promoted within {timeout_s:.0f}s")
             time.sleep(0.05)
         self.wait_healthy(timeout_s)
+
+    def _serves(self, port: int, master: int) -> bool:
+        """Whether node ``port``'s slot map has ``master`` serving some slots."""
+        with self.node(port) as r:
+            return any(int(m[1]) == master for _, _, m, *_ in r.cluster("slots"))
 
     def signal(self, port: int, sig: signal.Signals) -> None:
         if self.procs[port].poll() is None:
