@@ -14,6 +14,8 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,18 @@ class RedisClusterProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextmanager
+def running_cluster(workdir: Path, **kwargs: object) -> Iterator[RedisClusterProcess]:
+    """A started cluster (``RedisClusterProcess(workdir, **kwargs)``), stopped on exit."""
+    c = RedisClusterProcess(workdir, **kwargs)  # type: ignore[arg-type]
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def cluster_flags(url: str, *extra: str) -> tuple[str, ...]:
+    """`kvstore serve` flags for a daemon sharing sessions through the cluster at ``url``."""
+    return ("--redis-url", url, "--redis-cluster", "--redis-share-sessions", *extra)

@@ -137,6 +137,13 @@ def running_daemon(data_dir: Path, *flags: str, env: dict[str, str] | None = Non
         daemon.stop()
 
 
+@contextmanager
+def two_daemons(root: Path, *flags: str) -> Iterator[tuple[Daemon, Daemon]]:
+    """Daemons A and B with their own data dirs under ``root``, started with the same ``flags``."""
+    with running_daemon(root / "a", *flags) as a, running_daemon(root / "b", *flags) as b:
+        yield a, b
+
+
 # -- synthetic sessions ---------------------------------------------------------------------------
 def make_entries(layout: Layout, tokens: int, seed: Sequence[int], quantized: bool = True) -> dict[str, chunk.Entries]:
     """Packed entries of every cache of ``layout`` for ``tokens`` tokens, deterministic in ``seed``.

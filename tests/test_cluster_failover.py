@@ -8,11 +8,10 @@ from __future__ import annotations
 import signal
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from cluster_helpers import RedisClusterProcess, require_cluster
-from daemon_helpers import Daemon, make_session, start_daemon
+from cluster_helpers import RedisClusterProcess, cluster_flags, require_cluster, running_cluster
+from daemon_helpers import Daemon, make_session, two_daemons
 
 from kvstore.client import Client
 from kvstore.errors import Unavailable
@@ -25,30 +24,15 @@ KEYS = RedisKeys("kvstore", tagged=True)
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcess]:
-    c = RedisClusterProcess(tmp_path_factory.mktemp("cluster"), masters=3, replicas=1, appendonly=True)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
-
-
-def start(cluster: RedisClusterProcess, data_dir: Path) -> Daemon:
-    return start_daemon(data_dir, "--redis-url", cluster.url, "--redis-cluster", "--redis-share-sessions",
-                        "--redis-wait-replicas", "1", "--redis-wait-timeout-ms", "300")
+    with running_cluster(tmp_path_factory.mktemp("cluster"), masters=3, replicas=1, appendonly=True) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def daemons(cluster: RedisClusterProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Daemon]]:
-    root = tmp_path_factory.mktemp("daemons")
-    a = start(cluster, root / "a")
-    try:
-        b = start(cluster, root / "b")
-        try:
-            yield a, b
-        finally:
-            b.stop()
-    finally:
-        a.stop()
+    flags = cluster_flags(cluster.url, "--redis-wait-replicas", "1", "--redis-wait-timeout-ms", "300")
+    with two_daemons(tmp_path_factory.mktemp("daemons"), *flags) as ab:
+        yield ab
 
 
 def client(d: Daemon) -> Client:

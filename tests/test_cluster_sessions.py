@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import redis
-from cluster_helpers import RedisClusterProcess, require_cluster
-from daemon_helpers import Daemon, SyntheticSession, make_session, start_daemon
+from cluster_helpers import RedisClusterProcess, cluster_flags, require_cluster, running_cluster
+from daemon_helpers import Daemon, SyntheticSession, make_session, start_daemon, two_daemons
 
 from kvstore.client import Client
 from kvstore.errors import FailedPrecondition, NotFound
@@ -22,31 +22,16 @@ from kvstore.tiers.redis_keys import RedisKeys
 require_cluster()
 
 
-def cluster_flags(url: str, *extra: str) -> tuple[str, ...]:
-    return ("--redis-url", url, "--redis-cluster", "--redis-share-sessions", *extra)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcess]:
-    c = RedisClusterProcess(tmp_path_factory.mktemp("cluster"), masters=3)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    with running_cluster(tmp_path_factory.mktemp("cluster"), masters=3) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def daemons(cluster: RedisClusterProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, Daemon]]:
-    root = tmp_path_factory.mktemp("daemons")
-    a = start_daemon(root / "a", *cluster_flags(cluster.url))
-    try:
-        b = start_daemon(root / "b", *cluster_flags(cluster.url))
-        try:
-            yield a, b
-        finally:
-            b.stop()
-    finally:
-        a.stop()
+    with two_daemons(tmp_path_factory.mktemp("daemons"), *cluster_flags(cluster.url)) as ab:
+        yield ab
 
 
 @pytest.fixture(scope="module")

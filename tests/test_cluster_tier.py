@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 import redis
-from cluster_helpers import RedisClusterProcess, require_cluster
+from cluster_helpers import RedisClusterProcess, require_cluster, running_cluster
 from daemon_helpers import make_session
 
 from kvstore.errors import FailedPrecondition, Unavailable
@@ -29,11 +29,8 @@ require_cluster()
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcess]:
-    c = RedisClusterProcess(tmp_path_factory.mktemp("cluster"), masters=3)
-    try:
-        yield c.start()
-    finally:
-        c.stop()
+    with running_cluster(tmp_path_factory.mktemp("cluster"), masters=3) as c:
+        yield c
 
 
 @pytest.fixture
