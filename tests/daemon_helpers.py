@@ -137,6 +137,12 @@ def running_daemon(data_dir: Path, *flags: str, env: dict[str, str] | None = Non
         daemon.stop()
 
 
+def transport_stats(d: Daemon) -> pb.TransportStats:
+    """How the daemon's calls travelled so far (an admin's Stats, asked over gRPC)."""
+    with Client(address=d.address, shared_memory=False) as admin:
+        return admin.stats().transport
+
+
 @contextmanager
 def two_daemons(root: Path, *flags: str) -> Iterator[tuple[Daemon, Daemon]]:
     """Daemons A and B with their own data dirs under ``root``, started with the same ``flags``."""

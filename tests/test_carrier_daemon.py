@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from daemon_helpers import Daemon, make_session, running_daemon, status_of
+from daemon_helpers import Daemon, make_session, running_daemon, status_of, transport_stats
 
 from kvstore import shm, transport
 from kvstore.aio_client import AsyncClient
@@ -32,11 +32,6 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 @pytest.fixture
 def ns() -> str:
     return f"c-{uuid.uuid4().hex[:12]}"
-
-
-def transport_stats(d: Daemon) -> pb.TransportStats:
-    with Client(address=d.address, shared_memory=False) as admin:
-        return admin.stats().transport
 
 
 def test_the_path_is_chosen_once_at_connect(daemon: Daemon, ns: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from daemon_helpers import Daemon, make_session, running_daemon
+from daemon_helpers import Daemon, make_session, running_daemon, transport_stats
 
 from kvstore import localrpc, shm
 from kvstore.aio_client import AsyncClient
@@ -38,8 +38,7 @@ def ns() -> str:
 
 
 def local_calls(d: Daemon) -> int:
-    with Client(address=d.address, shared_memory=False) as admin:
-        return admin.stats().transport.local_calls
+    return transport_stats(d).local_calls
 
 
 def test_an_arena_client_makes_its_calls_over_the_local_socket(daemon: Daemon, ns: str) -> None:
