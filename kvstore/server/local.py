@@ -138,7 +138,7 @@ class LocalServer:
     async def _call(self, method: Method | None, path: str, metadata: tuple[tuple[str, str], ...],
                     reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         requests = _Requests(reader, method.deserialize if method else bytes)
-        out = _Answer(writer)
+        out = _Reply(writer)
         if method is None:
             await requests.drain()
             out.add(_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}"))
@@ -161,7 +161,7 @@ class LocalServer:
         await out.end()
 
 
-class _Answer:
+class _Reply:
     """A call's answer frames, sent in as few writes as possible: each send wakes the client, and
     on a busy host a wake-up costs more than joining a few small frames (an arena answer is one
     small message and a status: one send)."""
