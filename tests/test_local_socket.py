@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from daemon_helpers import Daemon, make_session, running_daemon, transport_stats
+from daemon_helpers import Daemon, SyntheticSession, make_session, running_daemon, transport_stats
 
 from kvstore import localrpc, shm
 from kvstore.aio_client import AsyncClient
@@ -173,3 +173,34 @@ def test_a_starting_daemon_removes_the_sockets_of_dead_daemons(tmp_path: pytest.
                 assert c.list_sessions("x") == [] and c._local is not None
     finally:
         stale.unlink(missing_ok=True)
+
+
+def test_concurrent_clients_are_served_in_parallel_each_its_own_answer(daemon: Daemon, ns: str) -> None:
+    """Each connection has its own daemon thread: while one client's call is parked inside the
+    daemon (a save waiting on its fsync), the others are served, and nobody gets another's answer."""
+    import threading
+
+    sessions = [make_session(namespace=ns, session_id=f"c{i}", tokens=300 + 17 * i, seed=i) for i in range(6)]
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(sessions))
+
+    def one(s: SyntheticSession) -> None:
+        try:
+            with Client(address=daemon.address, arena_bytes=2 << 20) as c:
+                start.wait(30)
+                for _ in range(3):
+                    c.save_session(s.manifest, s.blobs)
+                    m, chunks = c.load_session(ns, s.manifest.session_id)
+                    assert m.chunk_keys == s.manifest.chunk_keys
+                    assert [bytes(b) for _, b in chunks] == [bytes(b) for b in s.blobs]
+        except BaseException as e:  # re-raised in the test's thread below
+            errors.append(e)
+
+    before = local_calls(daemon)
+    threads = [threading.Thread(target=one, args=(s,)) for s in sessions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert local_calls(daemon) >= before + 6 * 6  # every save and load took the socket

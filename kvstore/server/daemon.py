@@ -20,6 +20,7 @@ from kvstore.server.auth import Auth
 from kvstore.server.config import DaemonConfig
 from kvstore.server.handlers import add_service, methods
 from kvstore.server.local import LocalServer, socket_path
+from kvstore.server.malloc_tuning import keep_freed_memory
 from kvstore.server.metrics import start_metrics
 from kvstore.server.reflection import enable_reflection
 from kvstore.server.rpc_metrics import MetricsInterceptor, RpcMetrics
@@ -65,6 +66,7 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
     """Run the daemon until SIGTERM/SIGINT; in-flight RPCs get ``grace_s`` to finish, then the
     store (LMDB) is closed. Raises ``startup.CannotStart`` when another daemon holds the data dir
     or the port."""
+    keep_freed_memory()
     with data_dir_lock(Path(config.data_dir)):  # before opening the store: its startup GC writes
         sessions = await asyncio.to_thread(open_store, config.store_config())
         try:
@@ -127,7 +129,7 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, on_ready: Callabl
     await health_servicer.enter_graceful_shutdown()
     await server.stop(config.grace_s)
     if local is not None:
-        await local.stop()
+        await local.stop(config.grace_s)
     task.cancel()
     await asyncio.to_thread(service.prefetcher.stop)  # its chunk copy done before the store closes
     if metrics is not None:

