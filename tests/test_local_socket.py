@@ -11,6 +11,7 @@ import stat
 import struct
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -204,3 +205,25 @@ def test_concurrent_clients_are_served_in_parallel_each_its_own_answer(daemon: D
         t.join(120)
     assert not errors, errors
     assert local_calls(daemon) >= before + 6 * 6  # every save and load took the socket
+
+
+def test_a_daemon_with_idle_local_connections_stops_at_once_and_cleanly(tmp_path: Path) -> None:
+    """Connection threads wait in a read between calls: SIGTERM wakes them (the daemon shuts their
+    sockets), the daemon exits 0 well within its grace period and removes its socket file."""
+    import time
+
+    from daemon_helpers import start_daemon
+
+    d = start_daemon(tmp_path / "data")
+    clients = [Client(address=d.address, arena_bytes=1 << 20) for _ in range(3)]
+    try:
+        path = clients[0].info().local_socket
+        for c in clients:
+            c.list_sessions("idle")  # each holds a pooled, idle connection now
+        began = time.monotonic()
+        assert d.stop() == 0
+        assert time.monotonic() - began < 10
+        assert not os.path.exists(path)
+    finally:
+        for c in clients:
+            c.close()
