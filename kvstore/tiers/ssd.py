@@ -175,23 +175,27 @@ class SsdTier(Tier):
         if self._closed:
             raise TierError("ssd tier: used after close()")
 
-    def _commit(self, op: str, puts: Sequence[tuple[bytes, bytes | memoryview]], deletes: Iterable[bytes] = (),
+    def _commit(self, op: str, puts: Sequence[tuple[bytes, memoryview]], deletes: Iterable[bytes] = (),
                 meta_puts: Sequence[tuple[bytes, bytes]] = (), meta_deletes: Sequence[bytes] = ()) -> int:
-        """Write ``puts`` and ``deletes`` (and the meta records') in one transaction, doubling the
-        map whenever it fills, then update the in-memory sizes. Returns how many deleted keys
-        (of the values and the meta records) were present."""
+        """Write ``puts`` (values, each framed as a record on its way into the transaction) and
+        ``deletes`` (and the meta records') in one transaction, doubling the map whenever it fills,
+        then update the in-memory sizes. Returns how many deleted keys (of the values and the meta
+        records) were present."""
         deletes = list(deletes)
         if not (puts or deletes or meta_puts or meta_deletes):
             return 0  # nothing to write: no transaction, no fsync
-        needed = sum(len(r) for _, r in puts) + sum(len(r) for _, r in meta_puts)
+        needed = sum(HEADER.size + len(v) for _, v in puts) + sum(len(r) for _, r in meta_puts)
         with self._write_lock, _lmdb_errors(f"{op} failed"):
             self._check_open()
             while True:
                 # The writer passes no gate: only it resizes the map, under this same lock.
                 txn = self._env.begin(write=True, db=self._db)
                 try:
-                    for key, record in puts:
+                    stored = []
+                    for key, value in puts:  # each record is put (copied by LMDB) before the next is made
+                        record = self._codec.encode_one(value)
                         txn.put(key, record)
+                        stored.append(len(record))
                     gone = [key for key in deletes if txn.delete(key)]
                     for key, record in meta_puts:
                         txn.put(key, record, db=self._meta_db)
@@ -210,8 +214,8 @@ class SsdTier(Tier):
                     self._abort(txn)
                     raise
             with self._meta_lock:
-                for key, record in puts:
-                    self._set(key, len(record), HEADER.unpack_from(record)[1])
+                for (key, value), n in zip(puts, stored):
+                    self._set(key, n, len(value))
                 for key in deletes:  # present or not: a key LMDB cannot find is gone for us too
                     self._drop(key)
             return len(gone) + meta_gone
@@ -251,18 +255,16 @@ class SsdTier(Tier):
 
     def put(self, key: bytes, value: Value) -> None:
         check_key(key)
-        self._commit("put", [(key, self._codec.encode_batch([check_value(value)])[0])])  # encoded outside the lock
+        self._commit("put", [(key, check_value(value))])
 
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
         checked = [(check_key(key), check_value(value)) for key, value in items]
-        records = zip([k for k, _ in checked], self._codec.encode_batch([v for _, v in checked]))
-        self._commit("put_many", list(records))  # one transaction: one fsync for the batch
+        self._commit("put_many", checked)  # one transaction: one fsync for the batch
 
     def write(self, batch: WriteBatch) -> int:
-        keys = [check_key(key) for key, _ in batch.puts]
-        records = list(zip(keys, self._codec.encode_batch([check_value(value) for _, value in batch.puts])))
+        puts = [(check_key(key), check_value(value)) for key, value in batch.puts]
         # values and meta records, puts and deletes, in one LMDB transaction: one commit, one fsync
-        return self._commit("write", records, [check_key(key) for key in batch.deletes],
+        return self._commit("write", puts, [check_key(key) for key in batch.deletes],
                             meta_puts=[(check_key(key), bytes(value)) for key, value in batch.meta_puts],
                             meta_deletes=[check_key(key) for key in batch.meta_deletes])
 
