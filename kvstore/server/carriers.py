@@ -4,13 +4,13 @@ arenas clients attach, and counts of how each call's chunks travelled (Stats: Tr
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvstore import shm, transport
 from kvstore.errors import InvalidArgument
 from kvstore.server.arenas import Arenas
+from kvstore.server.offload import offload
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -54,7 +54,7 @@ class Carriers:
     async def attach(self, owner: str, request: pb.AttachArenaRequest) -> str:
         if self.shm_dir is None:
             raise InvalidArgument("shared memory is disabled on this daemon")
-        arena = await asyncio.to_thread(shm.Arena.attach, request.path, self.shm_dir, request.size,
+        arena = await offload(shm.Arena.attach, request.path, self.shm_dir, request.size,
                                         bytes(request.nonce))
         self._counts.attaches += 1
         return self.arenas.add(owner, arena)

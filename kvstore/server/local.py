@@ -4,10 +4,10 @@ The same handlers as the gRPC listener (handlers.methods), the same messages, st
 metadata (auth is unchanged), framed as kvstore/localrpc.py describes. What it saves is gRPC's
 per-call cost on one host (HTTP/2 framing, completion-queue thread hops: ~0.5-0.8 ms a call), which
 dominates a small arena load or save. Each connection has its own thread, which runs the handlers
-with blocking store calls inline (``_Inline``): a call wakes one daemon thread and, with its
-answer, the client; nothing else. The socket file is mode 0600 in the daemon's shm directory and
-every connection's peer is checked (SO_PEERCRED) to run as the daemon's uid, the same rule the
-arenas follow (kvstore/shm.py).
+with blocking store calls inline and drives them without an event loop (server/offload.py): a call
+wakes one daemon thread and, with its answer, the client; nothing else. The socket file is mode
+0600 in the daemon's shm directory and every connection's peer is checked (SO_PEERCRED) to run as
+the daemon's uid, the same rule the arenas follow (kvstore/shm.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import struct
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ import grpc
 from kvstore import localrpc
 from kvstore.localrpc import CALL, END, HEADER, MSG, STATUS, frame
 from kvstore.server.handlers import Method
+from kvstore.server.offload import INLINE, iterate_inline, run_inline
 
 log = logging.getLogger("kvstore.server")
 READ_BUFFER = 1 << 16  # a connection's read buffer: a call's small frames in one recv
@@ -84,21 +84,6 @@ class _Protocol(Exception):
     """The peer broke the framing: the connection is closed."""
 
 
-class _Inline(ThreadPoolExecutor):
-    """A connection thread's default executor: ``asyncio.to_thread`` runs its function right there.
-    The handlers hand blocking store calls (an fsync'd save, an LMDB read) to the default executor so
-    that the daemon's event loop keeps moving; a connection thread serves one call at a time and has
-    nothing else to keep moving, so the hop would only add two thread wake-ups to every call."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
-        f: Future[Any] = Future()
-        try:
-            f.set_result(fn(*args, **kwargs))
-        except BaseException as e:  # the caller's await raises it, as after a real hop
-            f.set_exception(e)
-        return f
-
-
 class _Stream:
     """One connection's frames, read from a buffered file over the socket (a call's frames usually
     arrive in one segment: one recv for them all)."""
@@ -133,8 +118,8 @@ class _Stream:
 
 class LocalServer:
     """The listener: an accept thread, and one thread per connection that reads a call, runs its
-    handler on the thread's own event loop (blocking calls inline, see ``_Inline``) and writes the
-    answer. A call costs two wake-ups (the request, the answer) instead of four through the daemon's
+    handler to the end right there (blocking store calls inline, no event loop: offload.py) and
+    writes the answer. A call costs two wake-ups (the request, the answer) instead of four through the daemon's
     event loop and a worker thread; concurrent clients hold their own connections, so their calls
     run in parallel as worker-thread calls did (and their saves share fsyncs: group commit)."""
 
@@ -197,8 +182,7 @@ class LocalServer:
             t.start()
 
     def _serve(self, sock: socket.socket) -> None:
-        loop = asyncio.new_event_loop()
-        loop.set_default_executor(_Inline(max_workers=1))
+        INLINE.set(True)  # this thread's context: its handlers' store calls run right here
         stream = _Stream(sock)
         try:
             while (got := stream.frame(at_call=True)) is not None:
@@ -207,7 +191,7 @@ class LocalServer:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
                 path, metadata = localrpc.parse_call(body)
                 requests = stream.requests()
-                loop.run_until_complete(self._call(self.methods.get(path), path, metadata, requests, _Reply(sock)))
+                self._call(self.methods.get(path), path, metadata, requests, _Reply(sock))
         except (_Protocol, ConnectionError, struct.error, UnicodeDecodeError) as e:
             log.info("local socket: connection dropped: %s", e)
         except OSError as e:  # the socket itself failed (shut down at stop, say)
@@ -219,10 +203,9 @@ class LocalServer:
                 self._conns.pop(sock, None)
             stream.file.close()
             sock.close()
-            loop.close()
 
-    async def _call(self, method: Method | None, path: str, metadata: tuple[tuple[str, str], ...],
-                    raw: list[bytes], out: _Reply) -> None:
+    def _call(self, method: Method | None, path: str, metadata: tuple[tuple[str, str], ...],
+              raw: list[bytes], out: _Reply) -> None:
         if method is None:
             out.add(_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}"))
             out.end()
@@ -237,10 +220,10 @@ class LocalServer:
             else:
                 raise _Protocol(f"a unary call with {len(raw)} request messages")
             if method.server_streaming:
-                async for answer in method.handler(request, ctx):
+                for answer in iterate_inline(method.handler(request, ctx)):
                     out.message(method.serialize(answer))
             else:
-                out.message(method.serialize(await method.handler(request, ctx)))
+                out.message(method.serialize(run_inline(method.handler(request, ctx))))
             status = _status(grpc.StatusCode.OK)
         except grpc.aio.AbortError:
             status = _status(ctx.code, ctx.details)

@@ -1,6 +1,7 @@
 """The KVStore servicer: proto <-> domain, auth, and exceptions -> status codes (status.py).
 
-Store calls block (LMDB fsyncs), so they run in worker threads; the event loop only moves bytes.
+Store calls block (LMDB fsyncs), so they run in worker threads (on a local-socket connection's own
+thread, inline: offload.py); the event loop only moves bytes.
 Chunk data travels through the caller's carrier (carriers.py): its arena, or the stream.
 """
 
@@ -25,6 +26,7 @@ from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
 from kvstore.server.device_arenas import DeviceArenas
+from kvstore.server.offload import inline, offload
 from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb
 from kvstore.server.status import client_bytes, parsed, rpc
 from kvstore.store import SessionStore, store_stats
@@ -70,7 +72,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         arena part is written in the hop that reads it, while the chunk is still in cache)."""
         hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
         pieces = carrier.send(hits)
-        if self._in_memory(keys):
+        if inline() or self._in_memory(keys):  # a local-socket thread reads as it sends: no hops
             for p in pieces:
                 yield p
             self.carriers.count(carrier)
@@ -95,7 +97,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         """A session's manifest: read on the event loop (a dict lookup), or in a worker thread when a
         shared tier makes the read a network round trip that must not stall the loop."""
         if self.sessions.reads_remote:
-            return await asyncio.to_thread(self.sessions.get, namespace, session_id)
+            return await offload(self.sessions.get, namespace, session_id)
         return self.sessions.get(namespace, session_id)
 
     def _in_memory(self, keys: list[bytes]) -> bool:
@@ -166,7 +168,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         receiver.finish()
         commit = self._turn_manifest(header) if header.HasField("commit") else None
         with client_bytes("chunk bytes"):
-            res, committed = await asyncio.to_thread(self._store_turn, header, receiver, blobs, commit)
+            res, committed = await offload(self._store_turn, header, receiver, blobs, commit)
         self.carriers.count(carrier, streamed)
         return pb.SaveChunksResponse(keys=res.keys, written=res.written,
                                      session=convert.session_to_pb(committed) if committed else None)
@@ -217,7 +219,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @rpc
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         self._ns(context, request.namespace)
-        r = await asyncio.to_thread(self.sessions.lookup, request.namespace, bytes(request.layout_id),
+        r = await offload(self.sessions.lookup, request.namespace, bytes(request.layout_id),
                                     list(request.token_ids))
         return pb.LookupResponse(cached_tokens=r.cached_tokens, requested_tokens=r.requested_tokens,
                                  chunks=r.chunks, tiers=[pb.TierCount(tier=t, chunks=n) for t, n in r.tiers.items()])
@@ -230,7 +232,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         except ValueError as e:
             raise InvalidArgument(str(e)) from e
         with client_bytes("the trailing span's bytes"):
-            m = await asyncio.to_thread(self.sessions.commit, m)
+            m = await offload(self.sessions.commit, m)
         return pb.CommitSessionResponse(session=convert.session_to_pb(m))
 
     @rpc
@@ -246,7 +248,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 tiers[name] = tiers.get(name, 0) + 1
             return tiers
 
-        tiers = await asyncio.to_thread(count)
+        tiers = await offload(count)
         return pb.GetSessionResponse(session=convert.session_to_pb(m),
                                      tiers=[pb.TierCount(tier=t, chunks=n) for t, n in tiers.items()])
 
@@ -263,7 +265,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @rpc
     async def DeleteSession(self, request: pb.DeleteSessionRequest, context: Any) -> pb.DeleteSessionResponse:
         self._ns(context, request.namespace)
-        freed = await asyncio.to_thread(self.sessions.delete, request.namespace, request.session_id)
+        freed = await offload(self.sessions.delete, request.namespace, request.session_id)
         return pb.DeleteSessionResponse(freed_chunks=freed)
 
     @rpc
@@ -271,14 +273,14 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._ns(context, request.namespace)
         if request.retention.ttl_s < 0:
             raise InvalidArgument(f"ttl_s must be >= 0 (0 = never), got {request.retention.ttl_s}")
-        m = await asyncio.to_thread(self.sessions.touch, request.namespace, request.session_id,
+        m = await offload(self.sessions.touch, request.namespace, request.session_id,
                                     convert.retention_from_pb(request.retention))
         return pb.TouchSessionResponse(session=convert.session_to_pb(m))
 
     @rpc
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsResponse:
         self.auth.check_admin(context.invocation_metadata())
-        r = stats_to_pb(await asyncio.to_thread(store_stats, self.sessions))
+        r = stats_to_pb(await offload(store_stats, self.sessions))
         r.transport.CopyFrom(self.carriers.stats())
         r.prefetch.CopyFrom(prefetch_to_pb(self.prefetcher.counters()))
         return r
@@ -296,13 +298,13 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @rpc
     async def EvictSession(self, request: pb.EvictSessionRequest, context: Any) -> pb.EvictSessionResponse:
         self.auth.check_admin(context.invocation_metadata())
-        moved = await asyncio.to_thread(self.sessions.evict, request.namespace, request.session_id, request.tier)
+        moved = await offload(self.sessions.evict, request.namespace, request.session_id, request.tier)
         return pb.EvictSessionResponse(moved_chunks=moved)
 
     @rpc
     async def PrefetchSession(self, request: pb.PrefetchSessionRequest, context: Any) -> pb.PrefetchSessionResponse:
         self._ns(context, request.namespace)  # then the session in that namespace, as a load finds it
-        a = await asyncio.to_thread(self.prefetcher.request, request.namespace, request.session_id)
+        a = await offload(self.prefetcher.request, request.namespace, request.session_id)
         return pb.PrefetchSessionResponse(queued=a.queued, already_fast=a.already_fast, coalesced=a.coalesced,
                                           dropped=a.dropped, tier=self.prefetcher.fast_tier)
 
@@ -315,7 +317,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def AttachDeviceBuffer(self, request: pb.AttachDeviceBufferRequest, context: Any
                                  ) -> pb.AttachDeviceBufferResponse:
         owner = self.auth.identity(context.invocation_metadata())  # any known token, as AttachArena
-        buffer_id = await asyncio.to_thread(self.device_arenas.attach, owner, request)
+        buffer_id = await offload(self.device_arenas.attach, owner, request)
         return pb.AttachDeviceBufferResponse(buffer_id=buffer_id)
 
     @rpc
@@ -323,7 +325,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                                   ) -> pb.LoadSessionToDeviceResponse:
         self._ns(context, request.namespace)
         owner = self.auth.identity(context.invocation_metadata())
-        return await asyncio.to_thread(self.device_arenas.load, owner, request.namespace, request.session_id,
+        return await offload(self.device_arenas.load, owner, request.namespace, request.session_id,
                                        request.buffer_id)
 
     @rpc

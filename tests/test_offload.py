@@ -1,0 +1,71 @@
+"""Handlers driven without an event loop on a local-socket thread (kvstore/server/offload.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncGenerator
+
+import pytest
+
+from kvstore.server.offload import INLINE, Suspended, iterate_inline, offload, run_inline
+
+
+def test_offload_runs_inline_on_a_local_socket_thread_and_in_a_worker_otherwise() -> None:
+    async def where() -> str:
+        return await offload(lambda: threading.current_thread().name)
+
+    seen: list[str] = []
+
+    def local_thread() -> None:
+        INLINE.set(True)
+        seen.append(run_inline(where()))
+
+    t = threading.Thread(target=local_thread, name="conn")
+    t.start()
+    t.join()
+    assert seen == ["conn"]
+    assert asyncio.run(where()) != threading.current_thread().name  # the event loop hands it to a worker
+
+
+class _Pending:
+    """What awaiting an unfinished future does: hand control back to whoever drives the coroutine."""
+
+    def __await__(self):  # type: ignore[no-untyped-def]
+        yield None
+
+
+def test_a_handler_that_suspends_is_an_error_not_a_hang() -> None:
+    async def waits() -> None:
+        await _Pending()
+
+    with pytest.raises(Suspended):
+        run_inline(waits())
+    with pytest.raises(RuntimeError):  # what needs a running loop fails at once, too
+        run_inline(asyncio.sleep(0.01))
+
+
+def test_an_abandoned_stream_runs_its_finally() -> None:
+    closed: list[bool] = []
+
+    async def stream() -> AsyncGenerator[int, None]:
+        try:
+            for i in range(10):
+                yield i
+        finally:
+            closed.append(True)
+
+    it = iterate_inline(stream())
+    assert [next(it), next(it)] == [0, 1]
+    it.close()
+    assert closed == [True]
+    assert list(iterate_inline(stream())) == list(range(10))
+    assert closed == [True, True]
+
+
+def test_errors_propagate_as_raised() -> None:
+    async def fails() -> None:
+        raise ValueError("bad")
+
+    with pytest.raises(ValueError, match="bad"):
+        run_inline(fails())
