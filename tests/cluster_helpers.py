@@ -37,6 +37,13 @@ def require_cluster() -> None:
 NODE_TIMEOUT_MS = 1000  # failure detection; a failover takes about twice this
 
 
+SPAWN_ATTEMPTS = 3
+
+
+class _Died(Exception):
+    """A node's process exited before it answered."""
+
+
 def _free_pair() -> int:
     """A port p such that p and its cluster bus port p + 10000 are both free."""
     for _ in range(200):
@@ -74,8 +81,19 @@ class RedisClusterProcess:
             port = _free_pair()
             self.ports.append(port)
             self._spawn(port)
-        for port in self.ports:
-            self._wait_ping(port, timeout_s)
+        for i, port in enumerate(self.ports):
+            for attempt in range(SPAWN_ATTEMPTS):
+                try:
+                    self._wait_ping(port, timeout_s)
+                    break
+                except _Died:
+                    # its ports were taken between the check and the bind (another process on this
+                    # machine): the node starts again on a fresh pair
+                    if attempt == SPAWN_ATTEMPTS - 1:
+                        raise RuntimeError(f"redis-server exited at start, {SPAWN_ATTEMPTS} times; last log:\n"
+                                           + self._log_tail(port)) from None
+                    port = self.ports[i] = _free_pair()
+                    self._spawn(port)
         if self.masters == 1 and not self.replicas:  # --cluster create wants 3 masters: one takes all slots
             with self.node(self.ports[0]) as r:
                 r.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
@@ -104,9 +122,16 @@ class RedisClusterProcess:
                     r.ping()
                     return
                 except redis.ConnectionError:
-                    if self.procs[port].poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"redis-server on port {port} did not come up") from None
+                    if self.procs[port].poll() is not None:
+                        raise _Died(port) from None
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"redis-server on port {port} did not come up:\n"
+                                           + self._log_tail(port)) from None
                     time.sleep(0.02)
+
+    def _log_tail(self, port: int) -> str:
+        path = self.workdir / str(port) / "log"
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-5:]) if path.exists() else ""
 
     def node(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)

@@ -8,7 +8,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from kvstore.server.offload import INLINE, Suspended, iterate_inline, offload, run_inline
+from kvstore.server.offload import INLINE, Suspended, Turns, iterate_inline, offload, run_inline
 
 
 def test_offload_runs_inline_on_a_local_socket_thread_and_in_a_worker_otherwise() -> None:
@@ -18,8 +18,10 @@ def test_offload_runs_inline_on_a_local_socket_thread_and_in_a_worker_otherwise(
     seen: list[str] = []
 
     def local_thread() -> None:
-        INLINE.set(True)
-        seen.append(run_inline(where()))
+        turns = Turns()
+        INLINE.set(turns)
+        with turns.taken():
+            seen.append(run_inline(where()))
 
     t = threading.Thread(target=local_thread, name="conn")
     t.start()
@@ -33,6 +35,38 @@ class _Pending:
 
     def __await__(self):  # type: ignore[no-untyped-def]
         yield None
+
+
+def test_a_thread_waiting_in_a_store_call_gives_up_its_turn() -> None:
+    """A save parked on its fsync must not stop the other connections' calls."""
+    turns, inside, ran = Turns(), threading.Event(), threading.Event()
+    release = threading.Event()
+
+    def blocking() -> None:
+        inside.set()
+        assert release.wait(10)
+
+    async def saves() -> None:
+        await offload(blocking)
+
+    def saver() -> None:
+        INLINE.set(turns)
+        with turns.taken():
+            run_inline(saves())
+
+    def other() -> None:
+        with turns.taken():
+            ran.set()
+
+    t = threading.Thread(target=saver)
+    t.start()
+    assert inside.wait(10)
+    o = threading.Thread(target=other)
+    o.start()
+    assert ran.wait(10)  # took the turn while the saver waited
+    release.set()
+    t.join(10)
+    o.join(10)
 
 
 def test_a_handler_that_suspends_is_an_error_not_a_hang() -> None:

@@ -30,7 +30,7 @@ import grpc
 from kvstore import localrpc
 from kvstore.localrpc import CALL, END, HEADER, MSG, STATUS, frame
 from kvstore.server.handlers import Method
-from kvstore.server.offload import INLINE, iterate_inline, run_inline
+from kvstore.server.offload import INLINE, Turns, given_up, iterate_inline, run_inline
 
 log = logging.getLogger("kvstore.server")
 READ_BUFFER = 1 << 16  # a connection's read buffer: a call's small frames in one recv
@@ -119,9 +119,10 @@ class _Stream:
 class LocalServer:
     """The listener: an accept thread, and one thread per connection that reads a call, runs its
     handler to the end right there (blocking store calls inline, no event loop: offload.py) and
-    writes the answer. A call costs two wake-ups (the request, the answer) instead of four through the daemon's
-    event loop and a worker thread; concurrent clients hold their own connections, so their calls
-    run in parallel as worker-thread calls did (and their saves share fsyncs: group commit)."""
+    writes the answer. A call costs two wake-ups (the request, the answer) instead of four through
+    the daemon's event loop and a worker thread. The threads take turns running handler code
+    (``offload.Turns``) and give their turn up while they wait, so concurrent clients' store calls
+    run side by side as worker-thread calls did (and their saves share fsyncs: group commit)."""
 
     def __init__(self, methods: dict[str, Method], path: Path, on_call: Callable[[], None] = lambda: None) -> None:
         self.methods = methods
@@ -131,6 +132,7 @@ class LocalServer:
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
         self._stopping = False
+        self._turns = Turns()
 
     async def start(self) -> None:
         sweep_stale(self.path.parent)
@@ -182,7 +184,7 @@ class LocalServer:
             t.start()
 
     def _serve(self, sock: socket.socket) -> None:
-        INLINE.set(True)  # this thread's context: its handlers' store calls run right here
+        INLINE.set(self._turns)  # this thread's context: its handlers' store calls run right here
         stream = _Stream(sock)
         try:
             while (got := stream.frame(at_call=True)) is not None:
@@ -191,7 +193,8 @@ class LocalServer:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
                 path, metadata = localrpc.parse_call(body)
                 requests = stream.requests()
-                self._call(self.methods.get(path), path, metadata, requests, _Reply(sock))
+                with self._turns.taken():
+                    self._call(self.methods.get(path), path, metadata, requests, _Reply(sock))
         except (_Protocol, ConnectionError, struct.error, UnicodeDecodeError) as e:
             log.info("local socket: connection dropped: %s", e)
         except OSError as e:  # the socket itself failed (shut down at stop, say)
@@ -255,8 +258,10 @@ class _Reply:
 
     def end(self) -> None:
         if self.parts:
-            self.sock.sendall(self.parts[0] if len(self.parts) == 1 else b"".join(self.parts))
+            data = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
             self.parts, self.size = [], 0
+            with given_up():  # a client slow to read must not hold up the others
+                self.sock.sendall(data)
 
 
 async def _aiter(items: list[Any]) -> AsyncIterator[Any]:

@@ -6,30 +6,68 @@ connection has a thread of its own that serves one call at a time (server/local.
 call runs inline, and the handler coroutine never suspends, so that thread drives it to the end
 without an event loop (``run_inline``): no task, no selector, no wake-up between the store call
 and the answer.
+
+Connection threads take turns (``Turns``): one at a time runs handler code, as the event loop would,
+and gives the turn up while it waits (a store call that may block, the socket). Without turns, the
+threads of eight clients calling at once fought over the GIL at every read and send, and eight
+concurrent 1 MiB loads took 25-40% longer than on the event loop; with them, as long as there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 
-#: Set for the handlers a local-socket connection thread runs.
-INLINE: ContextVar[bool] = ContextVar("kvstore_inline", default=False)
+
+class Turns:
+    """The turn to run handler code, among a daemon's local-socket connection threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def taken(self) -> Iterator[None]:
+        with self._lock:
+            yield
+
+    @contextlib.contextmanager
+    def given_up(self) -> Iterator[None]:
+        """Around a wait (a blocking store call, a send): others run meanwhile."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
+
+
+#: The turns of the local-socket thread running this handler (holding its turn); None elsewhere.
+INLINE: ContextVar[Turns | None] = ContextVar("kvstore_inline", default=None)
 
 
 def inline() -> bool:
-    return INLINE.get()
+    return INLINE.get() is not None
 
 
 async def offload(fn: Callable[..., _T], /, *args: Any) -> _T:
-    """``fn(*args)``: inline on a local-socket thread, else in a worker thread."""
-    if INLINE.get():
-        return fn(*args)
+    """``fn(*args)``: inline on a local-socket thread (its turn given up meanwhile), else in a worker
+    thread."""
+    turns = INLINE.get()
+    if turns is not None:
+        with turns.given_up():
+            return fn(*args)
     return await asyncio.to_thread(fn, *args)
+
+
+def given_up() -> contextlib.AbstractContextManager[None]:
+    """On a local-socket thread, around a wait: its turn given up; elsewhere nothing."""
+    turns = INLINE.get()
+    return turns.given_up() if turns is not None else contextlib.nullcontext()
 
 
 class Suspended(RuntimeError):

@@ -72,9 +72,17 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         arena part is written in the hop that reads it, while the chunk is still in cache)."""
         hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
         pieces = carrier.send(hits)
-        if inline() or self._in_memory(keys):  # a local-socket thread reads as it sends: no hops
+        if self._in_memory(keys):  # read as it is sent: no hops
             for p in pieces:
                 yield p
+            self.carriers.count(carrier)
+            return
+        if inline():  # a local-socket thread: reads that may block, a few messages at a time, its turn given up
+            more = True
+            while more:
+                batch, more = await offload(_take, pieces, MESSAGES_PER_HOP)
+                for p in batch:
+                    yield p
             self.carriers.count(carrier)
             return
         # the next hop reads while this one's messages are sent (gRPC's core sends without the GIL):
