@@ -55,7 +55,7 @@ class Carriers:
         if self.shm_dir is None:
             raise InvalidArgument("shared memory is disabled on this daemon")
         arena = await offload(shm.Arena.attach, request.path, self.shm_dir, request.size,
-                                        bytes(request.nonce))
+                              bytes(request.nonce))
         self._counts.attaches += 1
         return self.arenas.add(owner, arena)
 

@@ -228,7 +228,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def Lookup(self, request: pb.LookupRequest, context: Any) -> pb.LookupResponse:
         self._ns(context, request.namespace)
         r = await offload(self.sessions.lookup, request.namespace, bytes(request.layout_id),
-                                    list(request.token_ids))
+                          list(request.token_ids))
         return pb.LookupResponse(cached_tokens=r.cached_tokens, requested_tokens=r.requested_tokens,
                                  chunks=r.chunks, tiers=[pb.TierCount(tier=t, chunks=n) for t, n in r.tiers.items()])
 
@@ -282,7 +282,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         if request.retention.ttl_s < 0:
             raise InvalidArgument(f"ttl_s must be >= 0 (0 = never), got {request.retention.ttl_s}")
         m = await offload(self.sessions.touch, request.namespace, request.session_id,
-                                    convert.retention_from_pb(request.retention))
+                          convert.retention_from_pb(request.retention))
         return pb.TouchSessionResponse(session=convert.session_to_pb(m))
 
     @rpc
@@ -334,7 +334,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self._ns(context, request.namespace)
         owner = self.auth.identity(context.invocation_metadata())
         return await offload(self.device_arenas.load, owner, request.namespace, request.session_id,
-                                       request.buffer_id)
+                             request.buffer_id)
 
     @rpc
     async def DetachDeviceBuffer(self, request: pb.DetachArenaRequest, context: Any) -> pb.DetachArenaResponse:
