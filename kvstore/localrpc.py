@@ -81,6 +81,12 @@ class LocalRpcError(grpc.RpcError):
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def broken(path: str, e: BaseException) -> LocalRpcError:
+    """What a caller hears of an exchange the socket broke off: past its deadline, or unavailable."""
+    code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(e, TimeoutError) else grpc.StatusCode.UNAVAILABLE
+    return LocalRpcError(code, f"local socket {path}: {e or type(e).__name__}")
+
+
 def status_code(value: int) -> grpc.StatusCode:
     return _CODES.get(value, grpc.StatusCode.UNKNOWN)
 
@@ -168,8 +174,7 @@ class LocalChannel:
             raise
         except (OSError, EOFError) as e:
             s.close()  # a broken or timed-out exchange leaves the socket unusable
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(e, TimeoutError) else grpc.StatusCode.UNAVAILABLE
-            raise LocalRpcError(code, f"local socket {self.path}: {e or type(e).__name__}") from None
+            raise broken(self.path, e) from None
         self._give(s)
         return answers
 

@@ -11,7 +11,18 @@ from typing import Any
 
 import grpc
 
-from kvstore.localrpc import END, HEADER, MAX_FRAME, MSG, LocalRpcError, answer_frame, call_frame, frame, frame_length
+from kvstore.localrpc import (
+    END,
+    HEADER,
+    MAX_FRAME,
+    MSG,
+    LocalRpcError,
+    answer_frame,
+    broken,
+    call_frame,
+    frame,
+    frame_length,
+)
 
 _Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
@@ -72,8 +83,7 @@ class AsyncLocalChannel:
             raise
         except (OSError, EOFError, asyncio.IncompleteReadError, TimeoutError) as e:
             conn[1].close()
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if isinstance(e, TimeoutError) else grpc.StatusCode.UNAVAILABLE
-            raise LocalRpcError(code, f"local socket {self.path}: {e or type(e).__name__}") from None
+            raise broken(self.path, e) from None
         self._give(conn)
         return answers
 

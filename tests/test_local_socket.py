@@ -9,13 +9,15 @@ import os
 import socket
 import stat
 import struct
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
-from daemon_helpers import Daemon, SyntheticSession, make_session, running_daemon, transport_stats
+from daemon_helpers import Daemon, SyntheticSession, make_session, running_daemon, start_daemon, transport_stats
 
 from kvstore import localrpc, shm
 from kvstore.aio_client import AsyncClient
@@ -179,8 +181,6 @@ def test_a_starting_daemon_removes_the_sockets_of_dead_daemons(tmp_path: pytest.
 def test_concurrent_clients_are_served_in_parallel_each_its_own_answer(daemon: Daemon, ns: str) -> None:
     """Each connection has its own daemon thread: while one client's call is parked inside the
     daemon (a save waiting on its fsync), the others are served, and nobody gets another's answer."""
-    import threading
-
     sessions = [make_session(namespace=ns, session_id=f"c{i}", tokens=300 + 17 * i, seed=i) for i in range(6)]
     errors: list[BaseException] = []
     start = threading.Barrier(len(sessions))
@@ -210,10 +210,6 @@ def test_concurrent_clients_are_served_in_parallel_each_its_own_answer(daemon: D
 def test_a_daemon_with_idle_local_connections_stops_at_once_and_cleanly(tmp_path: Path) -> None:
     """Connection threads wait in a read between calls: SIGTERM wakes them (the daemon shuts their
     sockets), the daemon exits 0 well within its grace period and removes its socket file."""
-    import time
-
-    from daemon_helpers import start_daemon
-
     d = start_daemon(tmp_path / "data")
     clients = [Client(address=d.address, arena_bytes=1 << 20) for _ in range(3)]
     try:
