@@ -87,6 +87,10 @@ class Manifest:
             raise InvalidArgument("layout id must be 16 bytes")
         if any(len(k) != 16 for k in self.chunk_keys):
             raise InvalidArgument("chunk keys must be 16 bytes each")
+        if self.chunk_tokens == 0:  # a session of engine pages (store/pages.py): no token chunks, no tail
+            if self.token_count < 0 or self.tail or self.last_token_ids:
+                raise InvalidArgument("a session of engine pages has no trailing span and no token ids")
+            return
         if self.token_count < len(self.chunk_keys) * self.chunk_tokens:
             raise InvalidArgument(f"token_count {self.token_count} is less than {len(self.chunk_keys)} chunks of "
                                   f"{self.chunk_tokens} tokens")
@@ -95,6 +99,8 @@ class Manifest:
 
     @property
     def tail_tokens(self) -> int:
+        if self.chunk_tokens == 0:
+            return 0
         return self.token_count - len(self.chunk_keys) * self.chunk_tokens
 
     @property

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kvstore import chunk
 from kvstore.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
+from kvstore.store.pages import compressible_offset
 from kvstore.store.sessions import SessionStore
 from kvstore.store.stats import BytesPerToken, StoreStats, bytes_per_token, store_stats
 from kvstore.store.tiered import TieredStore
@@ -32,7 +32,7 @@ def open_store(config: StoreConfig) -> SessionStore:
     tiers = []
     try:
         for tc in config.tiers:
-            extra = {"compressible_from": chunk.compressible_offset} if isinstance(tc, SsdTierConfig) else {}
+            extra = {"compressible_from": compressible_offset} if isinstance(tc, SsdTierConfig) else {}
             tiers.append(make_tier(tc, **extra))
     except Exception:
         for t in tiers:

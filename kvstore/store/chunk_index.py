@@ -33,6 +33,9 @@ class ChunkInfo:
     layout_id: bytes
     parent: bytes  # the previous chunk's key; ROOT for a sequence's first chunk
     index: int  # position in its sequence: the chunk holds tokens [index * C, (index + 1) * C)
+    #: An engine page blob (``kvstore/page.py``) rather than a chunk: no place in a chain (its key
+    #: is the engine's chained block hash), index -1 and parent ROOT.
+    page: bool = False
 
 
 class ChunkIndex:
@@ -55,6 +58,11 @@ class ChunkIndex:
         for n, key in enumerate(keys):
             self.add(key, ChunkInfo(namespace, layout_id, parent, first_index + n))
             parent = key
+
+    def add_pages(self, namespace: str, layout_id: bytes, keys: tuple[bytes, ...] | list[bytes]) -> None:
+        """Record engine page blobs: owned by ``namespace``, of ``layout_id``, in no chain."""
+        for key in keys:
+            self.add(key, ChunkInfo(namespace, layout_id, ROOT, -1, page=True))
 
     def owned(self, namespace: str, key: bytes) -> ChunkInfo | None:
         """The chunk's info if ``namespace`` owns it; None if it is absent or someone else's (one

@@ -28,7 +28,6 @@ from dataclasses import replace
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from kvstore.keys import ROOT, chain_keys
-from kvstore.layout import Layout
 from kvstore.manifest import (
     KEY_PREFIX,
     Manifest,
@@ -39,15 +38,18 @@ from kvstore.manifest import (
     is_legacy_manifest,
     manifest_key,
 )
+from kvstore.page_layout import PageLayout
 from kvstore.results import LookupResult, SaveResult
-from kvstore.store.chunk_index import ChunkIndex, chunk_matches
+from kvstore.store.chunk_index import ChunkIndex, ChunkInfo, chunk_matches
 from kvstore.store.config import StoreConfig
 from kvstore.store.counters import DamageCounters, HitCounters
 from kvstore.store.group_commit import GroupCommit, Pending
+from kvstore.store.layouts import AnyLayout, Layouts
+from kvstore.store.pages import check_page_manifest, page_batch_keys, page_matches
 from kvstore.store.shared_manifests import SharedSessions, Update
 from kvstore.store.tiered import TieredStore
 from kvstore.store.turn import SavedTurn, Turn
-from kvstore.store.validate import chunk_batch_keys, chunk_layout, known_layout, manifest_layout
+from kvstore.store.validate import chunk_batch_keys, chunk_layout, manifest_layout
 from kvstore.tiers.base import Stored, WriteBatch
 
 log = logging.getLogger(__name__)
@@ -77,6 +79,8 @@ class SessionStore:
         self._chunks = ChunkIndex()
         #: With a shared tier: sessions published to it and caught up from it (shared_manifests.py).
         self._shared = SharedSessions.of(store)
+        #: Token layouts (presets) and the engine page layouts clients registered.
+        self.layouts = Layouts(store)
         self._load_manifests()
 
     @property
@@ -126,7 +130,10 @@ class SessionStore:
         self._manifests[ref] = m
         for k in m.chunk_keys:
             self._refs[k].add(ref)
-        self._chunks.add_sequence(m.namespace, m.layout_id, m.chunk_keys)
+        if m.chunk_tokens == 0:  # engine pages: no chain
+            self._chunks.add_pages(m.namespace, m.layout_id, m.chunk_keys)
+        else:
+            self._chunks.add_sequence(m.namespace, m.layout_id, m.chunk_keys)
         if m.retention.pinned:  # a pinned session's chunks are never demoted or evicted
             self.store.pin(m.chunk_keys)
 
@@ -161,14 +168,21 @@ class SessionStore:
         ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
         written again. Returns their keys."""
         check_namespace(namespace)
-        lay = chunk_layout(layout_id, self.config.chunk_tokens)
-        keys = chunk_batch_keys(namespace, lay, self.config.chunk_tokens, parent, first_index, blobs)
+        play = self.layouts.page(layout_id)
+        if play is not None:
+            keys = page_batch_keys(namespace, play, blobs)
+        else:
+            lay = chunk_layout(layout_id, self.config.chunk_tokens)
+            keys = chunk_batch_keys(namespace, lay, self.config.chunk_tokens, parent, first_index, blobs)
         # everything was validated first: bad input changes nothing stored; a failed write leaves
         # nothing behind either (put_many is all or nothing), and the index learns only of success
         new = self._new_chunks(keys, blobs)
         self.store.put_many(new)
         with self._lock:
-            self._chunks.add_sequence(namespace, lay.layout_id, keys, first_index, parent)
+            if play is not None:
+                self._chunks.add_pages(namespace, layout_id, keys)
+            else:
+                self._chunks.add_sequence(namespace, layout_id, keys, first_index, parent)
         return SaveResult(keys, len(new))
 
     def _new_chunks(self, keys: Sequence[bytes], blobs: Sequence[bytes | memoryview]
@@ -201,8 +215,15 @@ class SessionStore:
         if manifest.namespace != namespace or manifest.layout_id != layout_id:
             raise InvalidArgument("the manifest must name the save's namespace and layout")
         ct = self.config.chunk_tokens
+        play = self.layouts.page(layout_id)
+        if play is not None:  # a turn of engine pages: the manifest names them wherever it likes
+            check_page_manifest(manifest)
+            keys = page_batch_keys(namespace, play, blobs)
+            if not set(keys) <= set(manifest.chunk_keys):
+                raise InvalidArgument("the manifest does not name every saved page blob")
+            return self._turns.submit(Turn(namespace, layout_id, ROOT, 0, keys, blobs, manifest, pages=True))
         manifest_layout(manifest, ct)
-        keys: list[bytes] = []
+        keys = []
         if blobs:
             lay = chunk_layout(layout_id, ct)
             keys = chunk_batch_keys(namespace, lay, ct, parent, first_index, blobs)
@@ -259,7 +280,9 @@ class SessionStore:
         with self._lock:
             for p, m, _ in accepted:
                 t = p.item
-                if t.keys:
+                if t.keys and t.pages:
+                    self._chunks.add_pages(t.namespace, t.layout_id, t.keys)
+                elif t.keys:
                     self._chunks.add_sequence(t.namespace, t.layout_id, t.keys, t.first_index, t.parent)
                 self._unindex((m.namespace, m.session_id))
                 self._index(m)
@@ -279,7 +302,7 @@ class SessionStore:
                     out[k] = None
         return list(out)
 
-    def _check_chunks(self, m: Manifest, skip: range = range(0)) -> None:
+    def _check_chunks(self, m: Manifest, skip: range | frozenset[int] = range(0)) -> None:
         """Every chunk ``m`` names is stored, owned by its namespace, and in its place; except the
         positions in ``skip``, whose chunks this save brings (validated against their keys)."""
         with self._lock:
@@ -302,6 +325,8 @@ class SessionStore:
             if info.layout_id != m.layout_id:
                 raise InvalidArgument(f"chunk {i} ({k.hex()}) was saved under layout {info.layout_id.hex()}, "
                                       f"the manifest's is {m.layout_id.hex()}")
+            if m.chunk_tokens == 0:  # engine pages: in no chain
+                continue
             parent = m.chunk_keys[i - 1] if i else ROOT
             if info.index != i or info.parent != parent:
                 raise InvalidArgument(f"chunk {i} ({k.hex()}) is out of place: it is chunk {info.index} of its "
@@ -388,7 +413,8 @@ class SessionStore:
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         """Longest cached prefix of ``token_ids`` (whole chunks), and which tiers hold it."""
         check_namespace(namespace)
-        known_layout(layout_id)
+        if isinstance(self.layouts.known(layout_id), PageLayout):
+            raise InvalidArgument("engine page blobs are looked up by key (LookupKeys), not by token ids")
         if self._shared is not None:
             self._adopt(self._shared.catch_up(namespace))
         tiers: dict[str, int] = defaultdict(int)
@@ -409,6 +435,24 @@ class SessionStore:
             self.hits.hit_tokens += cached
         return LookupResult(cached, len(token_ids), n, dict(tiers))
 
+    def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
+        """For each key (an engine block's, or a chunk's), the fastest tier holding a copy that this
+        store validated for ``namespace``, or None. As ``lookup``: the index and presence, not the
+        bytes (a load verifies those, and a copy damaged since is a miss there)."""
+        check_namespace(namespace)
+        with self._lock:
+            known = [self._chunks.owned(namespace, k) is not None for k in keys]
+        if self._shared is not None and not all(known):  # maybe published by another daemon
+            self._adopt(self._shared.catch_up(namespace))
+            with self._lock:
+                known = [self._chunks.owned(namespace, k) is not None for k in keys]
+        owned = [k for k, ok in zip(keys, known) if ok]
+        where = iter(self.store.fastest(owned))
+        out = [next(where) if ok else None for ok in known]
+        with self._lock:
+            self.hits.lookups += 1
+        return out
+
     def load(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
         """Verified chunks in order (None for a miss), pinned while they are read. Only chunks
         ``namespace`` owns are read at all: another namespace's is a miss, exactly like an absent
@@ -428,8 +472,7 @@ class SessionStore:
             # chunks only the shared tier holds are fetched ahead, a pipelined window at a time
             with self._shared.read_ahead(owned, self.store) if self._shared else contextlib.nullcontext():
                 for k, info in zip(keys, infos):
-                    blob = None if info is None else self.store.get(k, functools.partial(chunk_matches, k, info, ct),
-                                                                    durable_later)
+                    blob = None if info is None else self.store.get(k, self._matcher(k, info, ct), durable_later)
                     with self._lock:
                         self.hits.loaded_chunks += blob is not None
                         self.hits.missed_chunks += blob is None
@@ -446,7 +489,16 @@ class SessionStore:
         with self._lock:
             infos = [self._chunks.owned(namespace, k) for k in m.chunk_keys]
         ct = self.config.chunk_tokens
-        return [(k, functools.partial(chunk_matches, k, i, ct)) for k, i in zip(m.chunk_keys, infos) if i is not None]
+        return [(k, self._matcher(k, i, ct)) for k, i in zip(m.chunk_keys, infos) if i is not None]
+
+    def _matcher(self, key: bytes, info: ChunkInfo, chunk_tokens: int) -> Callable[[Stored], bool]:
+        """The verification a read of ``key`` applies: chunk (key from its token ids) or page blob."""
+        if info.page:
+            play = self.layouts.page(info.layout_id)
+            if play is None:  # a page layout this daemon was never told of: nothing can pass
+                return lambda blob: False
+            return functools.partial(page_matches, key, info.namespace, play)
+        return functools.partial(chunk_matches, key, info, chunk_tokens)
 
     def evict(self, namespace: str, session_id: str, tier: str) -> int:
         """Move a session's chunks down to ``tier`` (admin: simulate memory pressure)."""
@@ -460,10 +512,10 @@ class SessionStore:
     def close(self) -> None:
         self.store.close()
 
-    def live_chunks(self) -> dict[bytes, Layout]:
+    def live_chunks(self) -> dict[bytes, AnyLayout]:
         """Every chunk referenced by a live (unexpired) session, with its layout: the sessions ``list``
         returns, so that chunks and tokens are counted over the same sessions until the next GC."""
         now = self.clock()
         with self._lock:
-            return {k: known_layout(m.layout_id) for m in self._manifests.values() if not m.expired(now)
+            return {k: self.layouts.known(m.layout_id) for m in self._manifests.values() if not m.expired(now)
                     for k in m.chunk_keys}

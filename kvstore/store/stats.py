@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
-from kvstore import chunk
+from kvstore import chunk, page
+from kvstore.layout import Layout
+from kvstore.page_layout import PageLayout
 from kvstore.store.counters import HitCounters
+from kvstore.store.layouts import AnyLayout
 from kvstore.store.sessions import SessionStore
 from kvstore.store.tiered import TierReport
-from kvstore.store.validate import known_layout
 
 
 @dataclass(frozen=True)
@@ -49,20 +52,37 @@ class StoreStats:
     bytes_per_token: BytesPerToken
 
 
+def _unique_sizes(lay: AnyLayout, chunk_tokens: int) -> tuple[Fraction, Fraction, int]:
+    """(tokens, payload bytes, encoded bytes) one stored chunk or engine page blob of ``lay``
+    stands for. A page blob is one group's block: its share of the block's tokens is
+    tokens / groups, exactly so when every block of a session has every group (as in vLLM)."""
+    if isinstance(lay, PageLayout):
+        n = len(lay.groups)
+        tokens = Fraction(sum(g.tokens for g in lay.groups), n * n)
+        encoded = sum(page.blob_bytes(g, 32) for g in lay.groups) // n
+        return tokens, tokens * lay.bytes_per_token, encoded
+    payload = Fraction(lay.chunk_payload_bytes(chunk_tokens))
+    return Fraction(chunk_tokens), payload, chunk.encoded_size(lay, chunk_tokens)
+
+
 def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     store = sessions.store
     ct = sessions.config.chunk_tokens
     live = sessions.live_chunks()
     manifests = sessions.list()
-    tokens = len(live) * ct + sum(m.tail_tokens for m in manifests)
-    payload = sum(lay.chunk_payload_bytes(ct) for lay in live.values())
-    raw_chunks = sum(chunk.encoded_size(lay, ct) for lay in live.values())
+    sizes = {lay.layout_id: _unique_sizes(lay, ct) for lay in set(live.values())}
+    per_chunk = [sizes[lay.layout_id] for lay in live.values()]
+    tokens = round(sum(t for t, _, _ in per_chunk)) + sum(m.tail_tokens for m in manifests)
+    chunk_payload = round(sum(p for _, p, _ in per_chunk))
+    payload = chunk_payload
+    raw_chunks = sum(e for _, _, e in per_chunk)
     manifest_bytes = 0
     formula_num = 0.0
     for m in manifests:
-        lay = known_layout(m.layout_id)
-        payload += lay.chunk_payload_bytes(m.tail_tokens)
-        manifest_bytes += len(m.encode()) - lay.chunk_payload_bytes(m.tail_tokens)
+        lay = sessions.layouts.known(m.layout_id)
+        tail = lay.chunk_payload_bytes(m.tail_tokens) if isinstance(lay, Layout) else 0
+        payload += tail
+        manifest_bytes += len(m.encode()) - tail
         formula_num += float(lay.bytes_per_token) * m.token_count
     total_session_tokens = sum(m.token_count for m in manifests)
     formula = formula_num / total_session_tokens if total_session_tokens else 0.0
@@ -75,9 +95,8 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
         s = stats_fn()
         pages = s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
         lmdb_overhead = max(0, pages * s["psize"] - usage.used_bytes - stored_manifests)
-    swa = max((known_layout(m.layout_id).swa_state_bytes for m in manifests), default=0)
-    return BytesPerToken(tokens, len(manifests), len(live), formula, payload,
-                         raw_chunks - sum(lay.chunk_payload_bytes(ct) for lay in live.values()),
+    swa = max((getattr(sessions.layouts.known(m.layout_id), "swa_state_bytes", 0) for m in manifests), default=0)
+    return BytesPerToken(tokens, len(manifests), len(live), formula, payload, raw_chunks - chunk_payload,
                          manifest_bytes, usage.used_bytes + stored_manifests, usage.raw_bytes + stored_manifests,
                          lmdb_overhead, swa)
 

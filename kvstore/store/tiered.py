@@ -25,9 +25,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-from kvstore import chunk
 from kvstore.errors import ResourceExhausted, Unavailable
 from kvstore.store.config import StoreConfig
+from kvstore.store.pages import is_valid_blob
 from kvstore.store.tier_slot import TierCounters, TierReport, TierSlot
 from kvstore.tiers.base import CorruptValue, MetaMap, OutOfSpace, Stored, Tier, TierError, WriteBatch
 
@@ -37,13 +37,9 @@ _T = TypeVar("_T")
 
 
 def chunk_is_valid(key: bytes, blob: Stored) -> bool:
-    """A stored chunk is served only if its checksum holds and it claims the key it was found under."""
-    try:
-        header = chunk.read_header(blob)
-        chunk.verify_checksum(blob)
-    except chunk.ChunkError:
-        return False
-    return header.key == key
+    """A stored chunk (or engine page blob) is served only if its checksum holds and it claims the
+    key it was found under."""
+    return is_valid_blob(key, blob)
 
 
 class TieredStore:
@@ -255,6 +251,26 @@ class TieredStore:
     def where(self, key: bytes) -> list[str]:
         """Names of the tiers holding ``key`` (not verified; a lookup, not a read)."""
         return [s.name for s in self._slots if s.has(key)]
+
+    def fastest(self, keys: Sequence[bytes]) -> list[str | None]:
+        """For each key, the fastest tier holding it (or None): tier by tier, each asked only for
+        the keys no faster tier holds; a tier that answers in batches (Redis) gets one batch."""
+        out: list[str | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        for s in self._slots:
+            if not todo:
+                break
+            batch = getattr(s.tier, "exists_many", None)
+            if batch is not None:
+                asked = [keys[i] for i in todo]
+                held = s.attempt("exists_many", lambda t, b=batch, a=asked: b(a), [False] * len(todo))
+            else:
+                held = [s.has(keys[i]) for i in todo]
+            for i, h in zip(todo, held):
+                if h:
+                    out[i] = s.name
+            todo = [i for i, h in zip(todo, held) if not h]
+        return out
 
     def contains(self, key: bytes) -> bool:
         return any(s.has(key) for s in self._slots)

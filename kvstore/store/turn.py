@@ -23,8 +23,13 @@ class Turn:
     keys: list[bytes]
     blobs: Sequence[bytes | memoryview]
     manifest: Manifest
+    #: Engine page blobs: no chain, so their positions in the manifest are wherever it names them.
+    pages: bool = False
 
     @property
-    def batch(self) -> range:
+    def batch(self) -> range | frozenset[int]:
         """The manifest positions of the chunks this turn brings."""
+        if self.pages:
+            mine = set(self.keys)
+            return frozenset(i for i, k in enumerate(self.manifest.chunk_keys) if k in mine)
         return range(self.first_index, self.first_index + len(self.keys))

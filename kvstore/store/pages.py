@@ -1,0 +1,62 @@
+"""What a store checks of engine page blobs (``kvstore/page.py``), beside the chunk checks of
+``validate.py`` and ``chunk_index.py``: pure functions, no store state.
+
+A page session's manifest names its blocks' keys (every group's, in the engine's order) with
+``chunk_tokens = 0``: no trailing span, no token ids (the engine keeps those and replays the last
+128 tokens itself). Its blocks need no place in a chain: their keys are the engine's chained
+block hashes, so equal keys already mean equal prefixes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvstore import chunk, page
+from kvstore.errors import InvalidArgument
+from kvstore.manifest import Manifest
+from kvstore.page_layout import PageLayout
+from kvstore.tiers.base import Stored
+
+
+def page_batch_keys(namespace: str, lay: PageLayout, blobs: Sequence[bytes | memoryview]) -> list[bytes]:
+    """The keys of a batch of page blobs; InvalidArgument unless every blob is a sound block of
+    ``lay`` stored under the key its namespace, group and block hash give."""
+    keys: list[bytes] = []
+    for n, blob in enumerate(blobs):
+        try:
+            keys.append(page.check(blob, lay, namespace).key)
+        except page.PageError as e:
+            raise InvalidArgument(f"page blob {n}: {e}") from e
+    return keys
+
+
+def check_page_manifest(m: Manifest) -> None:
+    if m.chunk_tokens != 0 or m.tail or m.last_token_ids:
+        raise InvalidArgument("a session of engine pages has chunk_tokens 0, no trailing span and no token ids "
+                              "(the engine replays its own tokens)")
+
+
+def page_matches(key: bytes, namespace: str, lay: PageLayout, blob: Stored) -> bool:
+    """Whether ``blob`` is the block ``key`` names for ``namespace``: structure, key and checksum."""
+    try:
+        return page.check(blob, lay, namespace).key == key
+    except page.PageError:
+        return False
+
+
+def is_valid_blob(key: bytes, blob: Stored) -> bool:
+    """A stored value (chunk or page blob) is served only if its checksum holds and it claims ``key``."""
+    try:
+        if page.is_page(blob):
+            h = page.read_header(blob)
+            page.verify_checksum(blob)
+            return h.key == key
+        header = chunk.read_header(blob)
+        chunk.verify_checksum(blob)
+    except (chunk.ChunkError, page.PageError):
+        return False
+    return header.key == key
+
+
+def compressible_offset(blob: Stored) -> int:
+    """Where a stored value's compressible tail starts (chunk or page blob); 0 for anything else."""
+    return page.compressible_offset(blob) if page.is_page(blob) else chunk.compressible_offset(blob)
