@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import functools
+import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 from daemon_helpers import (
+    REPO,
     Daemon,
     attach_arena,
+    clean_env,
     free_port,
     make_session,
     running_daemon,
     save_session,
+    serve_command,
     status_of,
 )
 
@@ -23,6 +28,9 @@ from kvstore.client import Client
 from kvstore.keys import ROOT
 from kvstore.layout import get_layout
 from kvstore.manifest import Retention
+from kvstore.server.auth import Auth
+from kvstore.server.startup import CannotStart
+from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 TINY16 = get_layout("tiny-16")
@@ -63,6 +71,48 @@ def test_missing_or_wrong_token_is_unauthenticated(secured: tuple[Daemon, int]) 
             for call in _reads(c):
                 code, got = status_of(call)
                 assert code == grpc.StatusCode.UNAUTHENTICATED and message in got
+
+
+def test_a_bare_bearer_header_is_unauthenticated(secured: tuple[Daemon, int]) -> None:
+    d, _ = secured
+    with grpc.insecure_channel(d.address) as channel:
+        stub = pb_grpc.KVStoreStub(channel)
+        for header in ("Bearer ", "Bearer    "):
+            code, got = status_of(lambda h=header: stub.ListSessions(  # type: ignore[misc]
+                pb.ListSessionsRequest(), metadata=(("authorization", h),), timeout=30))
+            assert code == grpc.StatusCode.UNAUTHENTICATED and "missing bearer token" in got
+
+
+@pytest.mark.parametrize("token", ["", "   "])
+def test_a_tokens_file_with_an_empty_token_is_refused_at_start(tmp_path: Path, token: str) -> None:
+    """`"" = ["tenant-b"]` would serve every request whose header is a bare `Bearer ` as tenant-b."""
+    path = tmp_path / "tokens.toml"
+    path.write_text(f'[tokens]\n"tok-a" = ["team-a"]\n"{token}" = ["tenant-b"]\n')
+    done = subprocess.run(serve_command(tmp_path / "data", "--tokens-file", str(path)), cwd=REPO, env=clean_env(),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "kvstore serving on" not in done.stdout
+    assert f"tokens file {path}" in done.stderr and "empty or blank" in done.stderr, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("table", "why"), [
+    ('"" = ["tenant-b"]', "empty or blank"),
+    ('"\\t" = ["tenant-b"]', "empty or blank"),
+    ('" tok-c" = ["team-c"]', "leading or trailing whitespace"),
+    ('"tok-c" = ["team c"]', "malformed namespace"),
+    ('"tok-c" = "team-c"', "token = [namespaces]"),
+    ('"tok-c" = [1]', "list of namespaces"),
+    ('"tok-c" = ["team-c"', "tokens file"),  # not TOML
+])
+def test_unusable_tokens_files_are_refused_naming_the_file(tmp_path: Path, table: str, why: str) -> None:
+    path = tmp_path / "tokens.toml"
+    path.write_text(f"[tokens]\n{table}\n")
+    with pytest.raises(CannotStart, match=f"tokens file {path}") as e:
+        Auth.from_file(str(path))
+    assert why in str(e.value)
+    assert "tok-c" not in str(e.value).replace(f"tokens file {path}", "")  # a secret is never echoed
+    with pytest.raises(CannotStart, match="tokens file"):
+        Auth.from_file(str(tmp_path / "missing.toml"))
 
 
 def test_attaching_an_arena_needs_a_known_token(secured: tuple[Daemon, int]) -> None:

@@ -9,26 +9,58 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvstore.errors import PermissionDenied, Unauthenticated
+from kvstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
+from kvstore.manifest import check_namespace
+from kvstore.server.startup import CannotStart
 
 ADMIN = "*"
 
 
+def check_tokens(tokens: Mapping[str, Sequence[str]]) -> dict[str, frozenset[str]]:
+    """Each token with its scopes, or ValueError saying which entry is unusable (by its scopes: a
+    token is a secret, never echoed). A token must be non-blank and without surrounding whitespace
+    (a request's token is stripped: a bare ``Bearer `` header would present the empty token, and
+    " abc" could never match); scopes are namespaces, or "*"."""
+    out: dict[str, frozenset[str]] = {}
+    for token, scopes in tokens.items():
+        if isinstance(scopes, str) or not all(isinstance(s, str) for s in scopes):
+            raise ValueError(f"a token's scopes must be a list of namespaces, got {scopes!r}")
+        which = f"the token for {sorted(scopes)}"
+        if not isinstance(token, str) or not token.strip():
+            raise ValueError(f"{which} is empty or blank: a request with a bare 'Bearer ' header would be "
+                             f"served with its scopes")
+        if token != token.strip():
+            raise ValueError(f"{which} has leading or trailing whitespace: a request's token is stripped, so "
+                             f"it could never match")
+        for s in scopes:
+            if s != ADMIN:
+                try:
+                    check_namespace(s)
+                except InvalidArgument as e:
+                    raise ValueError(f"{which}: {e}") from None
+        out[token] = frozenset(scopes)
+    return out
+
+
 class Auth:
     def __init__(self, tokens: Mapping[str, Sequence[str]]) -> None:
-        self._tokens = {t: frozenset(ns) for t, ns in tokens.items()}
+        self._tokens = check_tokens(tokens)
 
     @classmethod
     def from_file(cls, path: str) -> Auth:
         """TOML: ``[tokens]`` table of ``"<token>" = ["namespace", ...]``; ``"*"`` covers every
-        namespace and the admin RPCs (stats, eviction)."""
+        namespace and the admin RPCs (stats, eviction). A file the daemon cannot use (unreadable,
+        not TOML, an empty or blank token, a scope that is no namespace) is CannotStart, naming it."""
         if not path:
             return cls({})
-        data = tomllib.loads(Path(path).read_text())
-        tokens = data.get("tokens", {})
-        if not isinstance(tokens, dict) or not all(isinstance(v, list) for v in tokens.values()):
-            raise ValueError(f"{path}: expected a [tokens] table of token = [namespaces]")
-        return cls(tokens)
+        try:
+            data = tomllib.loads(Path(path).read_text())
+            tokens = data.get("tokens", {})
+            if not isinstance(tokens, dict) or not all(isinstance(v, list) for v in tokens.values()):
+                raise ValueError("expected a [tokens] table of token = [namespaces]")
+            return cls(tokens)
+        except (OSError, ValueError) as e:  # tomllib.TOMLDecodeError is a ValueError
+            raise CannotStart(f"tokens file {path}: {e}") from None
 
     @property
     def enabled(self) -> bool:
@@ -41,6 +73,8 @@ class Auth:
         if not header or not header.startswith("Bearer "):
             raise Unauthenticated("missing bearer token (metadata 'authorization: Bearer <token>')")
         given = header[len("Bearer "):].strip().encode()
+        if not given:  # never a match: no token may be empty (check_tokens)
+            raise Unauthenticated("missing bearer token (metadata 'authorization: Bearer <token>')")
         found = None
         for token, scopes in self._tokens.items():  # compare against every token: no timing hint
             if hmac.compare_digest(token.encode(), given):
