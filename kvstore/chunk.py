@@ -14,6 +14,7 @@ Decoding is zero-copy: sections are numpy views on the caller's buffer.
 from __future__ import annotations
 
 import functools
+import itertools
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -200,8 +201,19 @@ def read_header(blob: bytes | bytearray | memoryview) -> Header:
         raise TruncatedChunk(f"chunk is {len(mv)} bytes but declares {total}")
     if len(mv) > total:
         raise OversizedChunk(f"chunk is {len(mv)} bytes but declares {total}: trailing data")
-    if header_bytes < HEADER_BYTES + SECTION_BYTES * n_sections or tokens_offset + 4 * n_tok > total - 8:
-        raise MalformedChunk("section table or token ids run past the chunk")
+    table_end = HEADER_BYTES + SECTION_BYTES * n_sections
+    if header_bytes < table_end:
+        raise MalformedChunk(f"header_bytes {header_bytes} is inside the {n_sections}-entry section table "
+                             f"(which ends at {table_end})")
+    if tokens_offset + 4 * n_tok > total - CHECKSUM_BYTES:
+        raise MalformedChunk(f"token ids [{tokens_offset}, {tokens_offset + 4 * n_tok}) run past the checksum "
+                             f"at {total - CHECKSUM_BYTES}")
+    if tokens_offset < header_bytes:  # so the section table, too, lies within the chunk
+        raise MalformedChunk(f"tokens_offset {tokens_offset} is before header_bytes {header_bytes}: the header "
+                             f"and section table run past the sections (a {total}-byte chunk)")
+    if not header_bytes <= compressible <= tokens_offset:
+        raise MalformedChunk(f"compressible_offset {compressible} is outside [header_bytes {header_bytes}, "
+                             f"tokens_offset {tokens_offset}]")
     return Header(version, header_bytes, total, n_tok, start, bytes(layout_id), bytes(key), tokens_offset,
                   n_sections, compressible)
 
@@ -226,37 +238,65 @@ def check(blob: bytes | bytearray | memoryview, layout: Layout, *, verify: bool 
     if h.n_sections != 2 * len(layout.caches):
         raise MalformedChunk(f"{h.n_sections} sections, layout {layout.name} needs {2 * len(layout.caches)}")
     table = memoryview(blob)[HEADER_BYTES : HEADER_BYTES + SECTION_BYTES * h.n_sections]
-    canonical, tokens_offset = _canonical_table(layout, h.token_count)
-    if h.tokens_offset == tokens_offset and table == canonical:
-        return h  # the table ``encode`` writes, byte for byte: every bound below holds (one compare)
-    seen: set[tuple[int, int]] = set()
-    for s_i, (cache_i, kind, n, off, length) in enumerate(_sections(blob, h)):
-        if cache_i >= len(layout.caches) or kind not in (KIND_CODES, KIND_SCALES):
-            raise MalformedChunk(f"section {s_i}: cache {cache_i} kind {kind} is not in the layout")
-        c = layout.caches[cache_i]
-        width = c.code_bytes if kind == KIND_CODES else c.scale_bytes
-        if n != c.entries_for(h.token_count) or length != n * width or off + length > h.tokens_offset:
-            raise MalformedChunk(f"section {s_i} ({c.name}) has {n} entries / {length} bytes at {off}; "
-                                 f"expected {c.entries_for(h.token_count)} x {width}")
-        seen.add((cache_i, kind))
-    if len(seen) != h.n_sections:
-        raise MalformedChunk("a cache is missing its codes or scales section")
+    canonical, tokens_offset, compressible = _canonical_table(layout, h.token_count)
+    if h.tokens_offset == tokens_offset and h.compressible_offset == compressible and table == canonical:
+        return h  # what ``encode`` writes, byte for byte: every bound below holds (one compare)
+    _check_sections(_sections(blob, h), h, layout)
     return h
 
 
+def _check_sections(sections: list[tuple[int, int, int, int, int]], h: Header, layout: Layout) -> None:
+    """A section table other than the canonical one: every (cache, kind) once, each section of its
+    cache's entry count and width, the codes sections within [header_bytes, compressible_offset],
+    the scales sections within [compressible_offset, tokens_offset], no two non-empty ones
+    overlapping. MalformedChunk naming the first entry that is not."""
+    seen: set[tuple[int, int]] = set()
+    regions: list[tuple[int, int, int]] = []
+    for s_i, (cache_i, kind, n, off, length) in enumerate(sections):
+        if cache_i >= len(layout.caches) or kind not in (KIND_CODES, KIND_SCALES):
+            raise MalformedChunk(f"section {s_i}: cache {cache_i} kind {kind} is not in the layout")
+        c = layout.caches[cache_i]
+        codes = kind == KIND_CODES
+        width = c.code_bytes if codes else c.scale_bytes
+        what = f"section {s_i} ({c.name} {'codes' if codes else 'scales'})"
+        if n != c.entries_for(h.token_count) or length != n * width:
+            raise MalformedChunk(f"{what} has {n} entries / {length} bytes; expected "
+                                 f"{c.entries_for(h.token_count)} x {width}")
+        lo, hi = (h.header_bytes, h.compressible_offset) if codes else (h.compressible_offset, h.tokens_offset)
+        if off < lo or off + length > hi:
+            raise MalformedChunk(f"{what}: bytes [{off}, {off + length}) are outside [{lo}, {hi}] (the "
+                                 f"{'codes' if codes else 'scales'} region: compressible_offset splits codes "
+                                 f"from scales)")
+        if (cache_i, kind) in seen:
+            raise MalformedChunk(f"{what}: a second {'codes' if codes else 'scales'} section of that cache")
+        seen.add((cache_i, kind))
+        if length:
+            regions.append((off, off + length, s_i))
+    if len(seen) != h.n_sections:
+        raise MalformedChunk("a cache is missing its codes or scales section")
+    regions.sort()
+    for (_, end, a), (start, _, b) in itertools.pairwise(regions):
+        if start < end:
+            raise MalformedChunk(f"sections {a} and {b} overlap")
+
+
 @functools.lru_cache(maxsize=64)
-def _canonical_table(layout: Layout, token_count: int) -> tuple[bytes, int]:
-    """The section table ``encode`` writes for ``token_count`` tokens of ``layout``, and where the
-    token ids then start (memoized: a store sees a handful of (layout, span) pairs)."""
+def _canonical_table(layout: Layout, token_count: int) -> tuple[bytes, int, int]:
+    """The section table ``encode`` writes for ``token_count`` tokens of ``layout``, where the token
+    ids then start, and its compressible_offset: where the codes sections end and the first scales
+    section starts (memoized: a store sees a handful of (layout, span) pairs)."""
     out = bytearray()
     off = _pad(HEADER_BYTES + SECTION_BYTES * 2 * len(layout.caches))
+    split = off
     for kind in (KIND_CODES, KIND_SCALES):
+        if kind == KIND_SCALES:
+            split = off
         for i, c in enumerate(layout.caches):
             n = c.entries_for(token_count)
             length = n * (c.code_bytes if kind == KIND_CODES else c.scale_bytes)
             out += _SECTION.pack(i, kind, 0, n, off, length)
             off += _pad(length)
-    return bytes(out), off
+    return bytes(out), off, split
 
 
 def _sections(blob: bytes | bytearray | memoryview, h: Header) -> list[tuple[int, int, int, int, int]]:
