@@ -322,6 +322,16 @@ class Client:
             time.sleep(poll_s)
         return time.perf_counter() - t0
 
+    # -- engines: page layouts and blocks looked up by key (docs/FORMAT.md, "Engine pages") ------------
+    def register_layout(self, definition: bytes) -> bytes:
+        """Register an engine page layout (``kvstore.page_layout.PageLayout.definition()``); its id."""
+        return bytes(self._call(self._stub.RegisterLayout, pb.RegisterLayoutRequest(definition=definition)).layout_id)
+
+    def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
+        """For each key, the fastest tier holding a copy ``namespace`` saved, or None (one call)."""
+        r = self._call(self._stub.LookupKeys, pb.LookupKeysRequest(namespace=namespace, keys=list(keys)))
+        return [t or None for t in r.tiers]
+
 
 def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: transport.Receiver,
            chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], expected: int, tails: set[Any]

@@ -39,6 +39,9 @@ MESSAGES_PER_HOP = 4  # stream messages built per worker-thread hop while a load
 # the event loop: that costs ~0.15 ms per MiB (benchmarks/profile_load.py), a worker-thread hop
 # 0.1-0.45 ms (more under load). Anything else (LMDB reads, big loads) runs in worker threads.
 INLINE_LOAD_BYTES = 4 << 20
+MAX_LOOKUP_KEYS = 1 << 16
+#: The largest engine page blob a save buffers (a vLLM chunk of a few blocks of every layer of a group).
+MAX_PAGE_BLOB_BYTES = 64 << 20
 
 
 class KVStoreService(pb_grpc.KVStoreServicer):
@@ -52,7 +55,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.carriers = Carriers(shm_dir, min(framing.DEFAULT_MESSAGE_BYTES, max_message_bytes // 2))
         # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
         # buffered, whatever size a stream's header declares
-        self.max_chunk_bytes = max(chunk.encoded_size(lay, sessions.config.chunk_tokens) for lay in PRESETS.values())
+        self.max_chunk_bytes = max(MAX_PAGE_BLOB_BYTES, *(chunk.encoded_size(lay, sessions.config.chunk_tokens)
+                                                         for lay in PRESETS.values()))
         #: resume-ahead prefetch (PrefetchSession): its worker is started and stopped by the daemon
         self.prefetcher = Prefetcher(sessions)
 
@@ -315,6 +319,21 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         a = await offload(self.prefetcher.request, request.namespace, request.session_id)
         return pb.PrefetchSessionResponse(queued=a.queued, already_fast=a.already_fast, coalesced=a.coalesced,
                                           dropped=a.dropped, tier=self.prefetcher.fast_tier)
+
+    @rpc
+    async def RegisterLayout(self, request: pb.RegisterLayoutRequest, context: Any) -> pb.RegisterLayoutResponse:
+        self.auth.identity(context.invocation_metadata())  # any known token
+        lay = await offload(self.sessions.layouts.register, bytes(request.definition))
+        return pb.RegisterLayoutResponse(layout_id=lay.layout_id, name=lay.name,
+                                         bytes_per_token=float(lay.bytes_per_token))
+
+    @rpc
+    async def LookupKeys(self, request: pb.LookupKeysRequest, context: Any) -> pb.LookupKeysResponse:
+        self._ns(context, request.namespace)
+        if len(request.keys) > MAX_LOOKUP_KEYS or any(len(k) != 16 for k in request.keys):
+            raise InvalidArgument(f"LookupKeys takes at most {MAX_LOOKUP_KEYS} keys of 16 bytes each")
+        where = await offload(self.sessions.lookup_keys, request.namespace, [bytes(k) for k in request.keys])
+        return pb.LookupKeysResponse(tiers=[t or "" for t in where])
 
     # -- same GPU: loads copied device to device into a client's own CUDA IPC buffer (device_arenas.py)
     @functools.cached_property

@@ -576,3 +576,33 @@ class PrefetchStats(_message.Message):
     chunks_skipped: int
     pending: int
     def __init__(self, requested: _Optional[int] = ..., completed: _Optional[int] = ..., chunks_promoted: _Optional[int] = ..., coalesced: _Optional[int] = ..., dropped: _Optional[int] = ..., chunks_skipped: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class RegisterLayoutRequest(_message.Message):
+    __slots__ = ("definition",)
+    DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    definition: bytes
+    def __init__(self, definition: _Optional[bytes] = ...) -> None: ...
+
+class RegisterLayoutResponse(_message.Message):
+    __slots__ = ("layout_id", "name", "bytes_per_token")
+    LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    layout_id: bytes
+    name: str
+    bytes_per_token: float
+    def __init__(self, layout_id: _Optional[bytes] = ..., name: _Optional[str] = ..., bytes_per_token: _Optional[float] = ...) -> None: ...
+
+class LookupKeysRequest(_message.Message):
+    __slots__ = ("namespace", "keys")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class LookupKeysResponse(_message.Message):
+    __slots__ = ("tiers",)
+    TIERS_FIELD_NUMBER: _ClassVar[int]
+    tiers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tiers: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -124,6 +124,16 @@ class KVStoreStub:
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionResponse.FromString,
                 _registered_method=True)
+        self.RegisterLayout = channel.unary_unary(
+                '/kvstore.v1.KVStore/RegisterLayout',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.RegisterLayoutRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.RegisterLayoutResponse.FromString,
+                _registered_method=True)
+        self.LookupKeys = channel.unary_unary(
+                '/kvstore.v1.KVStore/LookupKeys',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.LookupKeysRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.LookupKeysResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -280,6 +290,26 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterLayout(self, request, context):
+        """Engines (docs/FORMAT.md, "Engine pages"): register an engine page layout, the canonical JSON
+        definition of one engine configuration's KV blocks (groups, pages, rows, and the engine's
+        fingerprint: model, cache dtypes, block size, parallelism). Answers its 16-byte id, which
+        SaveChunks (page blobs instead of chunks), CommitSession and LoadChunks then use. Idempotent;
+        kept durably. Any known token may register (a definition holds no tenant data).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def LookupKeys(self, request, context):
+        """For each key (an engine block's page key, or a chunk key), the fastest tier holding a copy this
+        namespace saved, or "" for none: one call for a batch, no bytes read (a load verifies them, and
+        a copy damaged since is a miss there). Another namespace's key answers "", as an absent one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -372,6 +402,16 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.PrefetchSession,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionResponse.SerializeToString,
+            ),
+            'RegisterLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterLayout,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.RegisterLayoutRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.RegisterLayoutResponse.SerializeToString,
+            ),
+            'LookupKeys': grpc.unary_unary_rpc_method_handler(
+                    servicer.LookupKeys,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.LookupKeysRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.LookupKeysResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -860,6 +900,60 @@ class KVStore:
             '/kvstore.v1.KVStore/PrefetchSession',
             kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.PrefetchSessionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/RegisterLayout',
+            kvstore_dot_v1_dot_kvstore__pb2.RegisterLayoutRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.RegisterLayoutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LookupKeys(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/LookupKeys',
+            kvstore_dot_v1_dot_kvstore__pb2.LookupKeysRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.LookupKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,348 @@
+"""kvstore as a secondary tier of vLLM 0.33's OffloadingConnector (its ``TieringOffloadingSpec``).
+
+Loaded by vLLM from its tier config, no vLLM patch::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+      "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 8e9,
+        "secondary_tiers": [{"type": "KVStoreTier", "module_path": "kvstore.engines.vllm.tier",
+                             "address": "127.0.0.1:50151", "namespace": "team-a"}]}}'
+
+vLLM keeps only the prefix-cacheable groups in its CPU primary tier (for DeepSeek-V4.1: the
+compressed main KV and indexer K of the kv-source layers; the SWA window is never offloaded and
+vLLM replays the last 128 tokens itself), and hands this tier byte blocks of that primary, one per
+``OffloadKey`` (block hash + group). Each becomes one page blob (``kvstore/page.py``) under a key
+that hashes the tenant's namespace, the engine's page layout (its fingerprint: model, cache dtypes,
+block size, parallelism) and the block hash, so blocks are never served across tenants or engine
+configurations. Everything the scheduler calls is non-blocking:
+
+- ``lookup``: answered from a per-step batch (vLLM's ``AsyncLookupManager``): one ``LookupKeys``
+  call per request per step on a background thread, RETRY until it lands;
+- ``submit_store`` / ``submit_load``: jobs on background threads; a store is one turn save (the
+  job's page blobs and the request's page session, one durable transaction); a load writes each
+  verified blob straight from the daemon's answer (the client's shared-memory arena when the daemon
+  is on this host) into the primary's slot: one copy;
+- a daemon that cannot be reached makes lookups misses and jobs failures for ``down_s`` seconds
+  (no call is tried meanwhile): vLLM recomputes, never waits, never sees an exception.
+
+Tenants: ``kv_transfer_params["cache_salt"]`` (or ``"kvstore_tenant"``) names an entry of the
+``tenants`` map (``{"salt": {"namespace": ..., "token": ...}}``); requests without one use the
+tier's own ``namespace``/``token``; an unknown salt is never offloaded. ``kvstore_session`` names
+the page session a request's blocks are kept under (an agent's conversation across turns; default:
+one session per request), with the retention ``session_ttl_s`` (``kvstore evict`` / ``prefetch``
+/ retention apply to it as to any session).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import vllm
+from vllm.v1.kv_offload.base import (
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+)
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
+
+from kvstore import page
+from kvstore.client import Client
+from kvstore.engines.vllm.geometry import EngineGroup, page_layout
+from kvstore.errors import KvstoreError
+from kvstore.manifest import Manifest, Retention
+from kvstore.page_layout import PageLayout
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+
+log = logging.getLogger(__name__)
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.:\-]")
+TESTED_VLLM = ("0.33.0",)
+
+
+@dataclass(frozen=True)
+class Tenant:
+    namespace: str
+    token: str = ""
+
+
+@dataclass
+class _Request:
+    """What the tier knows of one request: its tenant, its page session and the keys it holds."""
+
+    tenant: Tenant | None
+    session_id: str
+    held: dict[bytes, int] = field(default_factory=dict)  # page key -> end token, saved or found
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one turn save at a time
+
+
+class _Lookups(AsyncLookupManager):
+    def __init__(self, tier: KVStoreTier, tier_type: str) -> None:
+        super().__init__(tier_type=tier_type)
+        self._tier = tier
+
+    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        return self._tier._batch_lookup(keys, req_context)
+
+
+class KVStoreTier(SecondaryTierManager):
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
+                 address: str = "", namespace: str = "vllm", token: str = "",
+                 tenants: dict[str, dict[str, str]] | None = None, session_ttl_s: float = 86400.0,
+                 indexer_dtype: str = "mxfp4", mxfp8_record: bool = False, n_load_threads: int = 2,
+                 n_store_threads: int = 2, timeout_s: float = 10.0, down_s: float = 5.0,
+                 locality: str | None = None, backpressure_detector: BackpressureDetector | None = None) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        cfg = offloading_spec.config
+        self.address = address
+        self.default = Tenant(namespace, token)
+        self.tenants = {salt: Tenant(t["namespace"], t.get("token", "")) for salt, t in (tenants or {}).items()}
+        self.retention = Retention(ttl_s=session_ttl_s if session_ttl_s > 0 else None)
+        self.timeout_s = timeout_s
+        self.down_s = down_s
+        self._down_until = 0.0
+        self.layout = self._layout(cfg, indexer_dtype, mxfp8_record)
+        self._block_bytes = self.layout.groups[0].block_bytes
+        self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
+        self._clients: dict[tuple[Tenant, str], Client] = {}
+        self._clients_lock = threading.Lock()
+        self._registered = False
+        self._requests: dict[str, _Request] = {}
+        self._finished: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
+        self._load_keys: dict[JobId, list[OffloadKey]] = {}
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._loads = ThreadPoolExecutor(n_load_threads, thread_name_prefix="kvstore_tier_load")
+        self._stores = ThreadPoolExecutor(n_store_threads, thread_name_prefix="kvstore_tier_store")
+        self._lookups = _Lookups(self, tier_type)
+        if locality is not None:
+            from vllm.v1.kv_offload.base import Locality
+            self.locality = Locality(locality)
+
+    # -- geometry ---------------------------------------------------------------------------------
+    def _layout(self, cfg: Any, indexer_dtype: str, mxfp8_record: bool) -> PageLayout:
+        """The page layout of this engine's chunks, from its OffloadingConfig (read at run time)."""
+        copies = 1 if cfg.replicated_layout else max(1, cfg.parallel.world_size)
+        block_bytes = cfg.worker_kv_bytes_per_block * copies * cfg.cache.blocks_per_chunk
+        if not 0 < block_bytes <= self.block_size_bytes:
+            block_bytes = self.block_size_bytes
+        groups = [EngineGroup(i, g.tokens_per_block, tuple(g.layer_names)) for i, g in enumerate(cfg.groups)]
+        p = cfg.parallel
+        fingerprint = {"tokens_per_hash": str(cfg.cache.tokens_per_hash), "tp_size": str(p.tp_size),
+                       "tp_rank": "0" if cfg.replicated_layout else str(p.rank), "pp_size": str(p.pp_size),
+                       "pcp_size": str(p.pcp_size), "dcp_size": str(p.dcp_size), "world_size": str(p.world_size),
+                       "replicated": str(bool(cfg.replicated_layout)).lower(),
+                       "canonical": str(bool(cfg.canonical_layout)).lower(), "engine_version": vllm.__version__}
+        return page_layout(cfg.model.name, cfg.model.dtype, indexer_dtype, groups, block_bytes,
+                           cfg.cache.blocks_per_chunk, fingerprint, mxfp8_record=mxfp8_record)
+
+    # -- the daemon -------------------------------------------------------------------------------
+    def _client(self, tenant: Tenant, role: str) -> Client:
+        """One client per tenant and role (loads never wait behind a store's arena)."""
+        with self._clients_lock:
+            c = self._clients.get((tenant, role))
+            if c is None:
+                c = Client(address=self.address, token=tenant.token, timeout_s=self.timeout_s, retries=0)
+                self._clients[(tenant, role)] = c
+        if not self._registered:
+            c.register_layout(self.layout.definition())
+            self._registered = True
+        return c
+
+    def _available(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _failed(self, what: str, e: Exception) -> None:
+        if self._available():
+            log.warning("kvstore tier: %s failed (%s); treating kvstore as down for %.0f s", what, e, self.down_s)
+        self._down_until = time.monotonic() + self.down_s
+        self._registered = False  # a restarted daemon may be a fresh one
+
+    def _tenant(self, ctx: ReqContext) -> Tenant | None:
+        params = ctx.kv_transfer_params or {}
+        salt = params.get("kvstore_tenant") or params.get("cache_salt")
+        if not salt:
+            return self.default
+        return self.tenants.get(str(salt))
+
+    def _request(self, ctx: ReqContext) -> _Request:
+        r = self._requests.get(ctx.req_id)
+        if r is None:
+            params = ctx.kv_transfer_params or {}
+            sid = str(params.get("kvstore_session") or f"vllm-{ctx.req_id}")
+            r = self._requests[ctx.req_id] = _Request(self._tenant(ctx), _UNSAFE.sub("_", sid)[:128])
+        return r
+
+    def _key(self, tenant: Tenant, key: OffloadKey) -> bytes:
+        return page.page_key(self.layout.layout_id, tenant.namespace, get_offload_group_idx(key),
+                             get_offload_block_hash(key))
+
+    # -- scheduler side ---------------------------------------------------------------------------
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        self._request(req_context)
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        r = self._request(req_context)
+        if r.tenant is None or not self._available():
+            return LookupResult.MISS
+        found = self._lookups.lookup(key, req_context)
+        if found is None:
+            return LookupResult.RETRY
+        if found:
+            pos = req_context.get_offload_key_position(key)
+            r.held.setdefault(self._key(r.tenant, key), pos if pos is not None else 0)
+            return LookupResult.HIT
+        return LookupResult.MISS
+
+    def _batch_lookup(self, keys: list[OffloadKey], ctx: ReqContext) -> list[bool]:
+        tenant = self._tenant(ctx)
+        if tenant is None or not self._available():
+            return [False] * len(keys)
+        try:
+            where = self._client(tenant, "load").lookup_keys(tenant.namespace, [self._key(tenant, k) for k in keys])
+        except (KvstoreError, OSError) as e:
+            self._failed("a lookup", e)
+            return [False] * len(keys)
+        return [w is not None for w in where]
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        r = self._request(job_metadata.req_context)
+        keys = list(job_metadata.keys)
+        cids = [int(c) for c in job_metadata.chunk_ids]
+        ctx = job_metadata.req_context
+        ends = [ctx.get_offload_key_position(k) for k in keys]
+        self._start()
+        self._stores.submit(self._run, job_metadata.job_id, len(keys), self._store, r, keys, cids, ends)
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        r = self._request(job_metadata.req_context)
+        keys = list(job_metadata.keys)
+        self._load_keys[job_metadata.job_id] = keys
+        cids = [int(c) for c in job_metadata.chunk_ids]
+        self._start()
+        self._loads.submit(self._run, job_metadata.job_id, len(keys), self._load, r, keys, cids)
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        out: list[JobResult] = []
+        while True:
+            try:
+                res = self._finished.get_nowait()
+            except queue.Empty:
+                return out
+            keys = self._load_keys.pop(res.job_id, None)
+            if keys is not None and not res.success:  # the lookups of what failed to load are misses now
+                ok = set(res.successful_keys or ())
+                self._lookups.mark_miss([k for k in keys if k not in ok])
+            out.append(res)
+
+    def has_pending_work(self) -> bool:
+        return self._pending > 0
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookups.cleanup(req_context.req_id)
+        self._requests.pop(req_context.req_id, None)
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookups.flush()
+
+    def drain_jobs(self) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0)
+
+    def shutdown(self) -> None:
+        self.drain_jobs()
+        self._lookups.shutdown()
+        self._loads.shutdown(wait=True)
+        self._stores.shutdown(wait=True)
+        with self._clients_lock:
+            for c in self._clients.values():
+                c.close()
+            self._clients.clear()
+
+    # -- jobs (background threads) ----------------------------------------------------------------
+    def _start(self) -> None:
+        with self._idle:
+            self._pending += 1
+
+    def _run(self, job_id: JobId, n: int, fn: Any, *args: Any) -> None:
+        t0 = time.perf_counter()
+        done: list[OffloadKey] | None = None
+        try:
+            ok, done = fn(*args)
+        except Exception as e:  # any failure is the job's, never the engine's
+            if isinstance(e, (KvstoreError, OSError)):
+                self._failed("a transfer", e)
+            else:
+                log.exception("kvstore tier: job %d failed", job_id)
+            ok = False
+        partial = None if ok else (tuple(done) if done else None)
+        self._finished.put(JobResult(job_id, ok, partial, time.perf_counter() - t0, n * self._block_bytes))
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    def _slot(self, cid: int) -> memoryview:
+        start = cid * self.block_size_bytes
+        return self._flat[start : start + self._block_bytes]
+
+    def _store(self, r: _Request, keys: list[OffloadKey], cids: list[int], ends: list[int | None]
+               ) -> tuple[bool, None]:
+        if r.tenant is None or not self._available():
+            return False, None
+        tenant = r.tenant
+        client = self._client(tenant, "store")
+        pkeys = [self._key(tenant, k) for k in keys]
+        blobs = [page.encode(self.layout, get_offload_group_idx(k), get_offload_block_hash(k), pk,
+                             np.frombuffer(self._slot(cid), dtype=np.uint8))
+                 for k, pk, cid in zip(keys, pkeys, cids)]
+        with r.lock:  # a request's turns are saved one after another: each names what the last one did
+            new = {pk: (end or 0) for pk, end in zip(pkeys, ends) if pk not in r.held}
+            fresh = [b for pk, b in zip(pkeys, blobs) if pk in new]
+            held = sorted(r.held.items(), key=lambda kv: kv[1])
+            order = [k for k, _ in held] + list(new)
+            tokens = max([0, *r.held.values(), *new.values()])
+            m = Manifest(r.session_id, tenant.namespace, self.layout.layout_id, tokens, 0, tuple(order), b"", (),
+                         retention=self.retention, metadata={"engine": "vllm", "model": self.layout.name})
+            client.save_session(m, fresh)
+            r.held.update(new)
+        return True, None
+
+    def _load(self, r: _Request, keys: list[OffloadKey], cids: list[int]) -> tuple[bool, list[OffloadKey]]:
+        if r.tenant is None or not self._available():
+            return False, []
+        tenant = r.tenant
+        pkeys = [self._key(tenant, k) for k in keys]
+        loaded: set[int] = set()
+        for i, blob in self._client(tenant, "load").load_chunks(tenant.namespace, pkeys, zero_copy=True):
+            try:
+                h = page.check(blob, self.layout, tenant.namespace)
+            except page.PageError as e:
+                log.warning("kvstore tier: block %s refused (%s): a miss", pkeys[i].hex(), e)
+                continue
+            if h.key != pkeys[i]:
+                continue
+            page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i]), dtype=np.uint8))
+            loaded.add(i)
+        done = [k for i, k in enumerate(keys) if i in loaded]
+        return len(loaded) == len(keys), done
+
+
+__all__ = ["TESTED_VLLM", "KVStoreTier", "Tenant"]
