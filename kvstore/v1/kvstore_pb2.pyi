@@ -243,7 +243,7 @@ class Retention(_message.Message):
     def __init__(self, pinned: _Optional[bool] = ..., ttl_s: _Optional[float] = ...) -> None: ...
 
 class Session(_message.Message):
-    __slots__ = ("session_id", "namespace", "layout_id", "layout_name", "token_count", "chunk_tokens", "chunk_keys", "tail", "last_token_ids", "created_at", "updated_at", "retention", "metadata")
+    __slots__ = ("session_id", "namespace", "layout_id", "layout_name", "token_count", "chunk_tokens", "chunk_keys", "tail", "last_token_ids", "created_at", "updated_at", "retention", "metadata", "generation")
     class MetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,7 @@ class Session(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     RETENTION_FIELD_NUMBER: _ClassVar[int]
     METADATA_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     namespace: str
     layout_id: bytes
@@ -277,7 +278,8 @@ class Session(_message.Message):
     updated_at: float
     retention: Retention
     metadata: _containers.ScalarMap[str, str]
-    def __init__(self, session_id: _Optional[str] = ..., namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., layout_name: _Optional[str] = ..., token_count: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., tail: _Optional[bytes] = ..., last_token_ids: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    generation: int
+    def __init__(self, session_id: _Optional[str] = ..., namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., layout_name: _Optional[str] = ..., token_count: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., tail: _Optional[bytes] = ..., last_token_ids: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class LoadSessionRequest(_message.Message):
     __slots__ = ("namespace", "session_id", "arena_id")
