@@ -20,13 +20,15 @@ from kvstore.errors import InvalidArgument
 DEFAULT_MESSAGE_BYTES = 512 << 10
 MAX_MESSAGE_BYTES = 16 << 20  # the most either side accepts (a manifest of a very long session)
 _TOTAL = struct.Struct("<I")
+_MAGICS = (chunk.MAGIC, b"KVPG")  # kvstore/page.py's MAGIC (not imported: page.py pulls in numpy)
 
 Blob = bytes | memoryview
 
 
 def blob_size(head: Blob) -> int:
-    """A chunk's total size from its first 12 bytes (magic checked, so garbage fails fast)."""
-    if bytes(head[:4]) != chunk.MAGIC:
+    """A chunk's (or engine page blob's) total size from its first 12 bytes (magic checked, so
+    garbage fails fast); both formats keep it at offset 8."""
+    if bytes(head[:4]) not in _MAGICS:
         raise InvalidArgument(f"stream does not start a chunk here (magic {bytes(head[:4])!r})")
     return _TOTAL.unpack_from(head, 8)[0]
 

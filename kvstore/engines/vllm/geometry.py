@@ -64,9 +64,11 @@ def is_indexer(name: str) -> bool:
 
 
 def group_pages(g: EngineGroup, kv_cache_dtype: str, indexer_dtype: str, mxfp8_record: bool,
-                blocks_per_chunk: int, ratios: dict[int, int]) -> list[PageSpec]:
-    """The pages of one chunk of group ``g``: per block, the main pages of its layers, then their
-    indexer pages (vLLM packs layers by spec), each padded to the engine's alignment."""
+                blocks_per_chunk: int, ratios: dict[int, int], block_stride: int = 0) -> list[PageSpec]:
+    """The pages of one chunk of group ``g``: per block (``block_stride`` apart; 0 = packed back to
+    back), the main pages of its layers, then their indexer pages (vLLM packs layers by spec from
+    byte 0 of the block: ``kv_cache_planning.get_kv_cache_config_from_groups``), each padded to
+    the engine's alignment."""
     data, scale, arrangement, align = MAIN_RECORDS[(kv_cache_dtype, mxfp8_record)]
     idata, iscale = INDEXER_RECORDS[indexer_dtype]
     ialign = 576 if kv_cache_dtype == "fp8_ds_mla" and not mxfp8_record else 512
@@ -75,6 +77,8 @@ def group_pages(g: EngineGroup, kv_cache_dtype: str, indexer_dtype: str, mxfp8_r
     pages: list[PageSpec] = []
     off = 0
     for b in range(blocks_per_chunk):
+        if block_stride:
+            off = b * block_stride
         for names, indexer in ((mains, False), (idxs, True)):
             for n in names:
                 layer = layer_of(n)
@@ -95,17 +99,30 @@ def page_layout(model: str, kv_cache_dtype: str, indexer_dtype: str, groups: Seq
                 block_bytes: int, blocks_per_chunk: int, fingerprint: dict[str, str],
                 mxfp8_record: bool = False, ratios: dict[int, int] | None = None) -> PageLayout:
     """The kvstore page layout of vLLM chunks of ``block_bytes`` (the CPU tier's chunk, without
-    the alignment padding of its slot). A group whose derived pages do not fit is one opaque page."""
+    the alignment padding of its slot).
+
+    vLLM offloads DeepSeek-V4's packed blocks whole, for every group (``offloading/worker.py``:
+    "Offload the whole packed block as a single transfer region"), and the groups alias from byte 0
+    of a block, so the bytes past a smaller group's pages are no page of that group's: only the
+    largest group fills the block. When the derived pages of the largest group fill the block
+    exactly (the geometry agrees with the engine's own numbers), each group's blob keeps just the
+    span of its own pages; otherwise every group is kept whole as one opaque page."""
     ratios = V41_SOURCES if ratios is None else ratios
+    stride = block_bytes // blocks_per_chunk
+    derived: list[list[PageSpec]] = []
+    if (kv_cache_dtype, mxfp8_record) in MAIN_RECORDS and indexer_dtype in INDEXER_RECORDS:
+        derived = [group_pages(g, kv_cache_dtype, indexer_dtype, mxfp8_record, blocks_per_chunk, ratios, stride)
+                   for g in groups]
+    extents = [p[-1].offset + p[-1].page_bytes for p in derived if p]
+    exact = len(extents) == len(groups) and max(extents) == block_bytes
     specs: list[GroupSpec] = []
-    for g in groups:
+    for i, g in enumerate(groups):
         tokens = g.tokens_per_block * blocks_per_chunk
-        pages: list[PageSpec] = []
-        if (kv_cache_dtype, mxfp8_record) in MAIN_RECORDS and indexer_dtype in INDEXER_RECORDS:
-            pages = group_pages(g, kv_cache_dtype, indexer_dtype, mxfp8_record, blocks_per_chunk, ratios)
-        if not pages or pages[-1].offset + pages[-1].page_bytes > block_bytes:
-            pages = [PageSpec("opaque", 0, 1, block_bytes, 0, SPLIT, block_bytes)]
-        specs.append(GroupSpec(g.group, tokens, block_bytes, tuple(pages)))
+        if exact:
+            specs.append(GroupSpec(g.group, tokens, extents[i], tuple(derived[i])))
+        else:
+            specs.append(GroupSpec(g.group, tokens, block_bytes,
+                                   (PageSpec("opaque", 0, 1, block_bytes, 0, SPLIT, block_bytes),)))
     fp = {"model": model, "kv_cache_dtype": kv_cache_dtype, "indexer_dtype": indexer_dtype,
           "mxfp8_record": str(mxfp8_record).lower(), "blocks_per_chunk": str(blocks_per_chunk), **fingerprint}
     return PageLayout(model, "vllm", tuple(sorted(fp.items())), tuple(specs))

@@ -119,7 +119,7 @@ class KVStoreTier(SecondaryTierManager):
         self.down_s = down_s
         self._down_until = 0.0
         self.layout = self._layout(cfg, indexer_dtype, mxfp8_record)
-        self._block_bytes = self.layout.groups[0].block_bytes
+        self._block_bytes = {g.group: g.block_bytes for g in self.layout.groups}
         self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
         self._clients: dict[tuple[Tenant, str], Client] = {}
         self._clients_lock = threading.Lock()
@@ -294,14 +294,15 @@ class KVStoreTier(SecondaryTierManager):
                 log.exception("kvstore tier: job %d failed", job_id)
             ok = False
         partial = None if ok else (tuple(done) if done else None)
-        self._finished.put(JobResult(job_id, ok, partial, time.perf_counter() - t0, n * self._block_bytes))
+        self._finished.put(JobResult(job_id, ok, partial, time.perf_counter() - t0, n * self.block_size_bytes))
         with self._idle:
             self._pending -= 1
             self._idle.notify_all()
 
-    def _slot(self, cid: int) -> memoryview:
+    def _slot(self, cid: int, key: OffloadKey) -> memoryview:
+        """The bytes of the primary's slot ``cid`` that are ``key``'s group's (geometry.py)."""
         start = cid * self.block_size_bytes
-        return self._flat[start : start + self._block_bytes]
+        return self._flat[start : start + self._block_bytes[get_offload_group_idx(key)]]
 
     def _store(self, r: _Request, keys: list[OffloadKey], cids: list[int], ends: list[int | None]
                ) -> tuple[bool, None]:
@@ -311,7 +312,7 @@ class KVStoreTier(SecondaryTierManager):
         client = self._client(tenant, "store")
         pkeys = [self._key(tenant, k) for k in keys]
         blobs = [page.encode(self.layout, get_offload_group_idx(k), get_offload_block_hash(k), pk,
-                             np.frombuffer(self._slot(cid), dtype=np.uint8))
+                             np.frombuffer(self._slot(cid, k), dtype=np.uint8))
                  for k, pk, cid in zip(keys, pkeys, cids)]
         with r.lock:  # a request's turns are saved one after another: each names what the last one did
             new = {pk: (end or 0) for pk, end in zip(pkeys, ends) if pk not in r.held}
@@ -339,7 +340,7 @@ class KVStoreTier(SecondaryTierManager):
                 continue
             if h.key != pkeys[i]:
                 continue
-            page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i]), dtype=np.uint8))
+            page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i], keys[i]), dtype=np.uint8))
             loaded.add(i)
         done = [k for i, k in enumerate(keys) if i in loaded]
         return len(loaded) == len(keys), done
