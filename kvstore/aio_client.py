@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
 
-from kvstore import convert, shm, transport, wire
+from kvstore import convert, localrpc, shm, transport, wire
 from kvstore.client_config import ClientConfig, default_address
 from kvstore.errors import InvalidArgument, KvstoreError
 from kvstore.framing import Blob
@@ -69,21 +68,8 @@ class AsyncClient:
             if self._carrier is None:
                 info = await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
                 conn = self._conn = wire.connection(info, self.config)
-                self._carrier = await self._attach(conn) if conn.arena_dir is not None else conn.stream()
-                if self._carrier.arena_id and info.local_socket:
-                    await self._use_local(info.local_socket)
+                self._carrier = await self._attach(conn)
             return self._carrier
-
-    async def _use_local(self, path: str) -> None:
-        """As Client._use_local: calls over the daemon's local socket from now on, if it answers."""
-        local = AsyncLocalChannel(path)
-        try:
-            await local.probe()
-        except grpc.RpcError:
-            await local.close()
-            return
-        self._local = local
-        self._stub = pb_grpc.KVStoreStub(local)
 
     @property
     def uses_shared_memory(self) -> bool:
@@ -91,17 +77,68 @@ class AsyncClient:
         return self._carrier is not None and self._carrier.name == transport.ARENA
 
     async def _attach(self, conn: wire.Connection) -> transport.Carrier:
-        assert conn.arena_dir is not None
-        arena = shm.Arena.create(conn.arena_dir, self.config.arena_bytes)
+        """As Client._attach: a sealed arena handed over the daemon's local socket, which then carries
+        every call; else the stream over gRPC."""
+        path = conn.info.local_socket if conn.arena_dir is not None else ""
+        local = self._local if self._local is not None and self._local.path == path else None
+        if local is None and path:
+            local = AsyncLocalChannel(path)
+            try:
+                await local.probe()
+            except grpc.RpcError:
+                await local.close()
+                local = None
         try:
-            r = await self._call(self._stub.AttachArena, wire.attach_request(arena))
+            carrier = await self._attach_sealed(path, conn) if local is not None else None
+        except BaseException:
+            if local is not None and local is not self._local:
+                await local.close()
+            raise
+        if carrier is None:
+            if local is not None and local is not self._local:
+                await local.close()
+            await self._on_grpc()
+            return conn.stream()
+        if local is not self._local:
+            await self._on_grpc()
+            self._local = local
+            self._stub = pb_grpc.KVStoreStub(local)
+        return carrier
+
+    async def _attach_sealed(self, path: str, conn: wire.Connection) -> transport.Carrier | None:
+        """As Client._attach_sealed. The memfd is passed on a blocking connection of its own, in a
+        worker thread (asyncio's streams cannot pass fds); the arena id is the caller's whichever
+        connection attached it."""
+        try:
+            arena = shm.Arena.create_sealed(self.config.arena_bytes)
+        except OSError:
+            return None
+        channel = localrpc.LocalChannel(path)
+        attach = channel.unary_with_fds(localrpc.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
+                                        pb.AttachArenaResponse.FromString)
+
+        async def call(req: pb.AttachArenaRequest, **kw: Any) -> pb.AttachArenaResponse:
+            return await asyncio.to_thread(attach, req, [arena.fd], **kw)
+
+        try:
+            r = await self._call(call, wire.attach_request(arena))
         except InvalidArgument:
             arena.close()
-            return conn.stream()
+            return None
+        except BaseException:
+            arena.close()
+            raise
         finally:
-            os.unlink(arena.path)
+            channel.close()
+        arena.release_fd()
         self._used = time.monotonic()
         return transport.ArenaCarrier(arena, r.arena_id, conn.message_bytes)
+
+    async def _on_grpc(self) -> None:
+        if self._local is not None:
+            await self._local.close()
+            self._local = None
+            self._stub = pb_grpc.KVStoreStub(self._channel)
 
     def _drop_arena(self) -> None:
         if isinstance(self._carrier, transport.ArenaCarrier):

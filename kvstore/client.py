@@ -10,7 +10,6 @@ map it, else the gRPC stream. A batch larger than the arena overflows to the str
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -96,21 +95,8 @@ class Client:
             if self._carrier is None:
                 conn = wire.connection(self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()), self.config)
                 self._conn = conn
-                self._carrier = self._attach(conn) if conn.arena_dir is not None else conn.stream()
-                if self._carrier.arena_id and conn.info.local_socket:
-                    self._use_local(conn.info.local_socket)
+                self._carrier = self._attach(conn)
             return self._carrier
-
-    def _use_local(self, path: str) -> None:
-        """Calls over the daemon's local socket from now on (kvstore/localrpc.py), if it answers."""
-        local = localrpc.LocalChannel(path)
-        try:
-            local.probe()
-        except grpc.RpcError:
-            local.close()  # not reachable from here (another mount namespace, say): stay on gRPC
-            return
-        self._local = local
-        self._bind(local)
 
     @property
     def carrier(self) -> transport.Carrier:
@@ -121,18 +107,57 @@ class Client:
         return self.connect().name == transport.ARENA
 
     def _attach(self, conn: wire.Connection) -> transport.Carrier:
-        """A fresh arena, attached; the stream if the daemon will not map it (another user's file)."""
-        assert conn.arena_dir is not None
-        arena = shm.Arena.create(conn.arena_dir, self.config.arena_bytes)
+        """Same host, and the daemon's local socket answers from here: a fresh sealed arena handed to
+        the daemon over that socket, and every call made over it from now on (kvstore/localrpc.py).
+        Otherwise, or if the daemon refuses the arena or the memory for it is not there: the stream,
+        over gRPC."""
+        path = conn.info.local_socket if conn.arena_dir is not None else ""
+        local = (self._local if self._local is not None and self._local.path == path
+                 else localrpc.reachable(path) if path else None)
         try:
-            r = self._call(self._stub.AttachArena, wire.attach_request(arena))
+            carrier = self._attach_sealed(local, conn) if local is not None else None
+        except BaseException:
+            if local is not None and local is not self._local:
+                local.close()
+            raise
+        if carrier is None:
+            if local is not None and local is not self._local:
+                local.close()
+            self._on_grpc()
+            return conn.stream()
+        if local is not self._local:
+            self._on_grpc()
+            self._local = local
+            self._bind(local)
+        return carrier
+
+    def _attach_sealed(self, local: localrpc.LocalChannel, conn: wire.Connection) -> transport.Carrier | None:
+        """A sealed memfd arena (kvstore/shm.py), its fd passed with AttachArena; None if the memory is
+        not there or the daemon refuses it. Other failures (the daemon is down) raise."""
+        try:
+            arena = shm.Arena.create_sealed(self.config.arena_bytes)
+        except OSError:
+            return None
+        attach = local.unary_with_fds(localrpc.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
+                                      pb.AttachArenaResponse.FromString)
+        try:
+            r = self._call(lambda req, **kw: attach(req, [arena.fd], **kw), wire.attach_request(arena))
         except InvalidArgument:
             arena.close()
-            return conn.stream()
-        finally:
-            os.unlink(arena.path)  # both sides have it mapped; no name left to leak
+            return None
+        except BaseException:
+            arena.close()
+            raise
+        arena.release_fd()  # the daemon holds its own; the mapping keeps the memory
         self._used = time.monotonic()
         return transport.ArenaCarrier(arena, r.arena_id, conn.message_bytes)
+
+    def _on_grpc(self) -> None:
+        """Calls over gRPC again (a daemon that no longer takes our arena)."""
+        if self._local is not None:
+            self._local.close()
+            self._local = None
+            self._bind(self._channel)
 
     def _drop_arena(self) -> None:
         if isinstance(self._carrier, transport.ArenaCarrier):

@@ -12,6 +12,9 @@ same protobuf messages, the same status codes and metadata, framed simply (docs/
     daemon:  MSG   body = one serialized response, then
              STATUS body = u8 grpc status code | utf-8 details
 
+A call may pass fds beside its first byte (SCM_RIGHTS): AttachArena hands the daemon the sealed memfd
+of the caller's arena that way (kvstore/shm.py).
+
 ``LocalChannel`` hands out the callables ``KVStoreStub`` asks a channel for, so the client keeps one
 code path whichever way its calls go. A call holds one socket for its whole exchange (a pool serves
 concurrent threads) and reads the answer whole before returning: an arena answer is one small
@@ -20,6 +23,7 @@ message, and nothing is left on a socket that the next call could misread.
 
 from __future__ import annotations
 
+import array
 import socket
 import struct
 import threading
@@ -29,6 +33,7 @@ from typing import Any
 import grpc
 
 CALL, MSG, END, STATUS = 1, 2, 3, 4
+ATTACH_ARENA = "/kvstore.v1.KVStore/AttachArena"  # the call that passes an fd: an arena's sealed memfd
 HEADER = struct.Struct("<IB")  # a frame's length and kind
 MAX_FRAME = 64 << 20  # a bound on what either side accepts as one frame
 
@@ -126,7 +131,10 @@ class LocalChannel:
                 if _open(s):
                     return s
                 s.close()  # the daemon closed it (it restarted, say): a fresh one below
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError as e:  # out of fds, say
+            raise broken(self.path, e) from None
         try:
             s.connect(self.path)
         except OSError as e:
@@ -154,20 +162,13 @@ class LocalChannel:
 
     # -- one exchange -----------------------------------------------------------------------------
     def _exchange(self, path: str, requests: Iterable[bytes], timeout: float | None,
-                  metadata: Sequence[tuple[str, str | bytes]] | None) -> list[bytes]:
+                  metadata: Sequence[tuple[str, str | bytes]] | None, fds: Sequence[int] = ()) -> list[bytes]:
+        """One call: sent whole (with ``fds`` passed beside its first byte), its answer read whole.
+        Whatever the socket does, the caller hears a status (LocalRpcError), never an OSError, and
+        only a socket whose answer was read to its end goes back to the pool."""
         data = b"".join([call_frame(path, metadata), *(frame(MSG, r) for r in requests), frame(END)])
-        s = self._take()
+        s = self._sent(data, fds, timeout)
         try:
-            s.settimeout(timeout)
-            try:
-                s.sendall(data)
-            except (BrokenPipeError, ConnectionResetError):
-                # a pooled socket the daemon closed since it was checked: nothing reached a daemon,
-                # so the call goes once more on a fresh socket
-                s.close()
-                s = self._take(pooled=False)
-                s.settimeout(timeout)
-                s.sendall(data)
             answers = _read_answer(s)
         except LocalRpcError:
             self._give(s)  # a status was read in full: the socket is clean
@@ -178,11 +179,42 @@ class LocalChannel:
         self._give(s)
         return answers
 
+    def _sent(self, data: bytes, fds: Sequence[int], timeout: float | None) -> socket.socket:
+        """A socket the call was written to. A pooled one the daemon closed since it was checked (it
+        restarted, say) fails the write: nothing reached a daemon, so the call goes once more on a
+        fresh socket. Any socket that failed is closed here and never pooled again."""
+        s = self._take()
+        try:
+            _send(s, data, fds, timeout)
+            return s
+        except (BrokenPipeError, ConnectionResetError):
+            s.close()
+        except OSError as e:
+            s.close()
+            raise broken(self.path, e) from None
+        s = self._take(pooled=False)
+        try:
+            _send(s, data, fds, timeout)
+            return s
+        except OSError as e:
+            s.close()
+            raise broken(self.path, e) from None
+
     # -- grpc.Channel's surface (what the generated stub and the client call) ---------------------
     def unary_unary(self, path: str, request_serializer: Callable[[Any], bytes],
                     response_deserializer: Callable[[bytes], Any], **_: Any) -> Callable[..., Any]:
         def call(request: Any, timeout: float | None = None, metadata: Any = None, **__: Any) -> Any:
             (raw,) = self._exchange(path, [request_serializer(request)], timeout, metadata)
+            return response_deserializer(raw)
+        return call
+
+    def unary_with_fds(self, path: str, request_serializer: Callable[[Any], bytes],
+                       response_deserializer: Callable[[bytes], Any]) -> Callable[..., Any]:
+        """A unary call that passes fds with its request (SCM_RIGHTS): ``call(request, fds, ...)``.
+        Only the local socket can: AttachArena hands the daemon an arena's memfd this way."""
+        def call(request: Any, fds: Sequence[int], timeout: float | None = None, metadata: Any = None,
+                 **__: Any) -> Any:
+            (raw,) = self._exchange(path, [request_serializer(request)], timeout, metadata, fds)
             return response_deserializer(raw)
         return call
 
@@ -206,6 +238,18 @@ class LocalChannel:
             raws = self._exchange(path, (request_serializer(r) for r in requests), timeout, metadata)
             return _Answer(response_deserializer(r) for r in raws)
         return call
+
+
+def reachable(path: str) -> LocalChannel | None:
+    """A channel to the daemon's socket at ``path`` if it answers from here (one socket connected
+    now, kept for the first call), else None (another mount namespace, say: gRPC it is)."""
+    local = LocalChannel(path)
+    try:
+        local.probe()
+    except grpc.RpcError:
+        local.close()
+        return None
+    return local
 
 
 def _read_answer(s: socket.socket) -> list[bytes]:
@@ -248,13 +292,23 @@ def answer_frame(kind: int, body: bytes, answers: list[bytes]) -> bool:
 
 def _open(s: socket.socket) -> bool:
     """Whether a pooled socket is still connected (nothing is pending on it between calls)."""
-    s.setblocking(False)  # a socket with a timeout would wait for data to peek at
     try:
+        s.setblocking(False)  # a socket with a timeout would wait for data to peek at
         return s.recv(1, socket.MSG_PEEK) != b""
     except BlockingIOError:
         return True
-    except OSError:
+    except OSError:  # closed, or broken: not one to use
         return False
+
+
+def _send(s: socket.socket, data: bytes, fds: Sequence[int], timeout: float | None) -> None:
+    s.settimeout(timeout)
+    if not fds:
+        s.sendall(data)
+        return
+    sent = s.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    if sent < len(data):
+        s.sendall(memoryview(data)[sent:])
 
 
 def _recv(s: socket.socket, n: int) -> bytes:

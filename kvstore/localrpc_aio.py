@@ -38,7 +38,7 @@ class AsyncLocalChannel:
             raise LocalRpcError(grpc.StatusCode.CANCELLED, "the channel is closed")
         while pooled and self._free:
             conn = self._free.pop()
-            if not conn[0].at_eof():
+            if not conn[0].at_eof() and not conn[1].is_closing():
                 return conn
             conn[1].close()  # the daemon closed it (it restarted, say)
         try:
@@ -66,17 +66,8 @@ class AsyncLocalChannel:
     async def _exchange(self, path: str, requests: Iterable[bytes], timeout: float | None,
                         metadata: Sequence[tuple[str, str | bytes]] | None) -> list[bytes]:
         data = b"".join([call_frame(path, metadata), *(frame(MSG, r) for r in requests), frame(END)])
-        conn = await self._take()
+        conn = await self._sent(data)
         try:
-            try:
-                conn[1].write(data)
-                await conn[1].drain()
-            except ConnectionError:
-                # a pooled connection the daemon closed while idle (the loop had not seen its EOF yet):
-                # nothing reached a daemon, so the call goes once more on a fresh connection
-                conn[1].close()
-                conn = await self._take(pooled=False)
-                conn[1].write(data)
             answers = await asyncio.wait_for(_read_answer(*conn), timeout)
         except LocalRpcError:
             self._give(conn)  # a status was read in full: the connection is clean
@@ -86,6 +77,29 @@ class AsyncLocalChannel:
             raise broken(self.path, e) from None
         self._give(conn)
         return answers
+
+    async def _sent(self, data: bytes) -> _Conn:
+        """As LocalChannel._sent: a connection the call was written to; one that failed is closed
+        here and never pooled again."""
+        conn = await self._take()
+        try:
+            conn[1].write(data)
+            await conn[1].drain()
+            return conn
+        except ConnectionError:
+            # a pooled connection the daemon closed while idle (the loop had not seen its EOF yet):
+            # nothing reached a daemon, so the call goes once more on a fresh connection
+            conn[1].close()
+        except OSError as e:
+            conn[1].close()
+            raise broken(self.path, e) from None
+        conn = await self._take(pooled=False)
+        try:
+            conn[1].write(data)  # drained by the answer's reader
+            return conn
+        except OSError as e:
+            conn[1].close()
+            raise broken(self.path, e) from None
 
     def unary_unary(self, path: str, request_serializer: Callable[[Any], bytes],
                     response_deserializer: Callable[[bytes], Any], **_: Any) -> Callable[..., Any]:

@@ -5,8 +5,9 @@ A carrier sends a batch of (index, blob) pairs as ``Piece``s, one per ``ChunkDat
 client and the servicer:
 
 - ``StreamCarrier``: the blobs back to back in the messages' ``data`` (kvstore.framing).
-- ``ArenaCarrier`` (same host): the blobs are copied into an arena both sides keep mapped
-  (kvstore.shm); one message names their offsets. A batch larger than the arena overflows: what
+- ``ArenaCarrier`` (same host): the blobs are copied into an arena both sides share (kvstore.shm;
+  the daemon maps only a sealed memfd, and reaches a file named by path with pread/pwrite:
+  server/arena_attach.py); one message names their offsets. A batch larger than the arena overflows: what
   fits goes in the arena, the rest on the stream, in the same answer.
 
 A client picks its carrier once, when it connects (``choose_arena``): same host and an arena the
@@ -106,7 +107,8 @@ class ArenaCarrier(Carrier):
 
     name = ARENA
 
-    def __init__(self, arena: shm.Arena, arena_id: str, message_bytes: int = framing.DEFAULT_MESSAGE_BYTES) -> None:
+    def __init__(self, arena: shm.ArenaMemory, arena_id: str,
+                 message_bytes: int = framing.DEFAULT_MESSAGE_BYTES) -> None:
         super().__init__(message_bytes)
         self.arena = arena
         self.arena_id = arena_id
@@ -115,7 +117,7 @@ class ArenaCarrier(Carrier):
     def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
         self.overflowed = False
         handle = pb.ShmHandle(arena_id=self.arena_id)
-        view, off = self.arena.view, 0
+        arena, off = self.arena, 0
         it = iter(items)
         for i, blob in it:
             n = len(blob)
@@ -126,7 +128,7 @@ class ArenaCarrier(Carrier):
                     yield Piece(handle=handle)
                 yield from self.stream(_chain((i, blob), it))
                 return
-            view[off : off + n] = blob
+            arena.write(off, blob)
             handle.indices.append(i)
             handle.offsets.append(off)
             handle.sizes.append(n)
@@ -158,11 +160,15 @@ class Receiver:
             h = msg.shm
             if self.arena is None or h.arena_id != self.arena.arena_id:
                 raise InvalidArgument("the answer names an arena this call did not")
-            view, size = self.arena.arena.view, self.arena.arena.size
-            if any(o + n > size for o, n in zip(h.offsets, h.sizes)):
+            arena = self.arena.arena
+            if any(o + n > arena.size for o, n in zip(h.offsets, h.sizes)):
                 raise InvalidArgument("the answer names bytes beyond the arena")
-            take = (lambda o, n: bytes(view[o : o + n])) if self.copy else (lambda o, n: view[o : o + n])
-            return [(i, take(o, n)) for i, o, n in zip(h.indices, h.offsets, h.sizes)]
+            if self.copy:
+                return [(i, arena.read(o, n)) for i, o, n in zip(h.indices, h.offsets, h.sizes)]
+            if not isinstance(arena, shm.Arena):
+                raise InvalidArgument("zero-copy reads need a mapped arena")
+            view = arena.view
+            return [(i, view[o : o + n]) for i, o, n in zip(h.indices, h.offsets, h.sizes)]
         self.pending.extend(msg.indices)
         blobs = self.assembler.feed(msg.data)
         out = list(zip(self.pending[: len(blobs)], blobs))
@@ -178,7 +184,7 @@ class Receiver:
         if size > self.arena.arena.size:
             raise InvalidArgument(f"arena_bytes {size} exceeds the arena's {self.arena.arena.size}")
         whole = framing.BlobAssembler(self.assembler.max_blob)  # the arena part holds whole blobs
-        spans = whole.feed(self.arena.arena.view[:size])  # each size read once
+        spans = whole.feed(self.arena.arena.contents(size))  # each size read once
         whole.finish()
         # one immutable copy per blob (a tier may keep it as it is: host.py); a sender that rewrote a
         # header meanwhile gets a copy whose own header disagrees with its length: refused as corrupt

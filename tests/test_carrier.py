@@ -4,6 +4,7 @@ puts what fits in the arena and streams the rest, in the same answer."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from test_transport import BLOBS, small_chunk
 from kvstore import shm, transport
 from kvstore.errors import InvalidArgument
 from kvstore.framing import Blob
+from kvstore.server import arena_attach
 
 ITEMS = [(0, BLOBS[0]), (2, BLOBS[1]), (5, BLOBS[2]), (6, small_chunk(3, 9))]  # indices 1, 3, 4: misses
 
@@ -27,12 +29,19 @@ def round_trip(sender: transport.Carrier, receiver: transport.Receiver,
     return got, kinds
 
 
-@pytest.fixture
-def arena_pair(tmp_path: Path) -> tuple[shm.Arena, shm.Arena]:
-    """Both sides' mappings of one arena: the client's and the daemon's."""
-    mine = shm.Arena.create(tmp_path, 4096)
-    theirs = shm.Arena.attach(mine.path, tmp_path, mine.size, mine.nonce)
-    return mine, theirs
+@pytest.fixture(params=["sealed", "file"])
+def arena_pair(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[shm.Arena, shm.ArenaMemory]:
+    """Both sides of one arena: the client's mapping, and the daemon's hold on it (its mapping of a
+    sealed memfd, or pread/pwrite on a file named by path)."""
+    return _pair(tmp_path, 4096, request.param)
+
+
+def _pair(tmp_path: Path, size: int, kind: str) -> tuple[shm.Arena, shm.ArenaMemory]:
+    if kind == "sealed":
+        mine = shm.Arena.create_sealed(size)
+        return mine, arena_attach.attach_sealed(os.dup(mine.fd), mine.size, mine.nonce)
+    mine = shm.Arena.create(tmp_path, size)
+    return mine, arena_attach.attach_file(mine.path, tmp_path, mine.size, mine.nonce)
 
 
 def test_stream_round_trip_in_small_messages() -> None:
@@ -41,17 +50,17 @@ def test_stream_round_trip_in_small_messages() -> None:
     assert got == [(i, bytes(b)) for i, b in ITEMS] and set(kinds) == {"data"}
 
 
-def test_arena_batch_is_one_message(arena_pair: tuple[shm.Arena, shm.Arena]) -> None:
+def test_arena_batch_is_one_message(arena_pair: tuple[shm.Arena, shm.ArenaMemory]) -> None:
     mine, theirs = arena_pair
     daemon_side, client_side = transport.ArenaCarrier(theirs, "id1"), transport.ArenaCarrier(mine, "id1")
     got, kinds = round_trip(daemon_side, client_side.receiver(copy=False))
     assert got == [(i, bytes(b)) for i, b in ITEMS] and kinds == ["arena"] and not daemon_side.overflowed
 
 
-def test_a_batch_larger_than_the_arena_overflows_to_the_stream(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sealed", "file"])
+def test_a_batch_larger_than_the_arena_overflows_to_the_stream(tmp_path: Path, kind: str) -> None:
     fits = sum(len(b) for _, b in ITEMS[:2])
-    mine = shm.Arena.create(tmp_path, fits + 10)  # the first two blobs fit, the third does not
-    theirs = shm.Arena.attach(mine.path, tmp_path, mine.size, mine.nonce)
+    mine, theirs = _pair(tmp_path, fits + 10, kind)  # the first two blobs fit, the third does not
     daemon_side = transport.ArenaCarrier(theirs, "id1", message_bytes=150)
     got, kinds = round_trip(daemon_side, transport.ArenaCarrier(mine, "id1").receiver(copy=True))
     assert got == [(i, bytes(b)) for i, b in ITEMS]
@@ -65,7 +74,7 @@ def test_a_batch_with_no_room_at_all_is_all_stream(tmp_path: Path) -> None:
     assert got == [(i, bytes(b)) for i, b in ITEMS] and set(kinds) == {"data"} and carrier.overflowed
 
 
-def test_zero_copy_views_and_copies(arena_pair: tuple[shm.Arena, shm.Arena]) -> None:
+def test_zero_copy_views_and_copies(arena_pair: tuple[shm.Arena, shm.ArenaMemory]) -> None:
     mine, theirs = arena_pair
     msg = next(transport.ArenaCarrier(theirs, "id1").send(iter(ITEMS[:1]))).message()
     (_, view), = transport.ArenaCarrier(mine, "id1").receiver(copy=False).feed(msg)
@@ -73,7 +82,7 @@ def test_zero_copy_views_and_copies(arena_pair: tuple[shm.Arena, shm.Arena]) -> 
     assert isinstance(view, memoryview) and view.obj is mine.view.obj and isinstance(copy, bytes)
 
 
-def test_an_answer_naming_another_arena_or_bytes_beyond_it_is_refused(arena_pair: tuple[shm.Arena, shm.Arena]
+def test_an_answer_naming_another_arena_or_bytes_beyond_it_is_refused(arena_pair: tuple[shm.Arena, shm.ArenaMemory]
                                                                       ) -> None:
     mine, theirs = arena_pair
     msg = next(transport.ArenaCarrier(theirs, "id1").send(iter(ITEMS[:1]))).message()
@@ -86,7 +95,7 @@ def test_an_answer_naming_another_arena_or_bytes_beyond_it_is_refused(arena_pair
         transport.ArenaCarrier(mine, "id1").receiver().feed(msg)
 
 
-def test_a_save_arena_part_is_copied_out_and_bounded(arena_pair: tuple[shm.Arena, shm.Arena]) -> None:
+def test_a_save_arena_part_is_copied_out_and_bounded(arena_pair: tuple[shm.Arena, shm.ArenaMemory]) -> None:
     mine, theirs = arena_pair
     first = next(transport.ArenaCarrier(mine, "id1").send(enumerate(BLOBS)))
     receiver = transport.ArenaCarrier(theirs, "id1").receiver(copy=True)

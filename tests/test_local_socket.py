@@ -56,11 +56,12 @@ def test_an_arena_client_makes_its_calls_over_the_local_socket(daemon: Daemon, n
         assert {i: bytes(b) for i, b in chunks} == dict(enumerate(s.blobs))
         assert [k for _, k in zip(s.blobs, c.load_chunks(ns, s.manifest.chunk_keys))]
         assert c.get_session(ns, "s1")[0].chunk_keys == s.manifest.chunk_keys
-    # save, load, load_chunks, get_session and the detach at close: five calls, none of them on gRPC
-    assert local_calls(daemon) == before + 5
+    # the attach (its memfd passed over the socket), save, load, load_chunks, get_session and the
+    # detach at close: six calls, none of them on gRPC
+    assert local_calls(daemon) == before + 6
     with Client(address=daemon.address, shared_memory=False) as c:
         c.load_session(ns, "s1")
-    assert local_calls(daemon) == before + 5  # the stream client stays on gRPC
+    assert local_calls(daemon) == before + 6  # the stream client stays on gRPC
 
 
 def test_errors_keep_their_status_codes(daemon: Daemon, ns: str) -> None:
@@ -156,7 +157,7 @@ def test_the_async_client_takes_the_local_socket_too(daemon: Daemon, ns: str) ->
             return {i: bytes(b) async for i, b in chunks}
 
     assert asyncio.run(run()) == dict(enumerate(s.blobs))
-    assert local_calls(daemon) == before + 4  # save, load, the failed get, the detach
+    assert local_calls(daemon) == before + 5  # the attach, save, load, the failed get, the detach
 
 
 def test_a_starting_daemon_removes_the_sockets_of_dead_daemons(tmp_path: pytest.TempPathFactory) -> None:

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from kvstore import chunk, framing, pbwire, shm, transport
 from kvstore.errors import InvalidArgument
 from kvstore.layout import get_layout
+from kvstore.server import arena_attach
 from kvstore.v1 import kvstore_pb2 as pb
 
 TINY8 = get_layout("tiny-8")
@@ -152,8 +153,8 @@ NAME = "kvstore-cli-" + "ab" * 16
 SIZE = 1 << 16
 
 
-def attach(path: str | Path, directory: Path, nonce: bytes = bytes(16)) -> shm.Arena:
-    return shm.Arena.attach(str(path), directory, SIZE, nonce)
+def attach(path: str | Path, directory: Path, nonce: bytes = bytes(16)) -> shm.ArenaMemory:
+    return arena_attach.attach_file(str(path), directory, SIZE, nonce)
 
 
 def write_file(path: Path) -> None:
@@ -256,10 +257,10 @@ def test_arena_attach_needs_the_creators_nonce(tmp_path: Path) -> None:
     for nonce, message in ((bytes(16), "does not hold the nonce"), (b"", "nonce must be 16 bytes"),
                            (arena.nonce[:8], "nonce must be 16 bytes")):
         with pytest.raises(InvalidArgument, match=message):
-            shm.Arena.attach(arena.path, tmp_path, arena.size, nonce)
-    attached = shm.Arena.attach(arena.path, tmp_path, arena.size, arena.nonce)
-    arena.view[100:104] = b"abcd"  # both map the same memory
-    assert bytes(attached.view[100:104]) == b"abcd"
+            arena_attach.attach_file(arena.path, tmp_path, arena.size, nonce)
+    attached = arena_attach.attach_file(arena.path, tmp_path, arena.size, arena.nonce)
+    arena.view[100:104] = b"abcd"  # the same memory: the client's mapping, the daemon's reads
+    assert attached.read(100, 4) == b"abcd"
     attached.close()
     arena.close()
 

@@ -26,7 +26,7 @@ ARENA_IDLE_S = 300.0
 
 @dataclass
 class _Attached:
-    arena: shm.Arena
+    arena: shm.ArenaMemory
     owner: str
     used: float
 
@@ -41,7 +41,7 @@ class Arenas:
     def __len__(self) -> int:
         return len(self._by_id)
 
-    def add(self, owner: str, arena: shm.Arena) -> str:
+    def add(self, owner: str, arena: shm.ArenaMemory) -> str:
         """Register ``arena`` for ``owner``; returns its new id."""
         arena_id = uuid.uuid4().hex
         self._by_id[arena_id] = _Attached(arena, owner, self.clock())
@@ -50,7 +50,7 @@ class Arenas:
             self._by_id.pop(old).arena.close()
         return arena_id
 
-    def get(self, owner: str, arena_id: str) -> shm.Arena:
+    def get(self, owner: str, arena_id: str) -> shm.ArenaMemory:
         """The arena ``owner`` attached under ``arena_id``; anyone else's is unknown."""
         entry = self._by_id.get(arena_id)
         if entry is None or entry.owner != owner:

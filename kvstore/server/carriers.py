@@ -4,12 +4,15 @@ arenas clients attach, and counts of how each call's chunks travelled (Stats: Tr
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvstore import shm, transport
 from kvstore.errors import InvalidArgument
+from kvstore.server import arena_attach
 from kvstore.server.arenas import Arenas
+from kvstore.server.local import passed_fds
 from kvstore.server.offload import offload
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -51,11 +54,29 @@ class Carriers:
         else:
             c.stream_calls += 1
 
-    async def attach(self, owner: str, request: pb.AttachArenaRequest) -> str:
-        if self.shm_dir is None:
-            raise InvalidArgument("shared memory is disabled on this daemon")
-        arena = await offload(shm.Arena.attach, request.path, self.shm_dir, request.size,
-                              bytes(request.nonce))
+    async def attach(self, owner: str, request: pb.AttachArenaRequest, context: object = None) -> str:
+        """Attach the caller's arena: the sealed memfd it passed with the call (the local socket), or
+        the ``/dev/shm`` file it names (arena_attach.py says how each is held without SIGBUS risk)."""
+        fds = passed_fds(context)
+        try:
+            if self.shm_dir is None:
+                raise InvalidArgument("shared memory is disabled on this daemon")
+            if len(fds) > 1:
+                raise InvalidArgument(f"AttachArena passes one memfd, not {len(fds)} fds")
+            nonce = bytes(request.nonce)
+            if fds and request.path:
+                raise InvalidArgument("AttachArena names a path and passes a memfd: one or the other")
+            if fds:
+                fd = fds.pop()
+                arena: shm.ArenaMemory = await offload(arena_attach.attach_sealed, fd, request.size, nonce)
+            elif request.path:
+                arena = await offload(arena_attach.attach_file, request.path, self.shm_dir, request.size, nonce)
+            else:
+                raise InvalidArgument("AttachArena names no arena: a kvstore-cli-* file in the shm directory, "
+                                      "or (over the local socket) a sealed memfd passed with the call")
+        finally:
+            for fd in fds:
+                os.close(fd)
         self._counts.attaches += 1
         return self.arenas.add(owner, arena)
 

@@ -12,6 +12,7 @@ the daemon's uid, the same rule the arenas follow (kvstore/shm.py).
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import logging
@@ -31,6 +32,7 @@ from kvstore import localrpc
 from kvstore.localrpc import CALL, END, HEADER, MSG, STATUS, frame
 from kvstore.server.handlers import Method
 from kvstore.server.offload import INLINE, Turns, given_up, iterate_inline, run_inline
+from kvstore.server.status import capped
 
 log = logging.getLogger("kvstore.server")
 READ_BUFFER = 1 << 16  # a connection's read buffer: a call's small frames in one recv
@@ -65,10 +67,13 @@ def sweep_stale(shm_dir: Path) -> int:
 
 
 class LocalContext:
-    """What the handlers use of a grpc.aio.ServicerContext: the call's metadata, and abort."""
+    """What the handlers use of a grpc.aio.ServicerContext: the call's metadata, and abort; and the
+    fds the client passed with the call (SCM_RIGHTS: an arena's memfd), closed after the call unless
+    a handler took them."""
 
-    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+    def __init__(self, metadata: tuple[tuple[str, str], ...], fds: list[int] | None = None) -> None:
         self._metadata = metadata
+        self._fds = fds or []
         self.code = grpc.StatusCode.OK
         self.details = ""
 
@@ -79,21 +84,79 @@ class LocalContext:
         self.code, self.details = code, details
         raise grpc.aio.AbortError()
 
+    def take_fds(self) -> list[int]:
+        """The fds passed with this call, now the caller's to close."""
+        fds, self._fds = self._fds, []
+        return fds
+
+    def close_fds(self) -> None:
+        _close_all(self.take_fds())
+
+
+def passed_fds(context: object) -> list[int]:
+    """The fds a call passed (only a local-socket call can), now the caller's to close."""
+    return context.take_fds() if isinstance(context, LocalContext) else []
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
 
 class _Protocol(Exception):
     """The peer broke the framing: the connection is closed."""
 
 
 class _Stream:
-    """One connection's frames, read from a buffered file over the socket (a call's frames usually
-    arrive in one segment: one recv for them all)."""
+    """One connection's frames, read with recvmsg into one buffer, so that fds passed with a call
+    (SCM_RIGHTS) arrive with it (a plain recv would drop them); a call's frames usually arrive in one
+    segment: one recvmsg for them all. Fds are kept for the call being read (``take_fds``)."""
+
+    MAX_FDS = 4  # a call passes one (AttachArena); more are received and closed, never kept
 
     def __init__(self, sock: socket.socket) -> None:
-        self.file = sock.makefile("rb", buffering=READ_BUFFER)
+        self.sock = sock
+        self.buf = bytearray(READ_BUFFER)
+        self.view = memoryview(self.buf)
+        self.start = self.end = 0
+        self.fds: list[int] = []
 
-    def frame(self, at_call: bool = False) -> tuple[int, bytes] | None:
+    def _recv_into(self, into: memoryview) -> int:
+        n, ancillary, _, _ = self.sock.recvmsg_into([into], socket.CMSG_SPACE(self.MAX_FDS * 4),
+                                                    socket.MSG_CMSG_CLOEXEC)
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                self.fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
+        return n
+
+    def _read(self, n: int) -> bytes | bytearray:
+        """``n`` bytes, or fewer if the peer closed first."""
+        have = self.end - self.start
+        if have >= n:
+            out = self.view[self.start : self.start + n].tobytes()
+            self.start += n
+            return out
+        if n > len(self.buf):  # a large frame: straight into a buffer of its own
+            big = bytearray(n)
+            big[:have] = self.view[self.start : self.end]
+            self.start = self.end = 0
+            got, into = have, memoryview(big)
+            while got < n and (k := self._recv_into(into[got:])):
+                got += k
+            return big if got == n else big[:got]
+        if self.start:  # what is left moves to the front, then the rest is read behind it
+            self.buf[:have] = self.view[self.start : self.end].tobytes()
+            self.start, self.end = 0, have
+        while self.end < n and (k := self._recv_into(self.view[self.end :])):
+            self.end += k
+        take = min(n, self.end)
+        self.start = take
+        return self.view[:take].tobytes()
+
+    def frame(self, at_call: bool = False) -> tuple[int, bytes | bytearray] | None:
         """The next frame (kind, body); None at a clean end between calls (``at_call``)."""
-        head = self.file.read(HEADER.size)
+        head = self._read(HEADER.size)
         if len(head) < HEADER.size:
             if at_call and not head:
                 return None
@@ -101,12 +164,12 @@ class _Stream:
         length, kind = HEADER.unpack(head)
         if not 1 <= length <= localrpc.MAX_FRAME:
             raise _Protocol(f"a frame of {length} bytes")
-        body = self.file.read(length - 1)
+        body = self._read(length - 1)
         if len(body) < length - 1:
             raise _Protocol("the connection ended inside a frame")
         return kind, body
 
-    def requests(self) -> list[bytes]:
+    def requests(self) -> list[bytes | bytearray]:
         """A call's request messages, up to its END (a client sends a call whole before it reads)."""
         out = []
         while (got := self.frame()) is not None and got[0] != END:
@@ -114,6 +177,17 @@ class _Stream:
                 raise _Protocol(f"expected a request message or the end, got frame kind {got[0]}")
             out.append(got[1])
         return out
+
+    def take_fds(self) -> list[int]:
+        fds, self.fds = self.fds, []
+        if len(fds) > self.MAX_FDS:
+            _close_all(fds[self.MAX_FDS :])
+            fds = fds[: self.MAX_FDS]
+        return fds
+
+    def close(self) -> None:
+        _close_all(self.take_fds())
+        self.view.release()
 
 
 class LocalServer:
@@ -191,10 +265,14 @@ class LocalServer:
                 kind, body = got
                 if kind != CALL:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
-                path, metadata = localrpc.parse_call(body)
+                path, metadata = localrpc.parse_call(bytes(body))
                 requests = stream.requests()
-                with self._turns.taken():
-                    self._call(self.methods.get(path), path, metadata, requests, _Reply(sock))
+                ctx = LocalContext(metadata, stream.take_fds())
+                try:
+                    with self._turns.taken():
+                        self._call(self.methods.get(path), path, ctx, requests, _Reply(sock))
+                finally:
+                    ctx.close_fds()
         except (_Protocol, ConnectionError, struct.error, UnicodeDecodeError) as e:
             log.info("local socket: connection dropped: %s", e)
         except OSError as e:  # the socket itself failed (shut down at stop, say)
@@ -204,17 +282,16 @@ class LocalServer:
         finally:
             with self._lock:
                 self._conns.pop(sock, None)
-            stream.file.close()
+            stream.close()
             sock.close()
 
-    def _call(self, method: Method | None, path: str, metadata: tuple[tuple[str, str], ...],
-              raw: list[bytes], out: _Reply) -> None:
+    def _call(self, method: Method | None, path: str, ctx: LocalContext, raw: list[bytes | bytearray],
+              out: _Reply) -> None:
         if method is None:
             out.add(_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}"))
             out.end()
             return
         self.on_call()
-        ctx = LocalContext(metadata)
         try:
             if method.client_streaming:
                 request: Any = _aiter([method.deserialize(r) for r in raw])
@@ -276,7 +353,7 @@ def _join(threads: list[threading.Thread], timeout_s: float) -> None:
 
 
 def _status(code: grpc.StatusCode, details: str = "") -> bytes:
-    return frame(STATUS, bytes([code.value[0]]) + details.encode())
+    return frame(STATUS, bytes([code.value[0]]) + capped(details).encode(errors="replace"))
 
 
 def _peer_uid(sock: socket.socket) -> int:

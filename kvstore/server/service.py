@@ -300,7 +300,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     @rpc
     async def AttachArena(self, request: pb.AttachArenaRequest, context: Any) -> pb.AttachArenaResponse:
         owner = self.auth.identity(context.invocation_metadata())  # any known token: strangers get no mappings
-        return pb.AttachArenaResponse(arena_id=await self.carriers.attach(owner, request))
+        return pb.AttachArenaResponse(arena_id=await self.carriers.attach(owner, request, context))
 
     @rpc
     async def DetachArena(self, request: pb.DetachArenaRequest, context: Any) -> pb.DetachArenaResponse:

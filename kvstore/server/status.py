@@ -1,7 +1,8 @@
 """Exceptions -> gRPC status codes, in one place: every handler of the servicer goes through here.
 
 A domain error (kvstore.errors) becomes its status with its message; anything else is INTERNAL and
-logged with its traceback, since it is a daemon bug. Bytes a client sent that do not parse are the
+logged with its traceback, since it is a daemon bug. Every message is capped (``capped``): what it
+quotes of a request can be as long as the request. Bytes a client sent that do not parse are the
 client's error (INVALID_ARGUMENT), never INTERNAL.
 """
 
@@ -30,6 +31,8 @@ from kvstore.errors import (
 from kvstore.server.handlers import Undecodable
 
 log = logging.getLogger("kvstore.server")
+# the most a status message carries (UTF-8 bytes): ample for any message of ours, with what it quotes
+MAX_DETAILS_BYTES = 1024
 
 _STATUS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT),
@@ -46,13 +49,29 @@ def _status_of(e: BaseException) -> grpc.StatusCode | None:
     return next((code for cls, code in _STATUS if isinstance(e, cls)), None)
 
 
+def capped(details: str, limit: int = MAX_DETAILS_BYTES) -> str:
+    """``details`` in at most ``limit`` UTF-8 bytes: a message quotes client input (ids, paths),
+    and a status message travels in a trailer that a stock gRPC client refuses past its metadata
+    limit (8 KiB by default; percent-encoding may triple the bytes), answering RESOURCE_EXHAUSTED
+    instead, which in this API means a full disk. Head and tail are kept, the middle is cut
+    (the tail often names the namespace or the fix)."""
+    raw = details.encode("utf-8", errors="replace")
+    if len(raw) <= limit:
+        return details
+    mark = f" ...[{len(raw)} bytes, cut]... "
+    keep = max(0, limit - len(mark.encode()))
+    head, tail = raw[: keep * 3 // 4], raw[len(raw) - (keep - keep * 3 // 4):]
+    return head.decode(errors="ignore") + mark + tail.decode(errors="ignore")
+
+
 async def abort(context: grpc.aio.ServicerContext, method: str, e: Exception) -> None:
     code = _status_of(e)
     if code is None:
         log.exception("internal error in %s", method)
-        await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(e).__name__}: {e}")
-    log.info("%s -> %s: %s", method, code.name, e)  # type: ignore[union-attr]
-    await context.abort(code, str(e))  # type: ignore[arg-type]
+        await context.abort(grpc.StatusCode.INTERNAL, capped(f"internal error: {type(e).__name__}: {e}"))
+    details = capped(str(e))
+    log.info("%s -> %s: %s", method, code.name, details)  # type: ignore[union-attr]
+    await context.abort(code, details)  # type: ignore[arg-type]
 
 
 def parsed(request: Any) -> Any:
