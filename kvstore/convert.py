@@ -14,7 +14,9 @@ def retention_to_pb(r: Retention) -> pb.Retention:
 
 
 def retention_from_pb(r: pb.Retention) -> Retention:
-    return Retention(pinned=r.pinned, ttl_s=r.ttl_s if r.ttl_s > 0 else None)
+    """0 is "never expires" (None); any other value is kept as sent, so that a save or touch refuses
+    a negative or NaN one (``manifest.check_retention``) rather than store it as "never"."""
+    return Retention(pinned=r.pinned, ttl_s=None if r.ttl_s == 0 else r.ttl_s)
 
 
 def session_to_pb(m: Manifest) -> pb.Session:
@@ -24,19 +26,20 @@ def session_to_pb(m: Manifest) -> pb.Session:
         layout_name=lay.name if lay else "", token_count=m.token_count, chunk_tokens=m.chunk_tokens,
         chunk_keys=list(m.chunk_keys), tail=m.tail, last_token_ids=list(m.last_token_ids),
         created_at=m.created_at, updated_at=m.updated_at, retention=retention_to_pb(m.retention),
-        metadata=dict(m.metadata),
+        metadata=dict(m.metadata), generation=m.generation,
     )
 
 
 def session_from_pb(s: pb.Session, now: float | None = None) -> Manifest:
     """A manifest from the wire. With ``now`` (a commit), the daemon stamps the times and the store
-    keeps the first created_at; without it (a client reading), the stored times are kept."""
+    keeps the first created_at; without it (a client reading), the stored times are kept. Its
+    ``generation``: the stored version's (an answer), or the version a commit replaces."""
     created, updated = (now, now) if now is not None else (s.created_at, s.updated_at)
     return Manifest(
         session_id=s.session_id, namespace=s.namespace, layout_id=bytes(s.layout_id),
         token_count=s.token_count, chunk_tokens=s.chunk_tokens, chunk_keys=tuple(bytes(k) for k in s.chunk_keys),
         tail=bytes(s.tail), last_token_ids=tuple(s.last_token_ids), created_at=created, updated_at=updated,
-        retention=retention_from_pb(s.retention), metadata=dict(s.metadata),
+        retention=retention_from_pb(s.retention), metadata=dict(s.metadata), generation=s.generation,
     )
 
 

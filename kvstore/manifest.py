@@ -13,9 +13,11 @@ the previous version intact.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import xxhash
 
@@ -27,6 +29,9 @@ _HEAD = struct.Struct("<4sHI")
 SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
 KEY_PREFIX = b"m:"
+#: A manifest keeps the ids of its last min(token_count, LAST_TOKEN_IDS) tokens: what bounded replay
+#: needs (the SWA window of every preset, docs/FORMAT.md section 3).
+LAST_TOKEN_IDS = 128
 
 
 class ManifestError(ValueError):
@@ -59,10 +64,25 @@ def is_legacy_manifest(key: bytes, value: bytes | memoryview) -> bool:
 
 @dataclass(frozen=True)
 class Retention:
-    """How long a session is kept: pinned sessions are never evicted; ttl_s=None means no expiry."""
+    """How long a session is kept: pinned sessions are never evicted; ttl_s=None means no expiry
+    (a save or touch accepts only what ``check_retention`` does)."""
 
     pinned: bool = False
     ttl_s: float | None = None
+
+
+def check_retention(r: Retention) -> Retention:
+    """A retention a save or touch may set: ttl_s None (never expires; 0 on the wire) or a positive,
+    finite number of seconds. A negative, NaN or infinite one is InvalidArgument (the wire's -5 was
+    once stored as "never expires")."""
+    ttl = r.ttl_s
+    if not isinstance(r.pinned, bool):
+        raise InvalidArgument(f"retention.pinned must be true or false, got {r.pinned!r}")
+    if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float) or not math.isfinite(ttl)
+                            or ttl <= 0):
+        raise InvalidArgument(f"retention.ttl_s must be a positive, finite number of seconds (0 on the wire, or "
+                              f"none: never expires), got {ttl!r}")
+    return r
 
 
 @dataclass(frozen=True)
@@ -79,6 +99,10 @@ class Manifest:
     updated_at: float = 0.0
     retention: Retention = field(default_factory=Retention)
     metadata: dict[str, str] = field(default_factory=dict)
+    #: The version: as stored and read, a stamp the store gives each version of the session (larger
+    #: for every later one, never reused; 0 in manifests written before stamps); in a save, the
+    #: version it replaces (0: none given, the save replaces whatever is there).
+    generation: int = 0
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -121,7 +145,7 @@ class Manifest:
             "chunk_keys": [k.hex() for k in self.chunk_keys], "last_token_ids": list(self.last_token_ids),
             "created_at": self.created_at, "updated_at": self.updated_at,
             "retention": {"pinned": self.retention.pinned, "ttl_s": self.retention.ttl_s},
-            "metadata": self.metadata,
+            "metadata": self.metadata, "generation": self.generation,
         }
         mj = json.dumps(meta, separators=(",", ":")).encode()
         body = _HEAD.pack(MAGIC, VERSION, len(mj)) + mj + struct.pack("<I", len(self.tail)) + self.tail
@@ -129,6 +153,8 @@ class Manifest:
 
     @classmethod
     def decode(cls, blob: bytes | memoryview) -> Manifest:
+        """Parse stored manifest bytes; ManifestError for anything that is not a whole version-1
+        manifest (docs/FORMAT.md section 3 lists what is damage)."""
         mv = memoryview(blob)
         if len(mv) < _HEAD.size + 12:
             raise ManifestError(f"manifest truncated ({len(mv)} bytes)")
@@ -138,11 +164,51 @@ class Manifest:
         (stored,) = struct.unpack_from("<Q", mv, len(mv) - 8)
         if xxhash.xxh3_64_intdigest(mv[:-8]) != stored:
             raise ManifestError("manifest checksum mismatch")
-        meta = json.loads(bytes(mv[_HEAD.size : _HEAD.size + mlen]))
+        if _HEAD.size + mlen + 4 + 8 > len(mv):
+            raise ManifestError(f"meta_len {mlen} runs past the {len(mv)}-byte manifest")
         (tlen,) = struct.unpack_from("<I", mv, _HEAD.size + mlen)
-        tail = bytes(mv[_HEAD.size + mlen + 4 : _HEAD.size + mlen + 4 + tlen])
-        r = meta["retention"]
-        return cls(meta["session_id"], meta["namespace"], bytes.fromhex(meta["layout_id"]), meta["token_count"],
-                   meta["chunk_tokens"], tuple(bytes.fromhex(k) for k in meta["chunk_keys"]), tail,
-                   tuple(meta["last_token_ids"]), meta["created_at"], meta["updated_at"],
-                   Retention(r["pinned"], r["ttl_s"]), dict(meta["metadata"]))
+        at = _HEAD.size + mlen + 4
+        if at + tlen + 8 != len(mv):
+            raise ManifestError(f"tail_len {tlen} does not end at the checksum ({len(mv) - 8 - at} bytes are there)")
+        try:
+            meta = json.loads(bytes(mv[_HEAD.size : _HEAD.size + mlen]).decode("utf-8"))
+            return cls._of_meta(meta, bytes(mv[at : at + tlen]))
+        except (ValueError, TypeError, KeyError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise ManifestError(f"manifest meta does not parse: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def _of_meta(cls, meta: Any, tail: bytes) -> Manifest:
+        """The manifest ``meta`` (parsed JSON) describes; ManifestError if a key is missing or of
+        another JSON type than docs/FORMAT.md gives it (keys it does not list are ignored)."""
+        if not isinstance(meta, dict):
+            raise ManifestError(f"manifest meta is a JSON {type(meta).__name__}, not an object")
+
+        def get(key: str, *types: type, default: Any = ...) -> Any:
+            if key not in meta and default is not ...:
+                return default
+            v = meta[key]
+            if not isinstance(v, types) or (isinstance(v, bool) and bool not in types):
+                raise ManifestError(f"manifest meta {key!r} is {v!r}, not {' or '.join(t.__name__ for t in types)}")
+            return v
+
+        def ints(key: str, v: Any) -> int:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ManifestError(f"manifest meta {key!r} holds {v!r}, not an int >= 0")
+            return v
+
+        r = get("retention", dict)
+        pinned, ttl = r.get("pinned"), r.get("ttl_s")
+        if not isinstance(pinned, bool):
+            raise ManifestError(f"manifest meta retention.pinned is {pinned!r}, not true or false")
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, int | float)):
+            raise ManifestError(f"manifest meta retention.ttl_s is {ttl!r}, not a number or null")
+        metadata = get("metadata", dict)
+        if not all(isinstance(v, str) for v in metadata.values()):
+            raise ManifestError("manifest meta 'metadata' maps strings to something other than strings")
+        return cls(get("session_id", str), get("namespace", str), bytes.fromhex(get("layout_id", str)),
+                   ints("token_count", get("token_count", int)), ints("chunk_tokens", get("chunk_tokens", int)),
+                   tuple(bytes.fromhex(k) for k in get("chunk_keys", list)), tail,
+                   tuple(ints("last_token_ids", t) for t in get("last_token_ids", list)),
+                   get("created_at", int, float), get("updated_at", int, float),
+                   Retention(pinned, ttl), dict(metadata),
+                   ints("generation", get("generation", int, default=0)))

@@ -156,7 +156,7 @@ def test_manifest(node: str, layouts: Path, tmp_path: Path) -> None:
     tail = make_chunk(TINY, 0)  # 0 trailing tokens: every section of the tail is empty
     keys = (bytes(range(16)), bytes(range(16, 32)))
     m = Manifest("sess-1", "ns.a", TINY.layout_id, 512, 256, keys, tail, tuple(range(1000, 1128)), 1.5, 2.25,
-                 Retention(False, 3600.0), {"model": "tiny", "ü": "x"})
+                 Retention(False, 3600.0), {"model": "tiny", "ü": "x"}, generation=1_764_000_000_123_456)
     tail_m = Manifest("sess-2", "ns", TINY.layout_id, 3, 256, (), make_chunk(TINY, 3), (1, 2, 3), 0.0, 0.0)
     for man in (m, tail_m):
         got = read(node, "manifest", write(tmp_path, "m.bin", man.encode()), layouts)
@@ -165,7 +165,8 @@ def test_manifest(node: str, layouts: Path, tmp_path: Path) -> None:
             "token_count": man.token_count, "chunk_tokens": man.chunk_tokens,
             "chunk_keys": [k.hex() for k in man.chunk_keys], "last_token_ids": list(man.last_token_ids),
             "created_at": man.created_at, "updated_at": man.updated_at,
-            "retention": {"pinned": man.retention.pinned, "ttl_s": man.retention.ttl_s}, "metadata": man.metadata}
+            "retention": {"pinned": man.retention.pinned, "ttl_s": man.retention.ttl_s}, "metadata": man.metadata,
+            "generation": man.generation}
         assert got["tail_len"] == len(man.tail)
         check_chunk(got["tail"], man.tail, "tiny-16")
         assert Manifest.decode(man.encode()) == man

@@ -7,8 +7,13 @@ servicer): INVALID_ARGUMENT saying what was wrong, and nothing stored changes.""
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import re
 import struct
 from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -17,12 +22,16 @@ import xxhash
 from daemon_helpers import Daemon, make_session, running_daemon, save_session, status_of
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from store_helpers import CHUNK_TOKENS, TINY8, build_session, save, store_config
 from test_record_codec import make_chunk
 
 from kvstore import chunk
 from kvstore.client import Client
+from kvstore.errors import InvalidArgument
 from kvstore.keys import ROOT
 from kvstore.layout import get_layout
+from kvstore.manifest import Manifest, ManifestError, Retention, manifest_key
+from kvstore.store import SessionStore, open_store
 
 TINY = get_layout("tiny-16")
 _COMPRESSIBLE_AT = 64
@@ -181,7 +190,7 @@ def client(daemon: Daemon, transport: str) -> Iterator[Client]:
 
 
 def test_the_daemon_refuses_bad_chunk_fields_and_stores_nothing(client: Client, transport: str) -> None:
-    s = make_session(session_id=f"chunks-{transport}", tokens=512, seed=11)
+    s = make_session(session_id=f"chunks-{transport}", tokens=512, seed=11 if transport == "grpc" else 13)
     blob = s.blobs[0]
     h = chunk.read_header(blob)
     cases = {"compressible_offset past its end": (with_u32(blob, _COMPRESSIBLE_AT, h.total_bytes + 100),
@@ -199,3 +208,125 @@ def test_the_daemon_refuses_bad_chunk_fields_and_stores_nothing(client: Client, 
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "trailing span: compressible_offset" in got
     assert s.session_id not in {x.session_id for x in client.list_sessions("ns")}
     assert save_session(client, s).token_count == 512  # the good version saves
+
+
+# -- manifests: last token ids and retention ---------------------------------------------------------
+def bad_manifests(m: Manifest) -> dict[str, tuple[Manifest, str]]:
+    """A manifest of >= 128 tokens whose tail holds >= 1 token, broken one way each; the message."""
+    ids = m.last_token_ids
+    wrong_tail = ((ids[-1] + 1) % 256,)
+    return {
+        "3 last ids": (replace(m, last_token_ids=ids[-3:]), "last_token_ids holds 3 ids; a session of"),
+        "628 last ids": (replace(m, last_token_ids=(7,) * 500 + ids), "last_token_ids holds 628 ids"),
+        "no last ids": (replace(m, last_token_ids=()), "last_token_ids holds 0 ids"),
+        "last ids contradict the tail": (replace(m, last_token_ids=ids[:-1] + wrong_tail),
+                                         "disagree with the trailing span's token ids: token "
+                                         f"{m.token_count - 1} is {wrong_tail[0]}"),
+        "an id over u32": (replace(m, last_token_ids=(1 << 32, *ids[1:])), "last_token_ids[0] is 4294967296"),
+        "negative ttl": (replace(m, retention=Retention(ttl_s=-5)), "retention.ttl_s must be a positive"),
+        "NaN ttl": (replace(m, retention=Retention(ttl_s=math.nan)), "retention.ttl_s must be a positive"),
+    }
+
+
+def test_the_store_refuses_bad_manifests_and_keeps_the_stored_version(sessions: SessionStore) -> None:
+    s = build_session("ns", "s", np.arange(1000, 1000 + 9 * CHUNK_TOKENS + 5, dtype=np.uint32))
+    save(sessions, s)
+    before = sessions.get("ns", "s")
+    for name, (bad, message) in bad_manifests(s.manifest()).items():
+        for call in (lambda bad=bad: sessions.commit(bad),
+                     lambda bad=bad: sessions.save_session("ns", TINY8.layout_id, ROOT, 0, s.blobs, bad)):
+            with pytest.raises(InvalidArgument, match=re.escape(message)):
+                call()
+            assert (name, sessions.get("ns", "s")) == (name, before)
+    with pytest.raises(InvalidArgument, match=r"retention\.ttl_s"):
+        sessions.touch("ns", "s", Retention(ttl_s=-5))
+    assert sessions.get("ns", "s") == before
+
+
+@pytest.mark.parametrize("tokens", [0, 1, 127, 128, 129, CHUNK_TOKENS, 9 * CHUNK_TOKENS + 3])
+def test_every_session_length_takes_its_last_min_n_128_ids(sessions: SessionStore, tokens: int) -> None:
+    s = build_session("ns", f"n{tokens}", np.arange(5, 5 + tokens, dtype=np.uint32))
+    m = save(sessions, s)
+    assert m.last_token_ids == tuple(range(5, 5 + tokens))[-128:]
+
+
+def test_the_daemon_refuses_bad_manifests_on_both_calls_and_keeps_the_stored_version(client: Client,
+                                                                                  transport: str) -> None:
+    s = make_session(session_id=f"manifests-{transport}", tokens=600, seed=12)  # a 88-token tail
+    first = save_session(client, s)
+    for name, (bad, message) in bad_manifests(s.manifest).items():
+        if name == "an id over u32":  # the wire's ids are u32: protobuf refuses it in the client
+            continue
+        for call in (lambda bad=bad: client.commit(bad), lambda bad=bad: client.save_session(bad, s.blobs)):
+            code, got = status_of(call)
+            assert (name, code) == (name, grpc.StatusCode.INVALID_ARGUMENT) and message in got, got
+            assert (name, client.get_session("ns", s.session_id)[0]) == (name, first)
+    code, got = status_of(lambda: client.touch_session("ns", s.session_id, Retention(ttl_s=math.nan)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "ttl_s" in got
+    fresh = replace(s.manifest, session_id=f"never-{transport}", retention=Retention(ttl_s=-5))
+    assert status_of(lambda: client.commit(fresh))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert fresh.session_id not in {x.session_id for x in client.list_sessions("ns")}
+
+
+# -- manifests as stored: what is damage --------------------------------------------------------------
+def framed(meta: bytes, tail: bytes, meta_len: int | None = None, tail_len: int | None = None) -> bytes:
+    """Manifest bytes around ``meta`` and ``tail`` (lengths as given), with a valid checksum."""
+    body = (struct.pack("<4sHI", b"KVMF", 1, len(meta) if meta_len is None else meta_len) + meta
+            + struct.pack("<I", len(tail) if tail_len is None else tail_len) + tail)
+    return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
+
+
+def damaged_manifests(m: Manifest) -> dict[str, bytes]:
+    good = json.loads(m.encode()[10 : 10 + struct.unpack_from("<I", m.encode(), 6)[0]])
+
+    def meta(**change: object) -> bytes:
+        d = {k: v for k, v in {**good, **change}.items() if v is not ...}
+        return json.dumps(d).encode()
+
+    return {
+        "meta_len past the end": framed(meta(), m.tail, meta_len=10_000),
+        "tail_len past the end": framed(meta(), m.tail, tail_len=len(m.tail) + 1),
+        "tail_len short of the checksum": framed(meta(), m.tail, tail_len=len(m.tail) - 1),
+        "meta is a list": framed(b"[]", m.tail),
+        "meta is not UTF-8": framed(b'{"session_id": "\xff"}', m.tail),
+        "meta is not JSON": framed(b"{", m.tail),
+        "a key missing": framed(meta(retention=...), m.tail),
+        "token_count a string": framed(meta(token_count="12"), m.tail),
+        "chunk_keys not a list": framed(meta(chunk_keys="00"), m.tail),
+        "a chunk key not hex": framed(meta(chunk_keys=["zz"]), m.tail),
+        "a last id negative": framed(meta(last_token_ids=[-1]), m.tail),
+        "pinned not a bool": framed(meta(retention={"pinned": 1, "ttl_s": None}), m.tail),
+        "metadata not strings": framed(meta(metadata={"a": 1}), m.tail),
+        "generation a float": framed(meta(generation=1.5), m.tail),
+        "a bad session id": framed(meta(session_id="../x"), m.tail),
+    }
+
+
+def test_damaged_manifest_shapes_are_manifest_errors() -> None:
+    m = make_session(tokens=300).manifest
+    assert Manifest.decode(framed(json.dumps(json.loads(m.encode()[10:-12 - len(m.tail)])).encode(), m.tail)) == m
+    for name, blob in damaged_manifests(m).items():
+        with pytest.raises(ManifestError):
+            Manifest.decode(blob)
+            pytest.fail(name)
+    legacy = json.loads(m.encode()[10:-12 - len(m.tail)])
+    del legacy["generation"]  # written before version stamps: version 0
+    assert Manifest.decode(framed(json.dumps(legacy).encode(), m.tail)).generation == 0
+
+
+def test_a_store_opens_past_damaged_manifests_and_counts_them(tmp_path: Path) -> None:
+    """A manifest whose checksum holds but whose JSON lacks a key raised KeyError at open: the store
+    did not open at all."""
+    ss = open_store(store_config(tmp_path))
+    s = build_session("ns", "good", np.arange(200, dtype=np.uint32))
+    save(ss, s)
+    damaged = damaged_manifests(s.manifest())
+    for i, blob in enumerate(damaged.values()):
+        ss.store.put_meta(manifest_key("ns", f"bad{i}"), blob)
+    ss.close()
+    ss = open_store(store_config(tmp_path))
+    try:
+        assert ss.damage.manifests == len(damaged)
+        assert [m.session_id for m in ss.list()] == ["good"]
+    finally:
+        ss.close()

@@ -34,6 +34,7 @@ from kvstore.manifest import (
     ManifestError,
     Retention,
     check_namespace,
+    check_retention,
     check_session_id,
     is_legacy_manifest,
     manifest_key,
@@ -54,6 +55,13 @@ from kvstore.tiers.base import Stored, WriteBatch
 
 log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
+
+
+def next_generation(old: Manifest | None, now: float) -> int:
+    """The version stamp of a session's next version (``Manifest.generation``): larger than
+    ``old``'s, and the store clock's microseconds when that is larger still, so that a session
+    deleted and saved again never reuses a stamp a client may still hold as its base."""
+    return max((old.generation if old is not None else 0) + 1, int(now * 1_000_000))
 
 
 class SessionStore:
@@ -214,6 +222,7 @@ class SessionStore:
         check_namespace(namespace)
         if manifest.namespace != namespace or manifest.layout_id != layout_id:
             raise InvalidArgument("the manifest must name the save's namespace and layout")
+        check_retention(manifest.retention)
         ct = self.config.chunk_tokens
         play = self.layouts.page(layout_id)
         if play is not None:  # a turn of engine pages: the manifest names them wherever it likes
@@ -250,6 +259,7 @@ class SessionStore:
                 later.append(p)
                 continue
             try:
+                self._check_base(t.manifest)
                 self._check_chunks(t.manifest, skip=t.batch)
                 if self.config.write_mode == "back":
                     self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in t.batch])
@@ -259,7 +269,8 @@ class SessionStore:
             refs.add(ref)
             old = self._manifests.get(ref)
             now = self.clock()  # the store's clock stamps versions: TTLs never trust a caller's times
-            m = replace(t.manifest, created_at=old.created_at if old is not None else now, updated_at=now)
+            m = replace(t.manifest, created_at=old.created_at if old is not None else now, updated_at=now,
+                        generation=next_generation(old, now))
             accepted.append((p, m, self._new_chunks(t.keys, t.blobs)))
         if self._shared is not None:  # published first: the shared compare-and-set decides races
             accepted = self._shared.publish_turns(accepted, self.store)
@@ -290,6 +301,25 @@ class SessionStore:
         for p, m, new in accepted:
             p.succeed((m, SaveResult(p.item.keys, len(new))))
         return later
+
+    def _check_base(self, m: Manifest) -> None:
+        """A save based on version ``m.generation`` (0: no base, the save replaces whatever is stored)
+        replaces only that version: FailedPrecondition, the stored version kept, if the session was
+        changed since (saved through another client, touched, deleted). With a shared tier a base
+        newer than this daemon's version (loaded through another daemon) catches up first."""
+        if m.generation == 0:
+            return
+        ref = (m.namespace, m.session_id)
+        old = self._manifests.get(ref)
+        if self._shared is not None and (old is None or old.generation != m.generation):
+            self._adopt(self._shared.catch_up_session(ref))
+            old = self._manifests.get(ref)
+        if old is not None and old.generation == m.generation:
+            return
+        now = f"it is at version {old.generation}" if old is not None else "it was deleted since"
+        raise FailedPrecondition(f"session {m.session_id!r} in namespace {m.namespace!r} was changed through another "
+                                 f"client: this save was based on version {m.generation}, {now}. This change was "
+                                 f"not applied; load the session again and retry")
 
     def _replaced_only(self, refs: set[SessionRef], kept: set[bytes]) -> list[bytes]:
         """Chunks that only the current versions of ``refs`` use and no new version names: what
@@ -367,8 +397,10 @@ class SessionStore:
         return len(freed)
 
     def touch(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
+        check_retention(retention)
         with self._write_lock:  # the version read here is the one replaced: no save slips in between
-            m = self.get(namespace, session_id).with_retention(retention, self.clock())
+            old, now = self.get(namespace, session_id), self.clock()
+            m = replace(old.with_retention(retention, now), generation=next_generation(old, now))
             if self._shared is not None:
                 self._shared.publish(m, m.encode())
             self.store.put_meta(m.key, m.encode())

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from kvstore import chunk
 from kvstore.errors import InvalidArgument
 from kvstore.keys import ROOT, chunk_key_raw
 from kvstore.layout import Layout, layout_by_id
-from kvstore.manifest import Manifest
+from kvstore.manifest import LAST_TOKEN_IDS, Manifest
+
+U32 = 1 << 32
 
 
 def known_layout(layout_id: bytes) -> Layout:
@@ -67,4 +71,33 @@ def manifest_layout(m: Manifest, chunk_tokens: int) -> Layout:
     if tail.token_count != m.tail_tokens or tail.start != len(m.chunk_keys) * m.chunk_tokens:
         raise InvalidArgument(f"trailing span holds tokens [{tail.start}, {tail.start + tail.token_count}); "
                               f"the manifest needs {m.tail_tokens} from {len(m.chunk_keys) * m.chunk_tokens}")
+    check_manifest_tokens(m, lay)
     return lay
+
+
+def check_manifest_tokens(m: Manifest, lay: Layout) -> None:
+    """The token ids a manifest of token chunks carries: ``last_token_ids`` holds exactly the ids of
+    its last min(token_count, 128) tokens (what bounded replay feeds the model), each a u32, and
+    agrees with the trailing span's own ids where the two overlap (the span's last min(t, 128)). Ids
+    that fall in complete chunks are checked by a reader against the chunks' key chain (a resume
+    does). ``m.tail`` must already have passed ``chunk.check`` (``manifest_layout``)."""
+    want = min(m.token_count, LAST_TOKEN_IDS)
+    ids = m.last_token_ids
+    if len(ids) != want:
+        raise InvalidArgument(f"last_token_ids holds {len(ids)} ids; a session of {m.token_count} tokens needs the "
+                              f"ids of its last {want}")
+    bad = next((i for i, t in enumerate(ids) if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < U32),
+               None)
+    if bad is not None:
+        raise InvalidArgument(f"last_token_ids[{bad}] is {ids[bad]!r}, not a token id (an int in [0, 2^32))")
+    h = chunk.check(m.tail, lay, verify=False)  # parsed and verified before: its header only
+    n = min(h.token_count, want)  # the last n ids are in both
+    if not n:
+        return
+    span = np.frombuffer(m.tail, "<u4", n, h.tokens_offset + 4 * (h.token_count - n))
+    differ = np.flatnonzero(np.asarray(ids[-n:], dtype=np.int64) != span)
+    if differ.size:
+        j = int(differ[0])
+        raise InvalidArgument(f"last_token_ids disagree with the trailing span's token ids: token "
+                              f"{m.token_count - n + j} is {ids[want - n + j]} in last_token_ids, {int(span[j])} in "
+                              f"the span")
