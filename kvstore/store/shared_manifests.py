@@ -215,7 +215,8 @@ class SharedSessions:
                     log.error("shared record %s/%s holds the manifest of %s/%s: ignored", tenant, sid,
                               m.namespace, m.session_id)
                     continue
-                if m.chunk_tokens != self.chunk_tokens:  # its chunks would all fail verification here,
+                if m.chunk_tokens not in (0, self.chunk_tokens):  # (0: engine pages, in no chain) its chunks
+                    # would all fail verification here,
                     # and a chunk that fails verification is deleted from the tier that served it
                     log.error("shared session %s/%s has chunks of %d tokens, this daemon's are %d: ignored",
                               tenant, sid, m.chunk_tokens, self.chunk_tokens)
