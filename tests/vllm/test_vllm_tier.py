@@ -253,3 +253,32 @@ def test_the_fs_tier_beside_it_serves_any_reader_of_its_directory(tmp_path: Path
         eng.finish(ctx)
     finally:
         eng.shutdown()
+
+
+def test_a_session_only_grows_across_turns_engines_and_restarts(daemon: Daemon) -> None:
+    """Turn 2's prefix stays in vLLM's CPU tier (never looked up here): its save must not drop turn 1's
+    blocks from the session (which would free them); nor may a restarted engine's first save."""
+    agent = {"kvstore_session": "agent-9"}
+    eng = engine(daemon.address)
+    try:
+        turn1 = saved(eng, seed=10, req="t1", params=agent, blocks=3)
+        ctx = eng.request("t2", agent)
+        turn2 = keys_of(block_hashes("turn-2", 2))
+        eng.store(ctx, turn2, page_filler(11))
+        eng.wait_idle()
+        eng.finish(ctx)
+    finally:
+        eng.shutdown()
+    eng = engine(daemon.address)  # a restarted vLLM: its first save starts from the daemon's version
+    try:
+        turn3 = saved(eng, seed=12, req="t3", params=agent, blocks=1)
+        with Client(address=daemon.address) as c:
+            m, _ = c.get_session("vllm", "agent-9")
+        names = set(m.chunk_keys)
+        tier = eng.tiers[0]
+        for k in (*turn1, *turn2, *turn3):
+            assert tier._key(tier.default, k) in names
+        eng.drop_primary()
+        assert_loads(eng, turn1, seed=10)
+    finally:
+        eng.shutdown()

@@ -39,6 +39,7 @@ import queue
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -63,7 +64,7 @@ from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManag
 from kvstore import page
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import EngineGroup, page_layout
-from kvstore.errors import KvstoreError
+from kvstore.errors import FailedPrecondition, KvstoreError, NotFound
 from kvstore.manifest import Manifest, Retention
 from kvstore.page_layout import PageLayout
 
@@ -72,6 +73,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:\-]")
+#: Page sessions whose keys a tier remembers (older ones are read back from the daemon when saved again).
+MAX_SESSIONS = 4096
 TESTED_VLLM = ("0.33.0",)
 
 
@@ -82,13 +85,26 @@ class Tenant:
 
 
 @dataclass
+class _Session:
+    """A page session as this tier last saved it: every block key it names, in the order saved.
+
+    A session only grows: each save names everything the last one did plus the new blocks, so a
+    turn whose prefix stayed in vLLM's CPU tier (and was never looked up here) frees nothing. The
+    first save in this process starts from the daemon's version, if there is one."""
+
+    tenant: Tenant
+    session_id: str
+    held: dict[bytes, int] = field(default_factory=dict)  # page key -> end token (0: not known here)
+    loaded: bool = False  # the daemon's version was read
+    lock: threading.Lock = field(default_factory=threading.Lock)  # one turn save at a time
+
+
+@dataclass
 class _Request:
-    """What the tier knows of one request: its tenant, its page session and the keys it holds."""
+    """A request: its tenant (None: never offloaded) and the page session its blocks go to."""
 
     tenant: Tenant | None
-    session_id: str
-    held: dict[bytes, int] = field(default_factory=dict)  # page key -> end token, saved or found
-    lock: threading.Lock = field(default_factory=threading.Lock)  # one turn save at a time
+    session: _Session | None
 
 
 class _Lookups(AsyncLookupManager):
@@ -125,6 +141,7 @@ class KVStoreTier(SecondaryTierManager):
         self._clients_lock = threading.Lock()
         self._registered = False
         self._requests: dict[str, _Request] = {}
+        self._sessions: OrderedDict[tuple[Tenant, str], _Session] = OrderedDict()  # the most recent MAX_SESSIONS
         self._finished: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._load_keys: dict[JobId, list[OffloadKey]] = {}
         self._pending = 0
@@ -186,9 +203,20 @@ class KVStoreTier(SecondaryTierManager):
         r = self._requests.get(ctx.req_id)
         if r is None:
             params = ctx.kv_transfer_params or {}
-            sid = str(params.get("kvstore_session") or f"vllm-{ctx.req_id}")
-            r = self._requests[ctx.req_id] = _Request(self._tenant(ctx), _UNSAFE.sub("_", sid)[:128])
+            tenant = self._tenant(ctx)
+            sid = _session_id(str(params.get("kvstore_session") or f"vllm-{ctx.req_id}"))
+            r = self._requests[ctx.req_id] = _Request(tenant, self._session(tenant, sid) if tenant else None)
         return r
+
+    def _session(self, tenant: Tenant, sid: str) -> _Session:
+        with self._clients_lock:
+            s = self._sessions.get((tenant, sid))
+            if s is None:
+                s = self._sessions[(tenant, sid)] = _Session(tenant, sid)
+                while len(self._sessions) > MAX_SESSIONS:
+                    self._sessions.popitem(last=False)
+            self._sessions.move_to_end((tenant, sid))
+            return s
 
     def _key(self, tenant: Tenant, key: OffloadKey) -> bytes:
         return page.page_key(self.layout.layout_id, tenant.namespace, get_offload_group_idx(key),
@@ -207,8 +235,6 @@ class KVStoreTier(SecondaryTierManager):
         if found is None:
             return LookupResult.RETRY
         if found:
-            pos = req_context.get_offload_key_position(key)
-            r.held.setdefault(self._key(r.tenant, key), pos if pos is not None else 0)
             return LookupResult.HIT
         return LookupResult.MISS
 
@@ -306,25 +332,46 @@ class KVStoreTier(SecondaryTierManager):
 
     def _store(self, r: _Request, keys: list[OffloadKey], cids: list[int], ends: list[int | None]
                ) -> tuple[bool, None]:
-        if r.tenant is None or not self._available():
+        s = r.session
+        if s is None or not self._available():
             return False, None
-        tenant = r.tenant
-        client = self._client(tenant, "store")
-        pkeys = [self._key(tenant, k) for k in keys]
+        client = self._client(s.tenant, "store")
+        pkeys = [self._key(s.tenant, k) for k in keys]
         blobs = [page.encode(self.layout, get_offload_group_idx(k), get_offload_block_hash(k), pk,
                              np.frombuffer(self._slot(cid, k), dtype=np.uint8))
                  for k, pk, cid in zip(keys, pkeys, cids)]
-        with r.lock:  # a request's turns are saved one after another: each names what the last one did
-            new = {pk: (end or 0) for pk, end in zip(pkeys, ends) if pk not in r.held}
-            fresh = [b for pk, b in zip(pkeys, blobs) if pk in new]
-            held = sorted(r.held.items(), key=lambda kv: kv[1])
-            order = [k for k, _ in held] + list(new)
-            tokens = max([0, *r.held.values(), *new.values()])
-            m = Manifest(r.session_id, tenant.namespace, self.layout.layout_id, tokens, 0, tuple(order), b"", (),
-                         retention=self.retention, metadata={"engine": "vllm", "model": self.layout.name})
-            client.save_session(m, fresh)
-            r.held.update(new)
-        return True, None
+        with s.lock:  # a session's turns are saved one after another: each names all the last one did
+            for attempt in range(2):
+                if not s.loaded:
+                    self._catch_up(client, s)
+                new = {pk: (end or 0) for pk, end in zip(pkeys, ends) if pk not in s.held}
+                fresh = [b for pk, b in zip(pkeys, blobs) if pk in new]
+                tokens = max([0, *s.held.values(), *new.values()])
+                m = Manifest(s.session_id, s.tenant.namespace, self.layout.layout_id, tokens, 0,
+                             (*s.held, *new), b"", (), retention=self.retention,
+                             metadata={"engine": "vllm", "model": self.layout.name})
+                try:
+                    client.save_session(m, fresh)
+                except FailedPrecondition:  # saved meanwhile through another engine or daemon: merge, once
+                    if attempt:
+                        raise
+                    s.loaded = False
+                    continue
+                s.held.update(new)
+                return True, None
+        return False, None
+
+    def _catch_up(self, client: Client, s: _Session) -> None:
+        """Start from the daemon's version of the session, if it has one."""
+        try:
+            m, _ = client.get_session(s.tenant.namespace, s.session_id)
+        except NotFound:
+            m = None
+        if m is not None and m.layout_id == self.layout.layout_id:
+            s.held = {**dict.fromkeys(m.chunk_keys, 0), **s.held}
+            if m.chunk_keys:
+                s.held[m.chunk_keys[-1]] = max(s.held[m.chunk_keys[-1]], m.token_count)
+        s.loaded = True
 
     def _load(self, r: _Request, keys: list[OffloadKey], cids: list[int]) -> tuple[bool, list[OffloadKey]]:
         if r.tenant is None or not self._available():
@@ -344,6 +391,13 @@ class KVStoreTier(SecondaryTierManager):
             loaded.add(i)
         done = [k for i, k in enumerate(keys) if i in loaded]
         return len(loaded) == len(keys), done
+
+
+def _session_id(raw: str) -> str:
+    """A kvstore session id from a request's: unsafe characters replaced, at most 128, starting
+    with a letter or digit."""
+    sid = _UNSAFE.sub("_", raw)[:127]
+    return sid if sid[:1].isalnum() else f"s{sid}"[:128]
 
 
 __all__ = ["TESTED_VLLM", "KVStoreTier", "Tenant"]
