@@ -1,0 +1,179 @@
+"""Engine pages in the daemon (docs/FORMAT.md, "Engine pages"): page layouts, page blobs, page
+sessions, without vLLM (tests/vllm/ drives them from vLLM's own offloading code)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+from daemon_helpers import Daemon, free_port, start_daemon, status_of
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvstore import page
+from kvstore.client import Client
+from kvstore.engines.vllm.geometry import page_layout, v41_groups
+from kvstore.manifest import Manifest, Retention
+from kvstore.page_layout import PageLayout, PageLayoutError
+
+NS = "team-a"
+
+
+def v41(dtype: str = "nvfp4_ds_mla") -> PageLayout:
+    block = {"nvfp4_ds_mla": 136704, "fp8_ds_mla": 252288}[dtype]
+    return page_layout("deepseek-ai/DeepSeek-V4.1-Flash", dtype, "mxfp4", v41_groups(), block, 1, {"tp_size": "1"})
+
+
+LAYOUT = v41()
+
+
+def block_of(group: int, seed: int, lay: PageLayout = LAYOUT) -> np.ndarray:
+    """Random codes, scale bytes of a few nearby exponents (as block scales of real KV are)."""
+    g = lay.group(group)
+    assert g is not None
+    rng = np.random.default_rng((seed, group))
+    out = rng.integers(0, 256, g.block_bytes, dtype=np.uint8)
+    for p in g.pages:
+        recs = out[p.offset : p.offset + p.record_bytes]
+        if p.arrangement == "interleaved":
+            recs.reshape(p.states, p.data + p.scale)[:, p.data :] = rng.integers(0x30, 0x34, (p.states, p.scale))
+        else:
+            recs[p.data_bytes :] = rng.integers(0x30, 0x34, p.scale_bytes)
+    return out
+
+
+def blob_of(group: int, seed: int, ns: str = NS, lay: PageLayout = LAYOUT) -> tuple[bytes, bytes]:
+    h = seed.to_bytes(32, "little")
+    key = page.page_key(lay.layout_id, ns, group, h)
+    return key, page.encode(lay, group, h, key, block_of(group, seed, lay))
+
+
+# -- the layout --------------------------------------------------------------------------------------
+def test_v41_geometry_is_890_bytes_per_token_and_the_groups_fill_the_engines_block() -> None:
+    assert float(LAYOUT.bytes_per_token) == 890.0
+    g0, g1 = LAYOUT.groups
+    assert (g0.block_bytes, g1.block_bytes) == (136704, 91136)  # group 1's pages end where its block's do
+    assert [p.name for p in g0.pages] == ["main.L2.b0", "main.L8.b0", "main.L14.b0",
+                                          "index.L2.b0", "index.L8.b0", "index.L14.b0"]
+    assert {(p.data, p.scale, p.arrangement) for p in g0.pages} == {(256, 32, "interleaved"), (64, 4, "split")}
+
+
+def test_a_block_that_does_not_match_the_geometry_is_kept_whole_as_one_opaque_page() -> None:
+    lay = page_layout("m", "nvfp4_ds_mla", "mxfp4", v41_groups(), 140000, 1, {})
+    assert all(g.block_bytes == 140000 and [p.name for p in g.pages] == ["opaque"] for g in lay.groups)
+
+
+def test_the_fingerprint_is_part_of_the_id() -> None:
+    other = page_layout("deepseek-ai/DeepSeek-V4.1-Flash", "nvfp4_ds_mla", "mxfp4", v41_groups(), 136704, 1,
+                        {"tp_size": "2"})
+    assert other.groups == LAYOUT.groups and other.layout_id != LAYOUT.layout_id
+    assert PageLayout.from_definition(LAYOUT.definition()) == LAYOUT
+
+
+@pytest.mark.parametrize("definition", [b"", b"[]", b'{"kind": "chunks"}', b'{"kind": "engine-pages"}',
+                                        b"\xff" * 10, b'{"kind":"engine-pages","name":"x","engine":"e",'
+                                        b'"fingerprint":{},"groups":[{"group":0,"tokens":4,"block_bytes":8,'
+                                        b'"pages":[{"name":"p","offset":4,"states":2,"data":4,"scale":0,'
+                                        b'"arrangement":"split","page_bytes":8}]}]}'])
+def test_a_malformed_definition_is_refused_with_a_reason(definition: bytes) -> None:
+    with pytest.raises(PageLayoutError):
+        PageLayout.from_definition(definition)
+
+
+# -- the blob ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", ["nvfp4_ds_mla", "fp8_ds_mla"])
+def test_every_group_round_trips_bit_exact_and_data_rows_come_first(dtype: str) -> None:
+    lay = v41(dtype)
+    for g in lay.groups:
+        key, blob = blob_of(g.group, 3, lay=lay)
+        h = page.check(blob, lay, NS)
+        assert h.compressible_offset == h.header_bytes + g.data_bytes
+        out = np.zeros(g.block_bytes, np.uint8)
+        page.decode_into(blob, lay, out)
+        assert (out == block_of(g.group, 3, lay)).all()
+        first = g.pages[0]  # the payload starts with the first page's first record's data
+        assert blob[h.header_bytes : h.header_bytes + first.data] == block_of(g.group, 3, lay)[:first.data].tobytes()
+
+
+def test_a_blob_checks_against_its_namespace_layout_and_group() -> None:
+    key, blob = blob_of(0, 4)
+    with pytest.raises(page.PageError, match="does not match"):
+        page.check(blob, LAYOUT, "team-b")  # another tenant's key for the same block is another key
+    with pytest.raises(page.PageError, match="layout"):
+        page.check(blob, v41("fp8_ds_mla"), NS)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 136704 + 128), st.integers(1, 255))
+def test_any_flipped_byte_is_refused_never_served(offset: int, flip: int) -> None:
+    key, blob = blob_of(0, 5)
+    bad = bytearray(blob)
+    offset %= len(bad)
+    bad[offset] ^= flip
+    with pytest.raises(page.PageError):
+        page.check(bytes(bad), LAYOUT, NS)
+
+
+def test_truncated_or_extended_blobs_are_refused() -> None:
+    _, blob = blob_of(1, 6)
+    for bad in (blob[:-1], blob + b"\0", blob[:70], b""):
+        with pytest.raises(page.PageError):
+            page.check(bad, LAYOUT, NS)
+
+
+# -- in the daemon -----------------------------------------------------------------------------------
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = start_daemon(tmp_path / "data", "--port", str(free_port()))
+    yield d
+    d.stop()
+
+
+def page_session(sid: str, keys: list[bytes], tokens: int) -> Manifest:
+    return Manifest(sid, NS, LAYOUT.layout_id, tokens, 0, tuple(keys), b"", (), retention=Retention(ttl_s=3600))
+
+
+def test_pages_are_saved_as_a_turn_found_by_key_and_loaded_back_across_a_restart(tmp_path: Path) -> None:
+    port = free_port()
+    d = start_daemon(tmp_path / "data", "--port", str(port))
+    try:
+        items = [blob_of(g, s) for s in range(3) for g in (0, 1)]
+        keys, blobs = [k for k, _ in items], [b for _, b in items]
+        with Client(address=d.address) as c:
+            assert c.register_layout(LAYOUT.definition()) == LAYOUT.layout_id
+            c.save_session(page_session("agent-1", keys, 768), blobs)
+            assert all(c.lookup_keys(NS, keys))
+            assert c.lookup_keys("team-b", keys) == [None] * len(keys)
+        assert d.stop() == 0
+        d = start_daemon(tmp_path / "data", "--port", str(port))
+        with Client(address=d.address) as c:  # the layout and the session survived
+            assert [bytes(b) for _, b in c.load_chunks(NS, keys)] == blobs
+            assert list(c.load_chunks("team-b", keys)) == []
+            s = c.stats().bytes_per_token
+            assert (s.tokens, s.unique_chunks, s.formula) == (768, 6, pytest.approx(890.0))
+            assert s.stored < s.raw  # the scale rows compress (FP4 codes hardly do)
+    finally:
+        d.stop()
+
+
+def test_bad_page_input_is_invalid_argument_and_stores_nothing(daemon: Daemon) -> None:
+    with Client(address=daemon.address) as c:
+        code, msg = status_of(lambda: c.register_layout(b'{"kind":"engine-pages"}'))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "page layout" in msg
+        key, blob = blob_of(0, 7)
+        code, msg = status_of(lambda: c.save_session(page_session("s", [key], 256), [blob]))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown layout" in msg  # not registered yet
+        c.register_layout(LAYOUT.definition())
+        bad = bytearray(blob)
+        bad[-1] ^= 1
+        code, msg = status_of(lambda: c.save_session(page_session("s", [key], 256), [bytes(bad)]))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "checksum" in msg
+        other_key, other = blob_of(0, 8, ns="team-b")
+        code, msg = status_of(lambda: c.save_session(page_session("s", [other_key], 256), [other]))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT and "does not match" in msg
+        code, msg = status_of(lambda: c.lookup_keys(NS, [b"short"]))
+        assert code is grpc.StatusCode.INVALID_ARGUMENT
+        assert c.list_sessions(NS) == []
