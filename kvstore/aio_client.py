@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from kvstore import convert, localrpc, shm, transport, wire
-from kvstore.client_config import ClientConfig, default_address
+from kvstore.client_config import ClientConfig
 from kvstore.errors import InvalidArgument, KvstoreError
 from kvstore.framing import Blob
 from kvstore.localrpc_aio import AsyncLocalChannel
@@ -28,10 +28,10 @@ from kvstore.wire import SavedSession
 class AsyncClient:
     """asyncio client over grpc.aio, with the same methods as :class:`Client` (awaitable)."""
 
-    def __init__(self, config: ClientConfig | None = None, **kwargs: Any) -> None:
-        cfg = config or ClientConfig()
-        self.config = ClientConfig(**{**cfg.__dict__, **kwargs}) if kwargs else cfg
-        self.address = self.config.address or default_address()
+    def __init__(self, config: ClientConfig | str | None = None, **kwargs: Any) -> None:
+        self.config = wire.client_config(config, kwargs)  # as Client: a positional address, default port 50151
+        self.address = wire.target(self.config.address)
+        self._versions = wire.Versions()  # as Client: the base version of each session's next save
         self._metadata = wire.metadata(self.config)
         opts = wire.channel_options(self.config)
         self._channel = (grpc.aio.secure_channel(self.address, self.config.tls.credentials(), opts)
@@ -198,9 +198,14 @@ class AsyncClient:
                           blobs: Iterable[Blob]) -> SaveResult:
         return wire.save_result(await self._save(wire.save_header(namespace, layout_id, parent, first_index), blobs))
 
-    async def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob]) -> SavedSession:
-        """As :meth:`Client.save_session`: the new chunks and the manifest's commit in one call."""
-        return wire.saved_session(await self._save(wire.turn_header(manifest, len(new_blobs)), new_blobs))
+    async def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None
+                           ) -> SavedSession:
+        """As :meth:`Client.save_session`: the new chunks and the manifest's commit in one call, based
+        on the version this client last saved or loaded (or ``base``)."""
+        m = self._versions.based(manifest, base)
+        saved = wire.saved_session(await self._save(wire.turn_header(m, len(new_blobs)), new_blobs))
+        self._versions.saw(saved.manifest)
+        return saved
 
     async def _open(self, rpc: Callable[..., Any], build: Callable[[transport.Carrier], Any],
                     chunks_of: Callable[[Any], pb.ChunkData | None]
@@ -240,32 +245,34 @@ class AsyncClient:
             wire.session_chunks)
         if first is None:
             raise KvstoreError("the daemon ended LoadSession without the manifest")
-        return convert.session_from_pb(first.session), _pairs(head, stream, receiver, wire.session_chunks)
+        return self._versions.saw(convert.session_from_pb(first.session)), _pairs(head, stream, receiver,
+                                                                                 wire.session_chunks)
 
     async def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         return wire.lookup_result(await self._call(self._stub.Lookup,
                                                    wire.lookup_request(namespace, layout_id, token_ids)))
 
-    async def commit(self, manifest: Manifest) -> Manifest:
-        r = await self._call(self._stub.CommitSession,
-                             pb.CommitSessionRequest(session=convert.session_to_pb(manifest)))
-        return convert.session_from_pb(r.session)
+    async def commit(self, manifest: Manifest, base: int | None = None) -> Manifest:
+        req = pb.CommitSessionRequest(session=convert.session_to_pb(self._versions.based(manifest, base)))
+        return self._versions.saw(convert.session_from_pb((await self._call(self._stub.CommitSession, req)).session))
 
     async def get_session(self, namespace: str, session_id: str) -> tuple[Manifest, dict[str, int]]:
         r = await self._call(self._stub.GetSession, pb.GetSessionRequest(namespace=namespace, session_id=session_id))
-        return convert.session_from_pb(r.session), wire.tier_counts(r.tiers)
+        return self._versions.saw(convert.session_from_pb(r.session)), wire.tier_counts(r.tiers)
 
     async def list_sessions(self, namespace: str = "") -> list[pb.SessionSummary]:
         return list((await self._call(self._stub.ListSessions, pb.ListSessionsRequest(namespace=namespace))).sessions)
 
     async def delete_session(self, namespace: str, session_id: str) -> int:
         req = pb.DeleteSessionRequest(namespace=namespace, session_id=session_id)
-        return (await self._call(self._stub.DeleteSession, req)).freed_chunks
+        freed = (await self._call(self._stub.DeleteSession, req)).freed_chunks
+        self._versions.forget(namespace, session_id)
+        return freed
 
     async def touch_session(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
         req = pb.TouchSessionRequest(namespace=namespace, session_id=session_id,
                                      retention=convert.retention_to_pb(retention))
-        return convert.session_from_pb((await self._call(self._stub.TouchSession, req)).session)
+        return self._versions.saw(convert.session_from_pb((await self._call(self._stub.TouchSession, req)).session))
 
     async def stats(self) -> pb.StatsResponse:
         return await self._call(self._stub.Stats, pb.StatsRequest())

@@ -35,12 +35,17 @@ T = TypeVar("T")
 
 
 class Client:
-    """``Client(address="127.0.0.1:50151", token=...)`` or ``Client(ClientConfig(...))``."""
+    """``Client("127.0.0.1:50151", token=...)``, ``Client(address=..., token=...)`` or
+    ``Client(ClientConfig(...))``. An address without a port means the daemon's default port, 50151.
 
-    def __init__(self, config: ClientConfig | None = None, **kwargs: Any) -> None:
-        cfg = config or ClientConfig()
-        self.config = ClientConfig(**{**cfg.__dict__, **kwargs}) if kwargs else cfg
-        self.address = self.config.address or default_address()
+    The client remembers the version of each session it saves or loads, and names it as the base
+    of its next save of that session: a save over a version another client wrote meanwhile fails
+    with FailedPrecondition, the stored version intact (load it again and retry)."""
+
+    def __init__(self, config: ClientConfig | str | None = None, **kwargs: Any) -> None:
+        self.config = wire.client_config(config, kwargs)
+        self.address = wire.target(self.config.address)
+        self._versions = wire.Versions()
         self._metadata = wire.metadata(self.config)
         opts = wire.channel_options(self.config)
         self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
@@ -231,11 +236,16 @@ class Client:
         """Store consecutive complete chunks of one sequence; their keys, and how many were new."""
         return wire.save_result(self._save(wire.save_header(namespace, layout_id, parent, first_index), blobs))
 
-    def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob]) -> SavedSession:
+    def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None) -> SavedSession:
         """Save a turn in one call: ``new_blobs`` are the manifest's last ``len(new_blobs)`` chunks;
         the daemon stores them and commits the manifest in one durable transaction. If that fails,
-        nothing is stored and the previous version of the session stays."""
-        return wire.saved_session(self._save(wire.turn_header(manifest, len(new_blobs)), new_blobs))
+        nothing is stored and the previous version of the session stays. ``base``: the version this
+        one replaces (default: the one this client last saved or loaded; 0 = replace whatever is
+        stored); FailedPrecondition if the session has changed since."""
+        m = self._versions.based(manifest, base)
+        saved = wire.saved_session(self._save(wire.turn_header(m, len(new_blobs)), new_blobs))
+        self._versions.saw(saved.manifest)
+        return saved
 
     def _open(self, rpc: Callable[..., Any], build: Callable[[transport.Carrier], Any],
               chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], zero_copy: bool,
@@ -281,7 +291,7 @@ class Client:
             lambda m: m.chunks, zero_copy, lambda m: len(m.session.chunk_keys) if m.session is not None else 0)
         if first is None or first.session is None:
             raise KvstoreError("the daemon ended LoadSession without the manifest")
-        return convert.session_from_pb(first.session), pairs
+        return self._versions.saw(convert.session_from_pb(first.session)), pairs
 
     def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                ) -> tuple[Manifest, list[tuple[int, Any]]]:
@@ -299,25 +309,28 @@ class Client:
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         return wire.lookup_result(self._call(self._stub.Lookup, wire.lookup_request(namespace, layout_id, token_ids)))
 
-    def commit(self, manifest: Manifest) -> Manifest:
-        r = self._call(self._stub.CommitSession, pb.CommitSessionRequest(session=convert.session_to_pb(manifest)))
-        return convert.session_from_pb(r.session)
+    def commit(self, manifest: Manifest, base: int | None = None) -> Manifest:
+        """Publish a session version whose chunks are all stored; ``base`` as in :meth:`save_session`."""
+        req = pb.CommitSessionRequest(session=convert.session_to_pb(self._versions.based(manifest, base)))
+        return self._versions.saw(convert.session_from_pb(self._call(self._stub.CommitSession, req).session))
 
     def get_session(self, namespace: str, session_id: str) -> tuple[Manifest, dict[str, int]]:
         r = self._call(self._stub.GetSession, pb.GetSessionRequest(namespace=namespace, session_id=session_id))
-        return convert.session_from_pb(r.session), wire.tier_counts(r.tiers)
+        return self._versions.saw(convert.session_from_pb(r.session)), wire.tier_counts(r.tiers)
 
     def list_sessions(self, namespace: str = "") -> list[pb.SessionSummary]:
         return list(self._call(self._stub.ListSessions, pb.ListSessionsRequest(namespace=namespace)).sessions)
 
     def delete_session(self, namespace: str, session_id: str) -> int:
         req = pb.DeleteSessionRequest(namespace=namespace, session_id=session_id)
-        return self._call(self._stub.DeleteSession, req).freed_chunks
+        freed = self._call(self._stub.DeleteSession, req).freed_chunks
+        self._versions.forget(namespace, session_id)  # a session saved again under this id is a new one
+        return freed
 
     def touch_session(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
         req = pb.TouchSessionRequest(namespace=namespace, session_id=session_id,
                                      retention=convert.retention_to_pb(retention))
-        return convert.session_from_pb(self._call(self._stub.TouchSession, req).session)
+        return self._versions.saw(convert.session_from_pb(self._call(self._stub.TouchSession, req).session))
 
     def stats(self) -> pb.StatsResponse:
         return self._call(self._stub.Stats, pb.StatsRequest())

@@ -5,15 +5,18 @@ two clients differ only in how they wait."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
 
 from kvstore import convert, framing, shm, transport
-from kvstore.client_config import ClientConfig
+from kvstore.client_config import ClientConfig, default_address
+from kvstore.defaults import DEFAULT_PORT
 from kvstore.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -82,6 +85,92 @@ def channel_options(cfg: ClientConfig) -> list[tuple[str, Any]]:
 
 def metadata(cfg: ClientConfig) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {cfg.token}"),) if cfg.token else ()
+
+
+# -- a client's config and address -------------------------------------------------------------------
+#: gRPC target URIs, passed to gRPC as they are (``unix:/run/kvstore.sock``, ``dns:///host:port``, ...)
+_URI = re.compile(r"(unix|unix-abstract|dns|ipv4|ipv6|vsock):")
+
+
+def client_config(config: ClientConfig | str | None, overrides: Mapping[str, Any]) -> ClientConfig:
+    """What ``Client(...)`` / ``AsyncClient(...)`` were given: a ClientConfig, or the address as a
+    positional string (``Client("127.0.0.1:50151")``), with keyword overrides of its fields."""
+    if isinstance(config, str):
+        if "address" in overrides:
+            raise TypeError("the address was given twice: positionally and as address=")
+        overrides = {**overrides, "address": config}
+        config = None
+    if config is not None and not isinstance(config, ClientConfig):
+        raise TypeError(f"expected a ClientConfig or an address string, got {type(config).__name__}")
+    cfg = config or ClientConfig()
+    return ClientConfig(**{**cfg.__dict__, **overrides}) if overrides else cfg
+
+
+def target(address: str) -> str:
+    """The gRPC target a client dials for ``address`` ("" = $KVSTORE_ADDRESS or the default): HOST,
+    HOST:PORT, [IPv6] or [IPv6]:PORT, or a bare IPv6 address; without a port the daemon's default
+    port (50151, not gRPC's 443). A gRPC URI (unix:, dns:, ipv4:, ...) is passed on as it is.
+    ValueError for a port that is not a number in 1-65535."""
+    a = (address or default_address()).strip()
+    if not a:
+        raise ValueError("empty daemon address")
+    if _URI.match(a):
+        return a
+    if a.startswith("["):
+        host, bracket, rest = a.partition("]")
+        if not bracket or host == "[":
+            raise ValueError(f"malformed daemon address {address!r}: an IPv6 address needs its closing ']'")
+        port = rest[1:] if rest.startswith(":") else None
+        if rest and port is None:
+            raise ValueError(f"malformed daemon address {address!r}: expected [IPv6]:PORT")
+    elif a.count(":") > 1:  # a bare IPv6 address: it has no port
+        return f"[{a}]:{DEFAULT_PORT}"
+    else:
+        host, colon, port_s = a.partition(":")
+        if not host:
+            raise ValueError(f"malformed daemon address {address!r}: no host")
+        port = port_s if colon else None
+    if port is None:
+        return f"{a}:{DEFAULT_PORT}"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"malformed daemon address {address!r}: the port must be a number in 1-65535, got {port!r}")
+    return a
+
+
+# -- session versions ----------------------------------------------------------------------------------
+class Versions:
+    """The version (``Manifest.generation``) of each session a client last saved or loaded: the base its
+    next save of that session names, so that a save over a version another client wrote since fails
+    whole (FAILED_PRECONDITION) instead of silently replacing it. A session this client never saved
+    or loaded has no base: its save replaces whatever is stored, as before versions."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str], int] = {}
+        self._lock = threading.Lock()
+
+    def saw(self, m: Manifest) -> Manifest:
+        """Note the version of a manifest the daemon answered with (a save, a load, a read)."""
+        with self._lock:
+            if m.generation:
+                self._seen[(m.namespace, m.session_id)] = m.generation
+            else:  # written before version stamps: no base to name
+                self._seen.pop((m.namespace, m.session_id), None)
+        return m
+
+    def forget(self, namespace: str, session_id: str) -> None:
+        with self._lock:
+            self._seen.pop((namespace, session_id), None)
+
+    def based(self, m: Manifest, base: int | None) -> Manifest:
+        """``m`` as a save sends it: its generation is ``base`` if given (0: no base), else the version
+        this client last saved or loaded of that session (whatever generation ``m`` carried: a
+        manifest read from one session and saved as another must not name the first one's version)."""
+        if base is None:
+            with self._lock:
+                base = self._seen.get((m.namespace, m.session_id), 0)
+        if base < 0:
+            raise InvalidArgument(f"a base version is >= 0 (0: none), got {base}")
+        return replace(m, generation=base)
 
 
 # -- connecting: which carrier ---------------------------------------------------------------------

@@ -206,9 +206,13 @@ def test_a_learns_nothing_from_lookups_commits_and_saves(world: World, round_: i
                     assert isinstance(x, SyntheticSession)
                     m = x.manifest
                     keys = tuple(names(x))
-                    tail = make_session(namespace=A, tokens=len(keys) * 256 + 10, seed=5).manifest.tail
+                    own = make_session(namespace=A, tokens=len(keys) * 256 + 10, seed=5).manifest
+                    # last ids as a valid manifest has them (the chunks' own, then the tail's): it gets as far
+                    # as the ownership check
+                    last = (*(int(t) for t in x.token_ids[: len(keys) * 256][-118:]), *own.last_token_ids[-10:])
                     stolen = type(m)(**{**m.__dict__, "namespace": A, "session_id": "stolen", "chunk_keys": keys,
-                                        "tail": tail, "token_count": len(keys) * 256 + 10})
+                                        "tail": own.tail, "token_count": len(keys) * 256 + 10,
+                                        "last_token_ids": last})
                     if kind == "SaveChunks turn":  # no new chunks, a commit naming B's: in one call
                         return arena.save_session(stolen, [])
                     return c.commit(stolen)
