@@ -25,7 +25,7 @@ from torch import Tensor
 
 from replay.cache import SessionState
 from replay.graph_codecs import GraphCodecs
-from replay.model import Linear, Transformer, attend_blocks, rope, rope_angles
+from replay.model import Linear, Transformer, attend_blocks, check_token_ids, rope, rope_angles
 
 _Step = Callable[[], Tensor]
 
@@ -71,13 +71,17 @@ class FastDecoder:
         return s
 
     def decode_one_token(self, token: int | Tensor, state: SessionState) -> Tensor:
-        """One token (an int, or a device tensor such as the last argmax: no host sync) -> logits [V]."""
+        """One token (an int, or a device tensor such as the last argmax: no host sync, so not checked
+        against the vocabulary) -> logits [V]."""
+        if not isinstance(token, Tensor):
+            check_token_ids([int(token)], self.args.vocab_size)
         tok = token.reshape(1) if isinstance(token, Tensor) else torch.tensor([int(token)])
         return self._run(tok, state, state.pos)
 
     def replay(self, state: SessionState, tokens: Tensor | list[int], start_pos: int,
                decoder_from: int | None = None) -> Tensor:
         """Transformer.replay on this decoder's state, in steps of ``config.chunk`` tokens -> logits [V]."""
+        check_token_ids(tokens, self.args.vocab_size)
         tokens = torch.as_tensor(tokens, dtype=torch.long).flatten()
         return self._run(tokens, state, self.model.prepare_replay(state, len(tokens), start_pos, decoder_from))
 

@@ -92,6 +92,21 @@ class ModelArgs:
             raise ValueError(f"layout {self.layout_name} does not describe this model's global caches")
 
 
+def check_token_ids(tokens: Tensor | list[int], vocab_size: int) -> None:
+    """ValueError naming the first id outside [0, vocab_size), instead of torch's IndexError from the
+    embedding (or a device-side assert on CUDA). A tensor costs one min/max (a host sync on a GPU)."""
+    if isinstance(tokens, Tensor):
+        if not tokens.numel():
+            return
+        lo, hi = int(tokens.min()), int(tokens.max())
+        bad = lo if lo < 0 else hi if hi >= vocab_size else None
+    else:
+        bad = next((int(t) for t in tokens if not 0 <= int(t) < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"token id {bad} is outside this model's vocabulary: ids are 0 to {vocab_size - 1} "
+                         f"(vocab_size {vocab_size})")
+
+
 def _mm(a: Tensor, b: Tensor) -> Tensor:
     """a: [M, K], b: [N, K] -> [M, N]. BLAS switches kernels (and summation order) for small or odd M
     and N; padding both to multiples of 16 keeps every element independent of the chunk size."""
@@ -426,6 +441,7 @@ class Transformer(nn.Module):
     @torch.no_grad()
     def _run(self, tokens: Tensor | list[int], state: SessionState, dec_start: int, chunk_size: int,
              all_logits: bool) -> Tensor:
+        check_token_ids(tokens if isinstance(tokens, Tensor) else list(tokens), self.args.vocab_size)
         tokens = torch.as_tensor(tokens, dtype=torch.long, device=self.device).flatten()
         if tokens.numel() == 0 or chunk_size < 1:
             raise ValueError("need at least one token and chunk_size >= 1")

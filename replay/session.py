@@ -9,12 +9,22 @@ Resume modes (../shared/PAPER.md, SWA Bounded Replay):
   ``replay_tokens``, or the smallest calibrated length that meets a ``max_kl`` budget);
 - ``exact``:     load the global KV, replay the last ``n_layers x window`` tokens (exact rebuild);
 - ``reprefill``: recompute everything from token 0 (ground truth; fetches the chunks but uses only their token ids).
+
+A chunk the manifest names but the load does not deliver verified (the daemon refused it: a copy
+damaged since, stored token ids that differ from its key's; a ``Lookup`` counts such a chunk, since
+it reads no bytes) is counted in the report (``refused_chunks``). The global KV before the first
+such chunk is used; from there on the model recomputes it from the caller's own record of the
+session's tokens (``token_ids``, checked against the manifest's key chain), or the resume fails
+with ResumeError saying so. An empty session resumes as an empty model state.
+
+A session remembers the version it saved or resumed and names it as the base of its next save: a
+save over a version another writer saved meanwhile fails (FailedPrecondition), nothing replaced.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +32,9 @@ import torch
 
 from kvstore import chunk
 from kvstore.client import Client
+from kvstore.framing import Blob
 from kvstore.keys import ROOT, chunk_key
+from kvstore.layout import Layout
 from kvstore.manifest import Manifest, Retention
 from replay.fidelity import exact_replay_length
 from replay.model import SessionState, Transformer
@@ -56,6 +68,11 @@ class ResumeReport:
     #: (R >= replay.fidelity.exact_replay_length); None for re-prefill and for weights without a calibration table
     expected_mean_kl: float | None = None
     expected_max_kl: float | None = None
+    #: chunks the manifest promised that the load did not deliver verified (refused by the daemon, or by the
+    #: client's key-chain check); the global KV from the first of them on was recomputed from ``token_ids``
+    refused_chunks: int = 0
+    #: where the loaded global KV ended (``tokens`` unless chunks were refused): recomputed from there on
+    loaded_tokens: int | None = None
 
     @property
     def total_s(self) -> float:
@@ -91,6 +108,8 @@ class AgentSession:
         self.tokens: list[int] = []
         self.saved_keys: list[bytes] = []  # keys of the complete chunks the store holds, in order
         self.last_logits: torch.Tensor | None = None  # next-token logits after the last token fed
+        #: the stored version this session last saved or resumed (0: none yet): its next save's base
+        self.generation = 0
 
     # -- running the model ------------------------------------------------------------------------
     def _live(self) -> SessionState:
@@ -148,9 +167,11 @@ class AgentSession:
             retention=Retention(pinned=retention_pinned),
             metadata={**self.metadata, DECODER_FROM: str(state.decoder_from)},
         )
-        # one call: the new chunks and the manifest, one durable commit (nothing stored if it fails)
-        res = self.client.save_session(manifest, blobs)
+        # one call: the new chunks and the manifest, one durable commit (nothing stored if it fails), replacing
+        # only the version this session saved or resumed (FailedPrecondition if another writer saved since)
+        res = self.client.save_session(manifest, blobs, base=self.generation)
         self.saved_keys = list(res.manifest.chunk_keys)
+        self.generation = res.manifest.generation
         written = res.written
         sent = sum(len(b) for b in blobs) + len(tail)
         return SaveReport(len(blobs), written, sent, len(self.tokens), time.perf_counter() - t0)
@@ -158,11 +179,12 @@ class AgentSession:
     # -- resuming ---------------------------------------------------------------------------------
     @classmethod
     def resume(cls, model: Transformer, client: Client, namespace: str, session_id: str,
-               mode: str = "bounded", replay_tokens: int | None = None, max_kl: float | None = None
-               ) -> tuple[AgentSession, ResumeReport]:
+               mode: str = "bounded", replay_tokens: int | None = None, max_kl: float | None = None,
+               token_ids: Sequence[int] | None = None) -> tuple[AgentSession, ResumeReport]:
         """Rebuild a session from the store. ``replay_tokens`` overrides the mode's replay length; ``max_kl``
         (bounded only) picks the smallest replay length whose calibrated mean KL meets that budget, from the
-        checkpoint's calibration table (``model.calibration``)."""
+        checkpoint's calibration table (``model.calibration``). ``token_ids``: the caller's record of the
+        session's tokens, used only if the store refuses chunks the manifest names (see the module docstring)."""
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         cal = model.calibration
@@ -177,24 +199,37 @@ class AgentSession:
         lay = model.args.layout
         if manifest.layout_id != lay.layout_id:
             raise ResumeError(f"session {session_id} was saved under another layout than this model's ({lay.name})")
-        chunks = [chunk.decode(blob, lay) for _, blob in stream]
-        tail = chunk.decode(manifest.tail, lay)
-        tokens = _verified_tokens(manifest, chunks, tail, namespace)
+        chunks, refused = _verified_prefix(manifest, stream, lay, namespace)
+        try:
+            tail = chunk.decode(manifest.tail, lay)
+        except chunk.ChunkError as e:
+            raise ResumeError(f"session {session_id}: its trailing span is no chunk of {lay.name}: {e}") from e
+        tokens = _session_tokens(manifest, chunks, tail, refused, token_ids)
         fetch_s = time.perf_counter() - t0
         fetched = sum(c.header.total_bytes for c in chunks) + len(manifest.tail)
 
         meta = {k: v for k, v in manifest.metadata.items() if k != DECODER_FROM}
         sess = cls(model, client, namespace, session_id, meta)
-        sess.tokens, sess.saved_keys = tokens, list(manifest.chunk_keys)
+        # chunks past the first refused one are not known to be stored: the next save sends them again (their KV
+        # as recomputed here; the store keeps the bytes it has of any it still holds)
+        held = manifest.chunk_keys[: len(chunks)] if refused else manifest.chunk_keys
+        sess.tokens, sess.saved_keys, sess.generation = tokens, list(held), manifest.generation
         state = sess.state
         assert state is not None
         window, n = model.args.window, len(tokens)
+        loaded = len(chunks) * manifest.chunk_tokens + (tail.token_count if not refused else 0)  # KV installed
+        if n == 0:  # an empty session: an empty model state, nothing to replay
+            return sess, ResumeReport(mode, 0, 0, fetch_s, 0.0, 0.0, fetched, 0.0 if mode != "reprefill" else None,
+                                      0.0 if mode != "reprefill" else None, 0, 0)
         default = {"bounded": window, "exact": window * model.args.n_layers, "reprefill": n}[mode]
         r = n if mode == "reprefill" else min(n, replay_tokens if replay_tokens is not None else default)
+        # the replay starts r tokens before the end, or before the first token whose KV is not loaded (its KV is
+        # recomputed by the replay, from a history of the same length as the mode gives the end)
+        start = n - r if loaded == n else max(0, min(n - r, loaded - r))
         t1 = time.perf_counter()
         if mode != "reprefill":
             for c in lay.caches:
-                parts = [ch.entries[c.name] for ch in chunks] + [tail.entries[c.name]]
+                parts = [ch.entries[c.name] for ch in chunks] + ([] if refused else [tail.entries[c.name]])
                 codes = torch.from_numpy(np.concatenate([p.codes for p in parts]))
                 scales = torch.from_numpy(np.concatenate([p.scales for p in parts]))
                 state.load_global(c.name, codes, scales)
@@ -203,35 +238,76 @@ class AgentSession:
             sess.last_logits = model.prefill(tokens, state, chunk_size=512)
         else:
             decoder_from = min(int(manifest.metadata.get(DECODER_FROM, n - min(n, window))), n - 1)
-            sess.last_logits = model.replay(state, tokens[n - r :], start_pos=n - r, decoder_from=decoder_from)
+            sess.last_logits = model.replay(state, tokens[start:], start_pos=start, decoder_from=decoder_from)
             # The session's decoder run began at decoder_from whatever suffix was replayed (and replay leaves
             # state.decoder_from unset when the decoder starts with the replay); a later save must say so, or
             # the next exact resume would rebuild another decoder window than the never-evicted session had.
             state.decoder_from = decoder_from
         t3 = time.perf_counter()
-        exact = mode != "reprefill" and r >= exact_replay_length(n, state.decoder_from, model.args)
+        replayed = n - start
+        # exact: the end state's receptive field is replayed, and so is that of every recomputed global entry
+        recomputed_exact = loaded == n or start == 0 or loaded - start >= model.args.n_encoder * (window - 1)
+        exact = (mode != "reprefill" and recomputed_exact
+                 and replayed >= exact_replay_length(n, state.decoder_from, model.args))
         expected = (0.0, 0.0) if exact else None  # (a re-prefill differs from a session that decoded: None)
-        if expected is None and cal is not None and mode == "bounded":
+        if expected is None and cal is not None and mode == "bounded" and not refused:
             row = cal.expected(r)
             expected = (row.mean_kl, row.max_kl)
-        return sess, ResumeReport(mode, n, r, fetch_s, t2 - t1, t3 - t2, fetched, *(expected or (None, None)))
+        return sess, ResumeReport(mode, n, replayed, fetch_s, t2 - t1, t3 - t2, fetched, *(expected or (None, None)),
+                                  refused, loaded)
 
 
-def _verified_tokens(m: Manifest, chunks: list[chunk.Chunk], tail: chunk.Chunk, namespace: str) -> list[int]:
-    """All token ids of the session, after checking every chunk against the manifest's key chain:
-    a chunk whose token ids do not hash to the key the manifest names is never used."""
-    if len(chunks) != len(m.chunk_keys):
-        raise ResumeError(f"the store returned {len(chunks)} of {len(m.chunk_keys)} chunks (evicted or corrupted)")
-    parent = ROOT
-    ids: list[int] = []
-    for i, (c, want) in enumerate(zip(chunks, m.chunk_keys)):
-        got = chunk_key(m.layout_id, namespace, parent, c.token_ids)
-        if got != want or c.key != want or c.start != i * m.chunk_tokens:
-            raise ResumeError(f"chunk {i} does not match the session's key chain")
-        ids.extend(c.token_ids.tolist())
-        parent = want
-    if tail.start != len(ids) or tail.token_count != m.tail_tokens:
+def _verified_prefix(m: Manifest, stream: Iterable[tuple[int, Blob]], lay: Layout, namespace: str
+                     ) -> tuple[list[chunk.Chunk], int]:
+    """The manifest's chunks up to the first one the load did not deliver verified (missing from the
+    answer, not a chunk, or not what the manifest's key chain names), and how many chunks the load
+    did not deliver verified in all."""
+    good: dict[int, chunk.Chunk] = {}
+    for i, blob in stream:
+        if not 0 <= i < len(m.chunk_keys):
+            continue
+        try:
+            c = chunk.decode(blob, lay)
+        except chunk.ChunkError:
+            continue  # never used: counted as refused
+        parent = m.chunk_keys[i - 1] if i else ROOT
+        want = m.chunk_keys[i]
+        if c.key == want and c.start == i * m.chunk_tokens and chunk_key(m.layout_id, namespace, parent,
+                                                                          c.token_ids) == want:
+            good[i] = c
+    prefix: list[chunk.Chunk] = []
+    while len(prefix) in good:
+        prefix.append(good[len(prefix)])
+    return prefix, len(m.chunk_keys) - len(good)
+
+
+def _session_tokens(m: Manifest, prefix: list[chunk.Chunk], tail: chunk.Chunk, refused: int,
+                    token_ids: Sequence[int] | None) -> list[int]:
+    """All token ids of the session: the verified chunks' and the tail's; past a refused chunk, the
+    caller's ``token_ids``, checked against the manifest's key chain from there on."""
+    ids = [t for c in prefix for t in c.token_ids.tolist()]
+    if tail.start != len(m.chunk_keys) * m.chunk_tokens or tail.token_count != m.tail_tokens:
         raise ResumeError("the trailing span does not continue the chunks")
+    if refused:
+        if token_ids is None:
+            first = len(prefix)
+            raise ResumeError(f"the store refused {refused} of the {len(m.chunk_keys)} chunks the manifest names "
+                              f"(first: chunk {first}, tokens from {first * m.chunk_tokens}; missing, damaged or "
+                              f"not what its key says): pass token_ids= (the session's tokens) to recompute their "
+                              f"global KV, or re-prefill")
+        given = [int(t) for t in token_ids]
+        if len(given) != m.token_count or given[: len(ids)] != ids:
+            raise ResumeError(f"token_ids ({len(given)} ids) are not this session's {m.token_count} tokens")
+        ct = m.chunk_tokens
+        parent = m.chunk_keys[len(prefix) - 1] if prefix else ROOT
+        for j in range(len(prefix), len(m.chunk_keys)):
+            got = chunk_key(m.layout_id, m.namespace, parent, np.asarray(given[j * ct : (j + 1) * ct], np.uint32))
+            if got != m.chunk_keys[j]:
+                raise ResumeError(f"token_ids are not this session's: chunk {j}'s tokens do not hash to its key")
+            parent = got
+        ids = given[: len(m.chunk_keys) * ct]
+        if given[len(ids):] != tail.token_ids.tolist():
+            raise ResumeError("token_ids are not this session's: they end otherwise than its trailing span")
     ids.extend(tail.token_ids.tolist())
     if tuple(ids[-len(m.last_token_ids):] if m.last_token_ids else ()) != tuple(m.last_token_ids):
         raise ResumeError("the manifest's last token ids disagree with its chunks")

@@ -279,3 +279,119 @@ def test_the_trained_checkpoint_resumes_with_its_calibrated_error(client: Client
     ref = teacher_forced(model, live, model.prefill(text[:600], live), text[600:])
     f = compare(ref, teacher_forced(model, sess.state, sess.last_logits, text[600:]), 128)  # type: ignore[arg-type]
     assert f.mean_kl < 0.01 and f.top1_agreement >= 0.9, f  # random weights: ~0.2-0.5 nats
+
+
+# -- issue 19: empty sessions, the vocabulary, versions, chunks a load refuses ----------------------------
+def test_an_empty_session_saves_lists_and_resumes_as_an_empty_state(client: Client, tiny8: Transformer) -> None:
+    s = AgentSession(tiny8, client, NS, "empty")
+    assert s.save().tokens == 0
+    assert "empty" in {x.session_id for x in client.list_sessions(NS)}
+    text = stdlib_tokens(300)[200:300]
+    fresh = AgentSession(tiny8, client, NS, "never-saved-fresh")
+    want = fresh.prefill(text)
+    for mode in ("bounded", "exact", "reprefill"):
+        sess, rep = AgentSession.resume(tiny8, client, NS, "empty", mode)
+        assert (sess.tokens, rep.tokens, rep.replayed, rep.refused_chunks, sess.last_logits) == ([], 0, 0, 0, None)
+        assert torch.equal(sess.prefill(text), want)  # and it goes on like a session that never was saved
+    assert sess.save().tokens == 100  # based on the version it resumed
+    assert AgentSession.resume(tiny8, client, NS, "empty", "exact")[0].tokens == text
+
+
+def test_token_ids_outside_the_vocabulary_are_a_value_error_naming_them(client: Client, tiny8: Transformer) -> None:
+    s = AgentSession(tiny8, client, NS, "vocab")
+    s.prefill([1, 2, 3])
+    for call, bad in ((lambda: s.prefill([4, 256, 5]), 256), (lambda: s.step(-1), -1), (lambda: s.step(1000), 1000)):
+        with pytest.raises(ValueError, match=f"token id {bad} is outside .* 0 to 255 \\(vocab_size 256\\)"):
+            call()
+    assert s.tokens == [1, 2, 3] and s.state is not None and s.state.pos == 3  # nothing was fed
+
+
+def test_two_clients_saving_one_session_never_overwrite_each_other_silently(daemon: DaemonProcess,
+                                                                            tiny8: Transformer) -> None:
+    text = stdlib_tokens(1200)
+    with Client(daemon.address) as c1, Client(daemon.address) as c2:  # the address positionally
+        a = AgentSession(tiny8, c1, NS, "shared")
+        a.prefill(text[:300])
+        a.save()
+        b, _ = AgentSession.resume(tiny8, c2, NS, "shared", "bounded")  # b loads version 1
+        a.prefill(text[300:400])
+        a.save()  # a saved version 1 and saves version 2: its base is current
+        b.prefill(text[400:450])
+        with pytest.raises(FailedPrecondition, match=r"changed through another client.*load the session again "
+                                                     r"and retry"):
+            b.save()  # b's base is version 1: stale, nothing replaced
+        assert c2.get_session(NS, "shared")[0].token_count == 400
+        b, _ = AgentSession.resume(tiny8, c2, NS, "shared", "bounded")  # load again, retry: it goes through
+        b.prefill(text[400:450])
+        assert b.save().tokens == 450
+        with pytest.raises(FailedPrecondition):
+            a.save()  # now a is the stale one
+        m, _ = c1.get_session(NS, "shared")  # the client tracks what it reads: its next save is based on it
+        assert c1.commit(m).generation > m.generation
+        # a writer without a base (a brand-new session object) replaces whatever is stored, as before versions
+        fresh = AgentSession(tiny8, c1, NS, "shared")
+        fresh.prefill(text[:10])
+        assert fresh.save().tokens == 10
+        with pytest.raises(FailedPrecondition):  # c2 last saw the 450-token version
+            c2.commit(c2.get_session(NS, "shared")[0], base=m.generation)
+        assert c2.get_session(NS, "shared")[0].token_count == 10
+
+
+def _forge(data_dir: Path, key: bytes) -> None:
+    """Replace the stored chunk ``key`` (daemon stopped) by one that claims the same key but holds
+    other token ids, with a valid checksum: what a lookup cannot see and a load must refuse."""
+    import lmdb
+
+    from kvstore import chunk
+    from kvstore.tiers.record import RecordCodec
+
+    lay = ModelArgs.tiny8().layout
+    env = lmdb.open(str(data_dir / "ssd"), max_dbs=8)
+    try:
+        db = env.open_db(b"chunks")
+        with env.begin(write=True, db=db) as txn:
+            old = chunk.decode(bytes(RecordCodec(1, None).decode(key, txn.get(key))), lay)
+            ents = {n: chunk.Entries(e.codes.copy(), e.scales.copy()) for n, e in old.entries.items()}
+            forged = chunk.encode(lay, key=key, start=old.start, token_ids=(old.token_ids + 1) % 256, entries=ents)
+            txn.put(key, RecordCodec(0, None).encode(memoryview(forged)))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("mode", ["exact", "bounded"])
+def test_a_chunk_lookup_counts_but_the_load_refuses_is_reported_and_recomputed(tmp_path: Path, tiny8: Transformer,
+                                                                              mode: str) -> None:
+    text = stdlib_tokens(1200)[:900]  # chunks 0-2 and a 132-token tail
+    proc = DaemonProcess(tmp_path / "data").start()
+    try:
+        with Client(proc.address) as c:
+            s = AgentSession(tiny8, c, NS, "forged")
+            s.prefill(text)
+            s.save()
+            keys = list(s.saved_keys)
+            live = _finish(s, [], probe=text[100])
+        proc.stop()
+        _forge(tmp_path / "data", keys[1])
+        proc.start()
+        with Client(proc.address) as c:
+            lay = tiny8.args.layout
+            assert c.lookup(NS, lay.layout_id, text).chunks == 3  # an estimate: it reads no bytes
+            with pytest.raises(ResumeError, match=r"refused 1 of the 3 chunks .*first: chunk 1.*token_ids="):
+                AgentSession.resume(tiny8, c, NS, "forged", mode)
+            assert c.lookup(NS, lay.layout_id, text).chunks == 1  # the load dropped the bad copy
+            with pytest.raises(ResumeError, match="not this session's"):
+                AgentSession.resume(tiny8, c, NS, "forged", mode, token_ids=[t ^ 1 for t in text])
+            sess, rep = AgentSession.resume(tiny8, c, NS, "forged", mode, token_ids=text)
+            # chunk 2 came back verified but lies past the gap: its KV is recomputed with the rest
+            assert (rep.refused_chunks, rep.loaded_tokens, sess.tokens) == (1, 256, text)
+            assert rep.replayed == (900 if mode == "exact" else 900 - 256 + 128)
+            if mode == "exact":
+                assert (rep.expected_mean_kl, rep.expected_max_kl) == (0.0, 0.0)
+                assert_resumed(tiny8, sess, live)
+            again = sess.save()  # saving it again sends the chunks from the gap on: the store lacked one
+            assert (again.new_chunks, again.written) == (2, 1)
+        with Client(proc.address) as c:
+            again, rep = AgentSession.resume(tiny8, c, NS, "forged", mode)
+            assert rep.refused_chunks == 0 and again.tokens == sess.tokens
+    finally:
+        proc.stop()
