@@ -176,7 +176,13 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Lookup(self, request, context):
-        """How many leading tokens of a sequence the store holds, and in which tiers.
+        """How many leading tokens of a sequence the store holds, and in which tiers. An estimate: it
+        counts the chunks this store validated for the namespace that some tier holds a copy of,
+        without reading their bytes. A load is the answer: it verifies every chunk (checksum, and the
+        key recomputed from its stored token ids), and a copy that fails is a miss there (deleted from
+        that tier), so a load may deliver fewer chunks than a lookup counted. A client must treat the
+        chunks a load leaves out as misses and recompute them (docs/FORMAT.md, "What the store promises
+        on a hit"; replay/session.py's resume reports them as refused_chunks).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
