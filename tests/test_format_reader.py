@@ -140,13 +140,30 @@ def test_validation_order_agrees(node: str, layouts: Path, tmp_path: Path) -> No
     other = bytearray(blob)
     other[24:40] = bytes(16)  # a layout neither reader knows
     struct.pack_into("<Q", other, len(other) - 8, xxhash.xxh3_64_intdigest(bytes(other[:-8])))
+    def resealed(b: bytearray) -> bytes:
+        struct.pack_into("<Q", b, len(b) - 8, xxhash.xxh3_64_intdigest(bytes(b[:-8])))
+        return bytes(b)
+
+    short_table = bytearray(200)  # 16 sections (a 256-byte table) in a 200-byte chunk
+    struct.pack_into("<4sHHIIQ16s16sIHHII", short_table, 0, b"KVCK", 1, 336, 200, 0, 0, TINY.layout_id,
+                     bytes(16), 0, 16, 0, 0, 0)
+    split = chunk.read_header(blob).compressible_offset
+    past_end, in_codes = bytearray(blob), bytearray(blob)
+    struct.pack_into("<I", past_end, 64, len(blob) + 100)
+    struct.pack_into("<I", in_codes, 64, split - 16)
+    overlap = bytearray(blob)
+    overlap[80:84] = blob[96:100]  # main.L2's codes moved onto index.L2's
     cases = {"3 bytes": blob[:3], "79 bytes": blob[:79], "80 zero bytes": bytes(80),
              "bad magic, short": b"XXXX" + blob[4:79],
              "version 2": bytes(v2), "cut": blob[:-1], "extended": blob + b"\0", "checksum": bytes(bad_sum),
-             "other layout": bytes(other)}
+             "other layout": bytes(other), "table past total_bytes": resealed(short_table),
+             "compressible_offset past the end": resealed(past_end),
+             "compressible_offset inside the codes": resealed(in_codes), "overlapping sections": resealed(overlap)}
     want = {"3 bytes": "TruncatedChunk", "79 bytes": "TruncatedChunk", "80 zero bytes": "BadMagic",
             "bad magic, short": "TruncatedChunk", "version 2": "UnsupportedVersion", "cut": "TruncatedChunk",
-            "extended": "OversizedChunk", "checksum": "ChecksumMismatch", "other layout": "LayoutMismatch"}
+            "extended": "OversizedChunk", "checksum": "ChecksumMismatch", "other layout": "LayoutMismatch",
+            "table past total_bytes": "MalformedChunk", "compressible_offset past the end": "MalformedChunk",
+            "compressible_offset inside the codes": "MalformedChunk", "overlapping sections": "MalformedChunk"}
     for name, data in cases.items():
         got = read(node, "chunk", write(tmp_path, "c.bin", data), layouts).get("error", "none")
         assert (name, got) == (name, python_error(data)) == (name, want[name])

@@ -204,8 +204,10 @@ function readChunk(buf, layouts, ns, parentHex) {
   if (buf.length < h.total_bytes) throw new FormatError('TruncatedChunk', 'shorter than total_bytes');
   if (buf.length > h.total_bytes) throw new FormatError('OversizedChunk', 'trailing data');
   const T = h.token_count;
-  if (h.header_bytes < 72 + 16 * h.n_sections || h.tokens_offset + 4 * T > h.total_bytes - 8) {
-    throw new FormatError('MalformedChunk', 'table or token ids outside the chunk');
+  if (h.header_bytes < 72 + 16 * h.n_sections || h.tokens_offset + 4 * T > h.total_bytes - 8 ||
+      h.tokens_offset < h.header_bytes || h.compressible_offset < h.header_bytes ||
+      h.compressible_offset > h.tokens_offset) {
+    throw new FormatError('MalformedChunk', 'table, split or token ids outside the chunk');
   }
   const stored = buf.readBigUInt64LE(h.total_bytes - 8);
   if (xxh3_64(buf.subarray(0, h.total_bytes - 8)) !== stored) throw new FormatError('ChecksumMismatch', 'checksum');
@@ -220,14 +222,20 @@ function readChunk(buf, layouts, ns, parentHex) {
     const c = lay.caches[s.cache_index];
     if (!c || (s.kind !== 0 && s.kind !== 1)) throw new FormatError('MalformedChunk', `section ${i}`);
     const w = s.kind === 0 ? widths(c).codes : widths(c).scales;
-    if (s.entries !== Math.floor(T / c.m) || s.length !== s.entries * w || s.offset + s.length > h.tokens_offset) {
+    const [lo, hi] = s.kind === 0 ? [h.header_bytes, h.compressible_offset] : [h.compressible_offset, h.tokens_offset];
+    if (s.entries !== Math.floor(T / c.m) || s.length !== s.entries * w || s.offset < lo || s.offset + s.length > hi) {
       throw new FormatError('MalformedChunk', `section ${i} bounds`);
     }
+    if (seen.has(`${s.cache_index}/${s.kind}`)) throw new FormatError('MalformedChunk', `section ${i} twice`);
     seen.add(`${s.cache_index}/${s.kind}`);
     sections.push(s);
     (caches[c.name] = caches[c.name] || {})[s.kind === 0 ? 'codes' : 'scales'] = buf.subarray(s.offset, s.offset + s.length);
   }
   if (seen.size !== h.n_sections) throw new FormatError('MalformedChunk', 'a cache lacks a section');
+  const used = sections.filter((s) => s.length > 0).sort((a, b) => a.offset - b.offset);
+  for (let i = 1; i < used.length; i++) {
+    if (used[i].offset < used[i - 1].offset + used[i - 1].length) throw new FormatError('MalformedChunk', 'overlap');
+  }
   const ids = [];
   for (let t = 0; t < T; t++) ids.push(buf.readUInt32LE(h.tokens_offset + 4 * t));
   const out = { header: h, layout: lay.name, sections, token_ids: ids, checksum: stored.toString(16).padStart(16, '0'),
