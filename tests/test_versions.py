@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
-from daemon_helpers import Daemon, make_session, running_daemon, status_of
+from daemon_helpers import Daemon, make_session, running_daemon, status_of, two_daemons
 from store_helpers import build_session, save, store_config
 
 from kvstore import wire
@@ -147,3 +148,22 @@ def test_a_positional_address_is_the_address(daemon: Daemon) -> None:
         Client("127.0.0.1:1", address="127.0.0.1:2")
     with pytest.raises(TypeError, match="ClientConfig or an address"):
         Client(50151)  # type: ignore[arg-type]
+
+
+def test_daemons_sharing_sessions_check_the_base_against_the_shared_version(tmp_path: Path, redis_url: str) -> None:
+    """A base newer than a daemon's own version (loaded through the other daemon) catches up first
+    and goes through; a stale one fails, wherever it was loaded."""
+    ns = f"v-{uuid.uuid4().hex[:10]}"
+    s = make_session(namespace=ns, session_id="shared", tokens=400, seed=9)
+    with two_daemons(tmp_path, "--redis-url", redis_url, "--redis-share-sessions") as (a, b), \
+            Client(a.address, shared_memory=False) as x, Client(b.address, shared_memory=False) as y, \
+            Client(a.address, shared_memory=False) as z:
+        g1 = x.save_session(s.manifest, s.blobs).manifest.generation  # x through A: version 1
+        assert y.get_session(ns, "shared")[0].generation == g1  # y through B sees it
+        g2 = y.commit(dataclasses.replace(s.manifest, metadata={"by": "y"})).generation  # y saves version 2 on B
+        # z, on A, names version 2 (say it loaded it through B): A catches up and takes it
+        g3 = z.commit(dataclasses.replace(s.manifest, metadata={"by": "z"}), base=g2).generation
+        assert g3 > g2 > g1
+        code, message = status_of(lambda: x.commit(dataclasses.replace(s.manifest, metadata={"by": "x"})))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and f"based on version {g1}" in message
+        assert y.get_session(ns, "shared")[0].metadata == {"by": "z"}
