@@ -1,7 +1,10 @@
 """Fuzzing every RPC of a real daemon with random and malformed messages, chunk bytes, ids, arena
 ids and shm paths (hypothesis): the daemon never crashes, never answers INTERNAL or UNKNOWN (a
 client-caused error is INVALID_ARGUMENT, NOT_FOUND, ...), and the sessions of the namespaces the
-fuzzer may not write are byte-identical afterwards.
+fuzzer may not write are byte-identical afterwards. Every RPC test runs over a stock gRPC channel
+and over the local socket (the same-host default); the local socket's own surface is fuzzed too:
+raw frames of every kind (cut, oversized, garbage) and fds passed with calls (sealed, unsealed,
+sparse, write-sealed memfds, pipes, files, directories, two at once).
 
 The fuzzer calls with no token, an unknown token, its own token (namespace "fuzz") and, for RPCs
 that only read or move data between tiers, the admin token. Short in CI (KVSTORE_FUZZ_EXAMPLES
@@ -11,9 +14,12 @@ writes ``KVSTORE_FUZZ_REPORT`` (the case count) into benchmarks/results/fuzz.jso
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import socket
 import struct
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +34,7 @@ from daemon_helpers import Daemon, make_session, running_daemon, save_session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, convert, shm
+from kvstore import chunk, convert, localrpc, shm
 from kvstore.client import Client
 from kvstore.layout import get_layout
 from kvstore.v1 import kvstore_pb2 as pb
@@ -56,15 +62,50 @@ BAD_CODES = {grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.
 
 
 @dataclass
-class Target:
+class Fuzzed:
+    """The daemon under fuzzing and what the fuzzer may name, shared by both transports."""
+
     daemon: Daemon
-    channel: grpc.Channel
-    stub: pb_grpc.KVStoreStub
+    local_socket: str
     paths: list[str]  # shm paths worth naming: FIFOs, directories, real files, arenas
     arena: shm.Arena  # an arena the fuzzer's token may attach (it knows the nonce)
     arena_ids: list[str]  # attached by the admin and by team-a: unknown to the fuzzer's token
     cases: dict[str, int] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)
+
+    def count(self, case: str, code: grpc.StatusCode | str) -> None:
+        name = code if isinstance(code, str) else code.name
+        self.cases[case] = self.cases.get(case, 0) + 1
+        self.codes[name] = self.codes.get(name, 0) + 1
+
+
+@dataclass
+class Target:
+    """One transport to the fuzzed daemon: a stock gRPC channel, or the local socket's channel."""
+
+    fuzzed: Fuzzed
+    transport: str
+    channel: Any  # grpc.Channel or localrpc.LocalChannel: the same call surface
+    stub: pb_grpc.KVStoreStub
+
+    @property
+    def daemon(self) -> Daemon:
+        return self.fuzzed.daemon
+
+    @property
+    def paths(self) -> list[str]:
+        return self.fuzzed.paths
+
+    @property
+    def arena(self) -> shm.Arena:
+        return self.fuzzed.arena
+
+    @property
+    def arena_ids(self) -> list[str]:
+        return self.fuzzed.arena_ids
+
+    def count(self, case: str, code: grpc.StatusCode) -> None:
+        self.fuzzed.count(case if self.transport == "grpc" else f"{case} (local socket)", code)
 
 
 def _checksums(admin: Client) -> dict[str, str]:
@@ -80,7 +121,7 @@ def _checksums(admin: Client) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
+def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
     shm_dir = shm.default_shm_dir()
     if shm_dir is None:
         pytest.skip("no writable /dev/shm on this host")
@@ -96,11 +137,11 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
 
     paths = [entry(os.mkfifo), entry(os.mkdir), entry(lambda p: p.write_bytes(b"".join(SESSIONS[2].blobs))),
              entry(lambda p: p.write_bytes(b"")), "/dev/shm", "/etc/passwd", "/dev/shm/../etc/passwd",
-             f"/dev/shm/kvstore-srv-{uuid.uuid4().hex}", f"/tmp/kvstore-cli-{uuid.uuid4().hex}", ""]
+             f"/dev/shm/kvstore-srv-{uuid.uuid4().hex}", f"/tmp/kvstore-cli-{uuid.uuid4().hex}", "",
+             f"/dev/shm\0/kvstore-cli-{uuid.uuid4().hex}", f"/dev/shm/kvstore-cli-{uuid.uuid4().hex}\0"]
     arena = shm.Arena.create(shm_dir, 1 << 20)
     paths.append(arena.path)
-    with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml")) as d, \
-            grpc.insecure_channel(d.address) as channel:
+    with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml")) as d:
         arena_ids = []
         for token, s in (("tok-admin", SESSIONS[0]), ("tok-b", SESSIONS[1]), ("tok-fuzz", SESSIONS[2])):
             with Client(address=d.address, token=token, arena_bytes=1 << 20) as c:
@@ -110,8 +151,9 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
                     arena_ids.append(c.carrier.arena_id)
         with Client(address=d.address, token="tok-admin") as admin:
             before = _checksums(admin)
-        t = Target(d, channel, pb_grpc.KVStoreStub(channel), paths, arena, arena_ids)
-        yield t
+            local_socket = admin.info().local_socket
+        f = Fuzzed(d, local_socket, paths, arena, arena_ids)
+        yield f
         assert d.proc.poll() is None, "the daemon died"
         with Client(address=d.address, token="tok-admin") as admin:
             assert admin.health() == "SERVING"
@@ -124,9 +166,24 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Target]:
     arena.close()
     report = os.environ.get("KVSTORE_FUZZ_REPORT")
     if report:
-        Path(report).write_text(json.dumps({"examples_per_test": EXAMPLES, "cases": t.cases,
-                                            "total_cases": sum(t.cases.values()), "status_codes": t.codes},
+        Path(report).write_text(json.dumps({"examples_per_test": EXAMPLES, "cases": f.cases,
+                                            "total_cases": sum(f.cases.values()), "status_codes": f.codes},
                                            indent=1))
+
+
+@pytest.fixture(scope="module", params=["grpc", "local socket"])
+def target(request: pytest.FixtureRequest, fuzzed: Fuzzed) -> Iterator[Target]:
+    """Every fuzz test runs over a stock gRPC channel and over the local socket, which same-host
+    clients use by default (the same handlers behind other framing: server/local.py)."""
+    if request.param == "grpc":
+        with grpc.insecure_channel(fuzzed.daemon.address) as channel:
+            yield Target(fuzzed, "grpc", channel, pb_grpc.KVStoreStub(channel))
+        return
+    if not fuzzed.local_socket:
+        pytest.skip("the daemon serves no local socket here")
+    local = localrpc.LocalChannel(fuzzed.local_socket)
+    yield Target(fuzzed, "local", local, pb_grpc.KVStoreStub(local))
+    local.close()
 
 
 def call(t: Target, method: str, request: Any, token: str | None) -> None:
@@ -143,9 +200,8 @@ def call(t: Target, method: str, request: Any, token: str | None) -> None:
         code = grpc.StatusCode.OK
     except grpc.RpcError as e:
         code = e.code()  # type: ignore[attr-defined]
-        assert code not in BAD_CODES, (method, request, code, e.details())  # type: ignore[attr-defined]
-    t.cases[method] = t.cases.get(method, 0) + 1
-    t.codes[code.name] = t.codes.get(code.name, 0) + 1
+        assert code not in BAD_CODES, (t.transport, method, request, code, e.details())  # type: ignore[attr-defined]
+    t.count(method, code)
 
 
 # -- strategies -----------------------------------------------------------------------------------
@@ -310,16 +366,181 @@ def test_fuzz_raw_request_bytes(target: Target, method: str, payload: bytes, tok
     m = pb.DESCRIPTOR.services_by_name["KVStore"].methods_by_name[method]
     path = f"/kvstore.v1.KVStore/{method}"
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    raw = {"request_serializer": _same, "response_deserializer": _same}
     try:
         if m.client_streaming:
-            t.channel.stream_unary(path)(iter([payload]), timeout=60, metadata=metadata)
+            t.channel.stream_unary(path, **raw)(iter([payload]), timeout=60, metadata=metadata)
         elif m.server_streaming:
-            list(t.channel.unary_stream(path)(payload, timeout=60, metadata=metadata))
+            list(t.channel.unary_stream(path, **raw)(payload, timeout=60, metadata=metadata))
         else:
-            t.channel.unary_unary(path)(payload, timeout=60, metadata=metadata)
+            t.channel.unary_unary(path, **raw)(payload, timeout=60, metadata=metadata)
         code = grpc.StatusCode.OK
     except grpc.RpcError as e:
         code = e.code()  # type: ignore[attr-defined]
-        assert code not in BAD_CODES, (method, payload, code, e.details())  # type: ignore[attr-defined]
-    t.cases["raw bytes"] = t.cases.get("raw bytes", 0) + 1
-    t.codes[code.name] = t.codes.get(code.name, 0) + 1
+        assert code not in BAD_CODES, (t.transport, method, payload, code, e.details())  # type: ignore[attr-defined]
+    t.count("raw bytes", code)
+
+
+def _same(b: bytes) -> bytes:
+    return b
+
+
+# -- the local socket's own surface: its framing, and fds passed with a call ------------------------------
+METHOD_PATHS = [f"/kvstore.v1.KVStore/{m}" for m in METHODS]
+FUZZ_REQUESTS = [pb.GetServerInfoRequest().SerializeToString(),
+                 pb.ListSessionsRequest(namespace="fuzz").SerializeToString(),
+                 pb.LoadSessionRequest(namespace="fuzz", session_id="f1").SerializeToString(),
+                 pb.LoadChunksRequest(namespace="fuzz", keys=SESSIONS[2].keys).SerializeToString(),
+                 pb.LookupRequest(namespace="fuzz", layout_id=TINY16.layout_id,
+                                  token_ids=[int(x) for x in SESSIONS[2].token_ids]).SerializeToString(),
+                 pb.SaveChunksRequest(header=pb.SaveHeader(namespace="fuzz", layout_id=TINY16.layout_id),
+                                      data=SESSIONS[2].blobs[0]).SerializeToString()]
+FRAME_TOKENS = [(), (("authorization", "Bearer tok-fuzz"),), (("authorization", "Bearer garbage"),)]
+
+
+@st.composite
+def local_frames(draw: st.DrawFn) -> bytes:
+    """A connection's bytes: frames of every kind (calls to real and made-up methods, real and random
+    request messages, ends, statuses a client must not send, unknown kinds), whole, cut short, with a
+    length out of range, or garbage."""
+    out = []
+    for _ in range(draw(st.integers(1, 6))):
+        kind = draw(st.sampled_from([localrpc.CALL, localrpc.CALL, localrpc.MSG, localrpc.MSG, localrpc.END,
+                                     localrpc.STATUS, 0, 9, 255]))
+        if kind == localrpc.CALL and draw(st.booleans()):
+            path = draw(st.one_of(st.sampled_from(METHOD_PATHS), st.text(max_size=60)))
+            out.append(localrpc.call_frame(path, draw(st.sampled_from(FRAME_TOKENS))))
+        elif kind == localrpc.MSG and draw(st.booleans()):
+            out.append(localrpc.frame(kind, draw(st.sampled_from(FUZZ_REQUESTS))))
+        else:
+            out.append(localrpc.frame(kind, draw(st.binary(max_size=120))))
+    data = b"".join(out)
+    op = draw(st.sampled_from(["whole", "whole", "cut", "bad length", "garbage"]))
+    if op == "cut":
+        return data[: draw(st.integers(0, len(data)))]
+    if op == "bad length":
+        return data + struct.pack("<IB", draw(st.sampled_from([0, localrpc.MAX_FRAME + 1, 2**32 - 1])), 2)
+    if op == "garbage":
+        return draw(st.binary(max_size=300))
+    return data
+
+
+def _answers(raw: bytes) -> list[int]:
+    """The status codes in what the daemon sent back; its framing must hold throughout."""
+    codes, pos = [], 0
+    while pos + localrpc.HEADER.size <= len(raw):
+        length, kind = localrpc.HEADER.unpack_from(raw, pos)
+        assert kind in (localrpc.MSG, localrpc.STATUS) and 1 <= length <= localrpc.MAX_FRAME, (kind, length)
+        if kind == localrpc.STATUS:
+            codes.append(raw[pos + localrpc.HEADER.size])
+        pos += localrpc.HEADER.size + length
+    assert pos == len(raw), "the daemon's answer ends inside a frame"
+    return codes
+
+
+@FUZZ
+@given(data=local_frames())
+def test_fuzz_local_socket_frames(fuzzed: Fuzzed, data: bytes) -> None:
+    """Raw bytes on a fresh local connection: whatever the daemon answers is well framed and no
+    INTERNAL/UNKNOWN; a connection it cannot parse is closed; the daemon serves the next client."""
+    if not fuzzed.local_socket:
+        pytest.skip("the daemon serves no local socket here")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(30)
+        s.connect(fuzzed.local_socket)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it may close on bad framing at once
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        raw = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk_ := s.recv(1 << 16):
+                raw += chunk_
+    codes = [localrpc.status_code(c) for c in _answers(raw)]
+    assert not set(codes) & BAD_CODES, codes
+    for code in codes or ["closed"]:
+        fuzzed.count("raw frames (local socket)", code)
+    with Client(address=fuzzed.daemon.address, token="tok-fuzz") as c:  # same host: over the local socket
+        assert c.list_sessions("fuzz") is not None
+
+
+FD_KINDS = ["sealed", "sealed", "unsealed", "sparse", "shrink only", "write sealed", "future write sealed", "pipe",
+            "shm file", "directory", "none", "two"]
+F_SEAL_WRITE, F_SEAL_FUTURE_WRITE = 0x8, 0x10
+
+
+def _fds(kind: str, size: int, nonce: bytes, shm_dir: Path) -> list[int]:
+    """The fds a call passes: a memfd of ``size`` bytes (sealed or not, allocated or not), or anything else."""
+    if kind == "none":
+        return []
+    if kind == "pipe":
+        r, w = os.pipe()
+        os.close(w)
+        return [r]
+    if kind == "directory":
+        return [os.open(shm_dir, os.O_RDONLY)]
+    if kind == "shm file":
+        a = shm.Arena.create(shm_dir, size)
+        fd = os.open(a.path, os.O_RDWR)
+        os.unlink(a.path)
+        a.close()
+        return [fd]
+    fd = os.memfd_create("fuzz", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if kind != "sparse":
+        os.posix_fallocate(fd, 0, size)
+    os.pwrite(fd, nonce, 0)
+    seals = {"unsealed": 0, "shrink only": shm.SEAL_SHRINK, "write sealed": shm.SEALS | F_SEAL_WRITE,
+             "future write sealed": shm.SEALS | F_SEAL_FUTURE_WRITE}.get(kind, shm.SEALS)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return [fd, os.dup(fd)] if kind == "two" else [fd]
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_fds_passed_over_the_local_socket(fuzzed: Fuzzed, data: st.DataObject) -> None:
+    """AttachArena (and, now and then, another method) with every kind of fd, size, nonce and path; an
+    arena that is attached then carries a load, is truncated (a sealed one refuses) and is detached.
+    No INTERNAL/UNKNOWN, no dead daemon, and the daemon keeps none of the fds it was passed."""
+    if not fuzzed.local_socket:
+        pytest.skip("the daemon serves no local socket here")
+    local = localrpc.LocalChannel(fuzzed.local_socket)
+    t = Target(fuzzed, "local", local, pb_grpc.KVStoreStub(local))
+    size = 64 << 10
+    nonce = os.urandom(shm.NONCE_BYTES)
+    kind = data.draw(st.sampled_from(FD_KINDS))
+    method = data.draw(st.sampled_from(["AttachArena"] * 6 + METHODS))
+    token = data.draw(user_tokens)
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    req = pb.AttachArenaRequest(size=data.draw(st.one_of(st.just(size), u64)),
+                                nonce=data.draw(st.one_of(st.just(nonce), st.binary(max_size=20))),
+                                path=data.draw(st.one_of(st.just(""), shm_paths(t))))
+    shm_dir = shm.default_shm_dir()
+    assert shm_dir is not None
+    fds = _fds(kind, size, nonce, shm_dir)
+    try:
+        with_fds = local.unary_with_fds(f"/kvstore.v1.KVStore/{method}", _same, _same)
+        try:
+            raw = with_fds(req.SerializeToString() if method == "AttachArena" else b"",
+                           [os.dup(fd) for fd in fds], timeout=60, metadata=metadata)
+            code = grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            raw, code = b"", e.code()  # type: ignore[attr-defined]
+            assert code not in BAD_CODES, (kind, method, req, code, e.details())  # type: ignore[attr-defined]
+        fuzzed.count(f"fds with {'AttachArena' if method == 'AttachArena' else 'another method'} (local socket)",
+                     code)
+        if method == "AttachArena" and code == grpc.StatusCode.OK:
+            arena_id = pb.AttachArenaResponse.FromString(raw).arena_id
+            call(t, "LoadChunks", pb.LoadChunksRequest(namespace="fuzz", keys=SESSIONS[2].keys, arena_id=arena_id),
+                 token)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fds[0], 0)  # refused: only a memfd sealed against shrinking is attached
+            header = pb.SaveHeader(namespace="fuzz", layout_id=TINY16.layout_id, arena_id=arena_id,
+                                   arena_bytes=len(SESSIONS[2].blobs[0]))
+            call(t, "SaveChunks", [pb.SaveChunksRequest(header=header)], token)
+            t.stub.DetachArena(pb.DetachArenaRequest(arena_id=arena_id), timeout=60, metadata=metadata)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        local.close()
+    assert fuzzed.daemon.proc.poll() is None, "the daemon died"

@@ -1,6 +1,6 @@
 """Tenant isolation on a real daemon with per-namespace tokens: with team-a's token, no RPC and no
-carrier (stream, arena, an arena overflowing to the stream) reads, lists, deletes, overwrites or reveals the
-existence of team-b's data.
+carrier (stream, arena, an arena overflowing to the stream), over gRPC or over the local socket that
+same-host clients use by default, reads, lists, deletes, overwrites or reveals the existence of team-b's data.
 
 Every probe is made twice: once naming team-b's real thing (a chunk key, a session id, an arena
 id, an in-flight transfer file) and once naming a random one of the same shape. The two answers
@@ -25,7 +25,7 @@ import grpc
 import pytest
 from daemon_helpers import CODE, Daemon, SyntheticSession, make_session, running_daemon, save_session
 
-from kvstore import shm, transport
+from kvstore import localrpc, shm, transport
 from kvstore.client import Client
 from kvstore.errors import KvstoreError
 from kvstore.keys import ROOT, chain_keys
@@ -170,20 +170,24 @@ def test_a_cannot_touch_or_see_b_sessions(world: World, round_: int) -> None:
         calls: dict[str, Callable[[str, str], object]] = {
             "LoadSession stream": lambda ns, sid: loaded(c.load_session(ns, sid)[1]),
             "LoadSession arena": lambda ns, sid: loaded(arena.load_session(ns, sid, zero_copy=True)[1]),
-            "GetSession": lambda ns, sid: c.get_session(ns, sid),
-            "DeleteSession": lambda ns, sid: c.delete_session(ns, sid),
-            "TouchSession": lambda ns, sid: c.touch_session(ns, sid, Retention(ttl_s=0.001)),
-            "ListSessions": lambda ns, sid: [x.session_id for x in c.list_sessions(ns)],
-            "EvictSession": lambda ns, sid: c.evict(ns, sid, "ssd"),
-            "PrefetchSession": lambda ns, sid: c.prefetch(ns, sid),
         }
+        for transport_, x in (("", c), (" local socket", arena)):  # gRPC, and the same host's default
+            calls.update({
+                f"GetSession{transport_}": lambda ns, sid, x=x: x.get_session(ns, sid),
+                f"DeleteSession{transport_}": lambda ns, sid, x=x: x.delete_session(ns, sid),
+                f"TouchSession{transport_}": lambda ns, sid, x=x: x.touch_session(ns, sid, Retention(ttl_s=0.001)),
+                f"ListSessions{transport_}": lambda ns, sid, x=x: [y.session_id for y in x.list_sessions(ns)],
+                f"EvictSession{transport_}": lambda ns, sid, x=x: x.evict(ns, sid, "ssd"),
+                f"PrefetchSession{transport_}": lambda ns, sid, x=x: x.prefetch(ns, sid),
+            })
+        assert over_local_socket(arena) and not over_local_socket(c)
         for s in world.b_sessions:
             decoy = decoy_session(round_)
             for ns in (A, B):
                 for kind, call in calls.items():
                     code, _ = probe(world, kind, lambda x: call(ns, x.session_id), s, decoy,  # noqa: B023
                                     _keys_and_ids)
-                    assert code != "OK" or kind == "ListSessions"
+                    assert code != "OK" or kind.startswith("ListSessions")
         assert [x.session_id for x in c.list_sessions("")] == ["a1"]
 
 
@@ -192,14 +196,17 @@ def test_a_learns_nothing_from_lookups_commits_and_saves(world: World, round_: i
     d = world.daemon
     with Client(address=d.address, token="tok-a", shared_memory=False) as c, \
             Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as arena:
+        assert over_local_socket(arena)
         for s in world.b_sessions:
             decoy = decoy_session(round_)
             for ns in (A, B):
-                code, text = probe(world, "Lookup", lambda x: c.lookup(ns, x.layout.layout_id,  # noqa: B023
-                                                                        [int(t) for t in x.token_ids]), s, decoy)
-                assert code == "PERMISSION_DENIED" or "cached_tokens=0" in text
+                for kind, x in (("Lookup", c), ("Lookup local socket", arena)):
+                    code, text = probe(world, kind, lambda v: x.lookup(ns, v.layout.layout_id,  # noqa: B023
+                                                                       [int(t) for t in v.token_ids]), s, decoy)
+                    assert code == "PERMISSION_DENIED" or "cached_tokens=0" in text
             # a team-a manifest naming B's chunks: the same refusal as naming chunks nobody stored
             for kind, names in (("CommitSession", lambda x: x.keys), ("CommitSession one chunk", lambda x: x.keys[:1]),
+                                ("CommitSession local socket", lambda x: x.keys),
                                 ("SaveChunks turn", lambda x: x.keys)):
                 def commit(x: object, names: Callable[[SyntheticSession], list[bytes]] = names,
                            kind: str = kind) -> object:
@@ -215,7 +222,7 @@ def test_a_learns_nothing_from_lookups_commits_and_saves(world: World, round_: i
                                         "last_token_ids": last})
                     if kind == "SaveChunks turn":  # no new chunks, a commit naming B's: in one call
                         return arena.save_session(stolen, [])
-                    return c.commit(stolen)
+                    return (arena if "local" in kind else c).commit(stolen)
                 code, _ = probe(world, kind, commit, s, decoy, _keys_and_ids)
                 assert code != "OK"
             # B's chunk bytes saved under A (stream and arena): refused, since keys are namespace-salted
@@ -230,8 +237,20 @@ def test_a_learns_nothing_from_lookups_commits_and_saves(world: World, round_: i
 
 # -- shared memory: arena ids, arena files, transfer files ---------------------------------------------
 def _stub(d: Daemon) -> Iterator[pb_grpc.KVStoreStub]:
+    """A stub over gRPC, then one over the local socket (what same-host clients use by default)."""
     with grpc.insecure_channel(d.address) as channel:
         yield pb_grpc.KVStoreStub(channel)
+        info = pb_grpc.KVStoreStub(channel).GetServerInfo(pb.GetServerInfoRequest(), metadata=META_A, timeout=30)
+    if info.local_socket:
+        local = localrpc.LocalChannel(info.local_socket)
+        yield pb_grpc.KVStoreStub(local)
+        local.close()
+
+
+def over_local_socket(c: Client) -> bool:
+    """Whether a client makes its calls over the daemon's local socket."""
+    c.connect()
+    return c._local is not None
 
 
 def test_a_cannot_use_b_arena_id(world: World) -> None:
