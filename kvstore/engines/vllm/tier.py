@@ -66,7 +66,7 @@ from kvstore.client import Client
 from kvstore.engines.vllm.geometry import EngineGroup, page_layout
 from kvstore.errors import FailedPrecondition, KvstoreError, NotFound
 from kvstore.manifest import Manifest, Retention
-from kvstore.page_layout import PageLayout
+from kvstore.page_layout import GroupSpec, PageLayout
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -149,6 +149,7 @@ class KVStoreTier(SecondaryTierManager):
         self._loads = ThreadPoolExecutor(n_load_threads, thread_name_prefix="kvstore_tier_load")
         self._stores = ThreadPoolExecutor(n_store_threads, thread_name_prefix="kvstore_tier_store")
         self._lookups = _Lookups(self, tier_type)
+        self._local = threading.local()  # each store thread's encode buffer
         if locality is not None:
             from vllm.v1.kv_offload.base import Locality
             self.locality = Locality(locality)
@@ -325,6 +326,12 @@ class KVStoreTier(SecondaryTierManager):
             self._pending -= 1
             self._idle.notify_all()
 
+    def _group(self, key: OffloadKey) -> GroupSpec:
+        g = self.layout.group(get_offload_group_idx(key))
+        if g is None:
+            raise page.PageError(f"vLLM offloads group {get_offload_group_idx(key)}, which this layout lacks")
+        return g
+
     def _slot(self, cid: int, key: OffloadKey) -> memoryview:
         """The bytes of the primary's slot ``cid`` that are ``key``'s group's (geometry.py)."""
         start = cid * self.block_size_bytes
@@ -337,9 +344,7 @@ class KVStoreTier(SecondaryTierManager):
             return False, None
         client = self._client(s.tenant, "store")
         pkeys = [self._key(s.tenant, k) for k in keys]
-        blobs = [page.encode(self.layout, get_offload_group_idx(k), get_offload_block_hash(k), pk,
-                             np.frombuffer(self._slot(cid, k), dtype=np.uint8))
-                 for k, pk, cid in zip(keys, pkeys, cids)]
+        blobs = self._encode(keys, pkeys, cids)
         with s.lock:  # a session's turns are saved one after another: each names all the last one did
             for attempt in range(2):
                 if not s.loaded:
@@ -360,6 +365,22 @@ class KVStoreTier(SecondaryTierManager):
                 s.held.update(new)
                 return True, None
         return False, None
+
+    def _encode(self, keys: list[OffloadKey], pkeys: list[bytes], cids: list[int]) -> list[memoryview]:
+        """The job's page blobs, encoded into one buffer this thread reuses (a fresh buffer per blob
+        would fault in every page; the arena copy that follows reads them while they are warm)."""
+        sizes = [page.blob_bytes(self._group(k), len(get_offload_block_hash(k))) for k in keys]
+        buf: bytearray | None = getattr(self._local, "buf", None)
+        if buf is None or len(buf) < sum(sizes):
+            buf = self._local.buf = bytearray(sum(sizes))
+        view, at, out = memoryview(buf), 0, []
+        for k, pk, cid, n in zip(keys, pkeys, cids, sizes):
+            dest = view[at : at + n]
+            page.encode_into(self.layout, get_offload_group_idx(k), get_offload_block_hash(k), pk,
+                             np.frombuffer(self._slot(cid, k), dtype=np.uint8), dest)
+            out.append(dest)
+            at += n
+        return out
 
     def _catch_up(self, client: Client, s: _Session) -> None:
         """Start from the daemon's version of the session, if it has one."""
