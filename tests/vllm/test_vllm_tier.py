@@ -282,3 +282,16 @@ def test_a_session_only_grows_across_turns_engines_and_restarts(daemon: Daemon) 
         assert_loads(eng, turn1, seed=10)
     finally:
         eng.shutdown()
+
+
+def test_a_backpressure_detector_in_the_tier_config_sees_this_tiers_jobs(daemon: Daemon) -> None:
+    eng = Engine.start([kvstore_tier(daemon.address, backpressure={"backpressure_cls": "EMABackpressureDetector"})])
+    try:
+        det = eng.tiers[0].bp_detector
+        assert det is not None
+        keys = saved(eng, seed=13)
+        assert det.stats and not det.is_under_pressure()
+        eng.drop_primary()
+        assert_loads(eng, keys, seed=13)
+    finally:
+        eng.shutdown()
