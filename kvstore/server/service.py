@@ -272,7 +272,11 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         else:
             allowed = self.auth.namespaces(context.invocation_metadata())
             ms = [m for m in self.sessions.list() if allowed is None or m.namespace in allowed]
-        return pb.ListSessionsResponse(sessions=[convert.summary_to_pb(m) for m in ms])
+        out = pb.ListSessionsResponse(sessions=[convert.summary_to_pb(m) for m in ms])
+        for summary, m in zip(out.sessions, ms):  # an engine's page layout is named by its model
+            if not summary.layout_name and (lay := self.sessions.layouts.page(m.layout_id)) is not None:
+                summary.layout_name = f"{lay.engine}:{lay.name}"
+        return out
 
     @rpc
     async def DeleteSession(self, request: pb.DeleteSessionRequest, context: Any) -> pb.DeleteSessionResponse:
