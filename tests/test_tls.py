@@ -19,7 +19,7 @@ from daemon_helpers import REPO, Daemon, clean_env, make_session, running_daemon
 
 from cli.main import main
 from kvstore.client import Client, ClientTls
-from kvstore.errors import KvstoreError
+from kvstore.errors import Unavailable
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,24 @@ def mtls_daemon(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield d
 
 
-def _fails(address: str, tls: ClientTls | None) -> KvstoreError:
-    with Client(address=address, tls=tls, retries=0, timeout_s=10) as c, pytest.raises(KvstoreError) as e:
+# how a refused TLS handshake reads on the client: the daemon closed the connection (a plaintext
+# client; a client without the certificate mTLS asks for), or the client refused the daemon's certificate
+CLOSED_BY_THE_DAEMON = ("Socket closed", "Connection reset by peer")
+UNKNOWN_ISSUER = ("CERTIFICATE_VERIFY_FAILED",)
+WRONG_NAME = ("Hostname Verification Check failed",)
+
+
+def _fails(daemon: Daemon, tls: ClientTls | None, why: tuple[str, ...], good: ClientTls) -> None:
+    """The call fails at the TLS handshake, for the reason ``why`` names, and not because the daemon
+    is gone: it is alive, and a client with the right credentials is served right after."""
+    with Client(address=daemon.address, tls=tls, retries=0, timeout_s=10) as c, pytest.raises(Unavailable) as e:
         c.list_sessions()
-    return e.value
+    message = str(e.value)
+    assert any(w in message for w in why), message
+    assert "Connection refused" not in message, message  # what a dead daemon's port answers
+    assert daemon.proc.poll() is None, "the daemon died"
+    with Client(address=daemon.address, tls=good, retries=0, timeout_s=10, shared_memory=False) as ok:
+        assert ok.list_sessions() is not None
 
 
 def test_tls_with_the_ca(tls_daemon: Daemon, pki: Pki) -> None:
@@ -118,10 +132,11 @@ def test_tls_with_the_ca(tls_daemon: Daemon, pki: Pki) -> None:
 
 
 def test_tls_refuses_plaintext_and_unknown_cas(tls_daemon: Daemon, pki: Pki) -> None:
-    _fails(tls_daemon.address, None)  # plaintext client
-    _fails(tls_daemon.address, ClientTls(ca_file=str(pki.other_ca)))  # a CA that did not sign it
+    good = ClientTls(ca_file=str(pki.ca))
+    _fails(tls_daemon, None, CLOSED_BY_THE_DAEMON, good)  # plaintext client
+    _fails(tls_daemon, ClientTls(ca_file=str(pki.other_ca)), UNKNOWN_ISSUER, good)  # a CA that did not sign it
     # a name the certificate does not carry
-    _fails(tls_daemon.address, ClientTls(ca_file=str(pki.ca), server_name="kvstore.example.com"))
+    _fails(tls_daemon, ClientTls(ca_file=str(pki.ca), server_name="kvstore.example.com"), WRONG_NAME, good)
 
 
 def test_mtls_needs_a_client_certificate(mtls_daemon: Daemon, pki: Pki) -> None:
@@ -129,8 +144,8 @@ def test_mtls_needs_a_client_certificate(mtls_daemon: Daemon, pki: Pki) -> None:
     with Client(address=mtls_daemon.address, tls=with_cert) as c:
         assert c.health() == "SERVING"
         assert c.list_sessions() == []
-    _fails(mtls_daemon.address, ClientTls(ca_file=str(pki.ca)))  # no client certificate
-    _fails(mtls_daemon.address, None)
+    _fails(mtls_daemon, ClientTls(ca_file=str(pki.ca)), CLOSED_BY_THE_DAEMON, with_cert)  # no client certificate
+    _fails(mtls_daemon, None, CLOSED_BY_THE_DAEMON, with_cert)
 
 
 # -- binding beyond loopback ------------------------------------------------------------------------
