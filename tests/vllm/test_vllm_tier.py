@@ -295,3 +295,33 @@ def test_a_backpressure_detector_in_the_tier_config_sees_this_tiers_jobs(daemon:
         assert_loads(eng, keys, seed=13)
     finally:
         eng.shutdown()
+
+
+def test_concurrent_requests_store_and_load_their_own_bytes(daemon: Daemon) -> None:
+    eng = engine(daemon.address, n_load_threads=3, n_store_threads=3)
+    try:
+        ctxs = [eng.request(f"c{i}") for i in range(8)]
+        keys = [keys_of(block_hashes(f"conc-{i}", 3)) for i in range(8)]
+        for i, (ctx, ks) in enumerate(zip(ctxs, keys)):  # one scheduler step: eight store jobs at once
+            eng.store(ctx, ks, page_filler(100 + i))
+        eng.wait_idle()
+        for ctx in ctxs:
+            eng.finish(ctx)
+        eng.drop_primary()
+        ctxs = [eng.request(f"l{i}") for i in range(8)]
+        pending = {(i, j) for i in range(8) for j in range(len(keys[i]))}
+        while pending:  # every request asks in every step: their promotions run side by side
+            for i, j in sorted(pending):
+                with eng.manager.lock:
+                    r = eng.manager.lookup(keys[i][j], ctxs[i])
+                assert r is not LookupResult.MISS
+                if r is LookupResult.HIT:
+                    pending.discard((i, j))
+            eng.step()
+        for i, ctx in enumerate(ctxs):
+            for j, got in enumerate(eng.read(ctx, keys[i])):
+                n = eng.extent(keys[i][j])
+                assert got[:n] == expected(100 + i, j, len(got))[:n]
+            eng.finish(ctx)
+    finally:
+        eng.shutdown()

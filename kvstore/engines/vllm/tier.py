@@ -24,6 +24,14 @@ configurations. Everything the scheduler calls is non-blocking:
 - a daemon that cannot be reached makes lookups misses and jobs failures for ``down_s`` seconds
   (no call is tried meanwhile): vLLM recomputes, never waits, never sees an exception.
 
+Settings (keys of the tier's config, beside ``type`` and ``module_path``): ``address`` (the daemon,
+default ``$KVSTORE_ADDRESS`` or 127.0.0.1:50151), ``namespace`` and ``token`` (the default tenant),
+``tenants``, ``session_ttl_s`` (86400; 0 = kept until deleted), ``indexer_dtype`` (``mxfp4`` or
+``fp8``: the engine's indexer cache), ``mxfp8_record`` (V4.1's 528-B fp8_ds_mla record, SM100),
+``n_load_threads`` / ``n_store_threads`` (2 each), ``timeout_s`` (10, per call), ``down_s`` (5),
+``arena_bytes`` (32 MiB of shared memory per job thread and tenant), ``locality``, ``backpressure``
+(vLLM's own detector, which sees this tier's job results).
+
 Tenants: ``kv_transfer_params["cache_salt"]`` (or ``"kvstore_tenant"``) names an entry of the
 ``tenants`` map (``{"salt": {"namespace": ..., "token": ...}}``); requests without one use the
 tier's own ``namespace``/``token``; an unknown salt is never offloaded. ``kvstore_session`` names
@@ -123,7 +131,7 @@ class KVStoreTier(SecondaryTierManager):
                  address: str = "", namespace: str = "vllm", token: str = "",
                  tenants: dict[str, dict[str, str]] | None = None, session_ttl_s: float = 86400.0,
                  indexer_dtype: str = "mxfp4", mxfp8_record: bool = False, n_load_threads: int = 2,
-                 n_store_threads: int = 2, timeout_s: float = 10.0, down_s: float = 5.0,
+                 n_store_threads: int = 2, timeout_s: float = 10.0, down_s: float = 5.0, arena_bytes: int = 32 << 20,
                  locality: str | None = None, backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         cfg = offloading_spec.config
@@ -132,12 +140,13 @@ class KVStoreTier(SecondaryTierManager):
         self.tenants = {salt: Tenant(t["namespace"], t.get("token", "")) for salt, t in (tenants or {}).items()}
         self.retention = Retention(ttl_s=session_ttl_s if session_ttl_s > 0 else None)
         self.timeout_s = timeout_s
+        self.arena_bytes = arena_bytes  # per job thread and tenant, when the daemon is on this host
         self.down_s = down_s
         self._down_until = 0.0
         self.layout = self._layout(cfg, indexer_dtype, mxfp8_record)
         self._block_bytes = {g.group: g.block_bytes for g in self.layout.groups}
         self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
-        self._clients: dict[tuple[Tenant, str], Client] = {}
+        self._clients: dict[tuple[Tenant, str, int], Client] = {}
         self._clients_lock = threading.Lock()
         self._registered = False
         self._requests: dict[str, _Request] = {}
@@ -173,12 +182,16 @@ class KVStoreTier(SecondaryTierManager):
 
     # -- the daemon -------------------------------------------------------------------------------
     def _client(self, tenant: Tenant, role: str) -> Client:
-        """One client per tenant and role (loads never wait behind a store's arena)."""
+        """A client of ``tenant`` for this thread: a job thread's own (a zero-copy load reads its
+        blobs in the client's arena, which the next call of that client reuses), or the lookup
+        thread's, which needs no arena."""
+        arena = 0 if role == "lookup" else self.arena_bytes
         with self._clients_lock:
-            c = self._clients.get((tenant, role))
+            c = self._clients.get((tenant, role, threading.get_ident()))
             if c is None:
-                c = Client(address=self.address, token=tenant.token, timeout_s=self.timeout_s, retries=0)
-                self._clients[(tenant, role)] = c
+                c = Client(address=self.address, token=tenant.token, timeout_s=self.timeout_s, retries=0,
+                           shared_memory=arena > 0, arena_bytes=arena)
+                self._clients[(tenant, role, threading.get_ident())] = c
         if not self._registered:
             c.register_layout(self.layout.definition())
             self._registered = True
@@ -244,7 +257,7 @@ class KVStoreTier(SecondaryTierManager):
         if tenant is None or not self._available():
             return [False] * len(keys)
         try:
-            where = self._client(tenant, "load").lookup_keys(tenant.namespace, [self._key(tenant, k) for k in keys])
+            where = self._client(tenant, "lookup").lookup_keys(tenant.namespace, [self._key(tenant, k) for k in keys])
         except (KvstoreError, OSError) as e:
             self._failed("a lookup", e)
             return [False] * len(keys)
