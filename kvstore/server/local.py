@@ -130,14 +130,23 @@ class _Stream:
                 self.fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
         return n
 
+    def _fill(self, n: int) -> int:
+        """At least ``n`` (at most the buffer's size) bytes buffered, unless the peer closed first;
+        how many are."""
+        if self.end - self.start >= n:
+            return self.end - self.start
+        if self.start:  # what is left moves to the front, then the rest is read behind it
+            have = self.end - self.start
+            self.buf[:have] = self.view[self.start : self.end].tobytes()
+            self.start, self.end = 0, have
+        while self.end < n and (k := self._recv_into(self.view[self.end :])):
+            self.end += k
+        return self.end
+
     def _read(self, n: int) -> bytes | bytearray:
         """``n`` bytes, or fewer if the peer closed first."""
-        have = self.end - self.start
-        if have >= n:
-            out = self.view[self.start : self.start + n].tobytes()
-            self.start += n
-            return out
         if n > len(self.buf):  # a large frame: straight into a buffer of its own
+            have = self.end - self.start
             big = bytearray(n)
             big[:have] = self.view[self.start : self.end]
             self.start = self.end = 0
@@ -145,25 +154,32 @@ class _Stream:
             while got < n and (k := self._recv_into(into[got:])):
                 got += k
             return big if got == n else big[:got]
-        if self.start:  # what is left moves to the front, then the rest is read behind it
-            self.buf[:have] = self.view[self.start : self.end].tobytes()
-            self.start, self.end = 0, have
-        while self.end < n and (k := self._recv_into(self.view[self.end :])):
-            self.end += k
-        take = min(n, self.end)
-        self.start = take
-        return self.view[:take].tobytes()
+        take = min(n, self._fill(n))
+        out = self.view[self.start : self.start + take].tobytes()
+        self.start += take
+        return out
 
     def frame(self, at_call: bool = False) -> tuple[int, bytes | bytearray] | None:
         """The next frame (kind, body); None at a clean end between calls (``at_call``)."""
-        head = self._read(HEADER.size)
-        if len(head) < HEADER.size:
-            if at_call and not head:
+        start = self.start
+        if self.end - start >= HEADER.size:  # the usual case: the whole frame is buffered already
+            length, kind = HEADER.unpack_from(self.buf, start)
+            stop = start + HEADER.size + length - 1
+            if length >= 1 and stop <= self.end:
+                self.start = stop
+                return kind, self.view[start + HEADER.size : stop].tobytes()
+        return self._frame(at_call)
+
+    def _frame(self, at_call: bool) -> tuple[int, bytes | bytearray] | None:
+        have = self._fill(HEADER.size)
+        if have < HEADER.size:
+            if at_call and not have:
                 return None
             raise _Protocol("the connection ended inside a frame")
-        length, kind = HEADER.unpack(head)
+        length, kind = HEADER.unpack_from(self.buf, self.start)
         if not 1 <= length <= localrpc.MAX_FRAME:
             raise _Protocol(f"a frame of {length} bytes")
+        self.start += HEADER.size
         body = self._read(length - 1)
         if len(body) < length - 1:
             raise _Protocol("the connection ended inside a frame")
