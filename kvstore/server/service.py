@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from kvstore import __version__, chunk, convert, framing, pbwire, shm, transport
+from kvstore import __version__, chunk, convert, framing, page, pbwire, shm, transport
 from kvstore.errors import InvalidArgument
 from kvstore.framing import Blob
 from kvstore.layout import PRESETS
@@ -55,8 +55,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.carriers = Carriers(shm_dir, min(framing.DEFAULT_MESSAGE_BYTES, max_message_bytes // 2))
         # a saved chunk holds exactly chunk_tokens tokens of a known layout: nothing larger is
         # buffered, whatever size a stream's header declares
-        self.max_chunk_bytes = max(MAX_PAGE_BLOB_BYTES, *(chunk.encoded_size(lay, sessions.config.chunk_tokens)
-                                                         for lay in PRESETS.values()))
+        self.max_chunk_bytes = max(chunk.encoded_size(lay, sessions.config.chunk_tokens) for lay in PRESETS.values())
         #: resume-ahead prefetch (PrefetchSession): its worker is started and stopped by the daemon
         self.prefetcher = Prefetcher(sessions)
 
@@ -168,7 +167,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 self._check_header(context, header)
                 carrier = self._carrier(context, header.arena_id)
                 receiver = transport.Receiver(carrier if header.arena_id else None, copy=True,  # type: ignore[arg-type]
-                                              max_blob=self.max_chunk_bytes)
+                                              max_blob=self._max_blob(bytes(header.layout_id)))
             elif req.HasField("header"):
                 raise InvalidArgument("only the first SaveChunks message may carry a header")
             if req.data:
@@ -184,6 +183,15 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.carriers.count(carrier, streamed)
         return pb.SaveChunksResponse(keys=res.keys, written=res.written,
                                      session=convert.session_to_pb(committed) if committed else None)
+
+    def _max_blob(self, layout_id: bytes) -> int:
+        """The largest blob a save under ``layout_id`` may hold: a chunk of chunk_tokens tokens, or
+        the largest page blob of a registered engine page layout (nothing larger is buffered,
+        whatever a stream declares)."""
+        lay = self.sessions.layouts.page(layout_id)
+        if lay is None:
+            return self.max_chunk_bytes
+        return min(MAX_PAGE_BLOB_BYTES, max(page.blob_bytes(g, page.MAX_HASH_BYTES) for g in lay.groups))
 
     def _check_header(self, context: grpc.aio.ServicerContext, header: pb.SaveHeader) -> None:
         self._ns(context, header.namespace)
