@@ -1,6 +1,6 @@
 """Run inside a mount namespace whose /dev/shm is small (tests/test_hostile_arena.py starts it so):
 ``python tests/small_shm_driver.py TMPDIR``. Starts a daemon there, lets the hostile client
-(tests/hostile_arena.py) attach a sparse arena file larger than that /dev/shm, then checks that the
+(benchmarks/reliability/hostile_client.py) attach a sparse arena file larger than that /dev/shm, then checks that the
 daemon still serves a good client whose 64 MiB arena (a memfd: not in /dev/shm) is larger than
 /dev/shm too. Prints one JSON report."""
 
@@ -14,19 +14,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from daemon_helpers import make_session, running_daemon, save_session
-from test_hostile_arena import EVIL, TOKENS, run_hostile, spec_file
+from test_hostile_arena import EVIL, hostile, spec_file
 
 from kvstore.client import Client
 
 
 def main(tmp: Path) -> int:
     st = os.statvfs("/dev/shm")
-    (tmp / "tokens.toml").write_text(TOKENS)
+    (tmp / "tokens.toml").write_text(hostile.TOKENS)
     good = make_session(namespace="good", session_id="g1", tokens=700, seed=4)
     with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml")) as d:
         with Client(address=d.address, token="tok-evil", shared_memory=False) as c:
             save_session(c, EVIL)
-        hostile = run_hostile(spec_file(d, tmp, sparse_bytes=64 << 20), "file_sparse")
+        answers = hostile.run_case(spec_file(d, tmp, sparse_bytes=64 << 20), "file_sparse")
         alive = d.proc.poll() is None
         with Client(address=d.address, token="tok-good", arena_bytes=64 << 20) as c:
             save_session(c, good)
@@ -34,7 +34,7 @@ def main(tmp: Path) -> int:
             good_client = {"shared_memory": c.uses_shared_memory, "arena_bytes": c.carrier.arena.size
                            if c.uses_shared_memory else 0,  # type: ignore[attr-defined]
                            "loaded_exact": {i: bytes(b) for i, b in chunks} == dict(enumerate(good.blobs))}
-    print(json.dumps({"shm_bytes": st.f_blocks * st.f_frsize, "daemon_alive": alive, "hostile": hostile,
+    print(json.dumps({"shm_bytes": st.f_blocks * st.f_frsize, "daemon_alive": alive, "hostile": answers,
                       "good_client": good_client}))
     return 0
 

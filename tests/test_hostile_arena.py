@@ -1,5 +1,7 @@
-"""A hostile client of the daemon's own user, in a process of its own (tests/hostile_arena.py), does
-what it can to its arena: truncates the file under the daemon, punches its pages out, attaches sparse
+"""A hostile client of the daemon's own user, in a process of its own
+(benchmarks/reliability/hostile_client.py; the long mode is ``benchmarks/bench_hostile.py``), does
+what it can to its arena: truncates the file under the daemon (once, and over and over while its own
+loads and saves run through it), punches its pages out, attaches sparse
 files, unsealed or hugetlbfs memfds, fds that are no memfd, NUL bytes in paths. Before the fix a
 truncated arena killed the daemon with SIGBUS at the next load or save through it, for every tenant.
 Now each step gets a gRPC status, the daemon lives, and another tenant is served byte for byte.
@@ -25,39 +27,12 @@ from daemon_helpers import REPO, Daemon, clean_env, make_session, running_daemon
 from kvstore import shm
 from kvstore.client import Client
 
-TOKENS = '[tokens]\n"tok-evil" = ["evil"]\n"tok-good" = ["good"]\n"tok-admin" = ["*"]\n'
-HOSTILE = REPO / "tests" / "hostile_arena.py"
+sys.path.insert(0, str(REPO))
+from benchmarks.reliability import hostile
+
+HOSTILE_TOKEN = "tok-evil"
 EVIL = make_session(namespace="evil", session_id="e1", tokens=700, seed=3)
 GOOD = make_session(namespace="good", session_id="g1", tokens=700, seed=4)
-CALLS = [f"{m} {t}" for t in ("grpc", "local") for m in ("LoadChunks", "LoadSession", "SaveChunks")]
-TRUNCATED = ("FAILED_PRECONDITION", "the arena file cannot be used: it was truncated")
-
-# what each step of each case must answer: (code, a part of the message); None: any status but a
-# daemon's failure (INTERNAL, UNKNOWN, UNAVAILABLE: a dead daemon)
-EXPECTED: dict[str, dict[str, tuple[str, str] | None]] = {
-    "file_truncated": {"attach": ("OK", ""), **{c: TRUNCATED for c in CALLS}},
-    "file_holes": {"attach": ("OK", ""), **{c: ("OK", "") for c in CALLS}},
-    "file_sparse": {"attach": ("INVALID_ARGUMENT", "is sparse"), **{c: ("INVALID_ARGUMENT", "unknown arena")
-                                                                    for c in CALLS}},
-    "sealed_truncated": {"attach": ("OK", ""), "ftruncate": ("OSError", "Operation not permitted"),
-                         **{c: ("OK", "") for c in CALLS}},
-    "sealed_holes": {"attach": ("OK", ""), **{c: None for c in CALLS}},
-    "memfd_unsealed": {"attach": ("INVALID_ARGUMENT", "not sealed against shrinking"),
-                       **{c: ("INVALID_ARGUMENT", "unknown arena") for c in CALLS}},
-    "memfd_sparse": {"attach": ("INVALID_ARGUMENT", "is sparse")},
-    "memfd_hugetlb": {"attach": ("INVALID_ARGUMENT", "hugetlbfs")},
-    "not_memfds": {"pipe": ("INVALID_ARGUMENT", "not a regular file"),
-                   "shm file": ("INVALID_ARGUMENT", "not sealed against shrinking"),
-                   "disk file": ("INVALID_ARGUMENT", "not a memfd on tmpfs"),
-                   "directory": ("INVALID_ARGUMENT", "not a regular file"),
-                   "two fds": ("INVALID_ARGUMENT", "one memfd, not 2 fds"),
-                   "memfd and a path": ("INVALID_ARGUMENT", "one or the other"),
-                   "wrong size": ("INVALID_ARGUMENT", "is 1048576 bytes, not 2097152"),
-                   "wrong nonce": ("INVALID_ARGUMENT", "does not hold the nonce")},
-    "fds_with_other_calls": {f"GetServerInfo {i}": ("OK", "") for i in range(64)},
-    "nul_paths": {f"{w} {t}": ("INVALID_ARGUMENT", "contains a NUL byte")
-                  for w in ("dir", "name", "long") for t in ("grpc", "local")},
-}
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +40,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     if shm.default_shm_dir() is None:
         pytest.skip("no writable /dev/shm on this host")
     tmp = tmp_path_factory.mktemp("hostile")
-    (tmp / "tokens.toml").write_text(TOKENS)
+    (tmp / "tokens.toml").write_text(hostile.TOKENS)
     with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml")) as d:
-        for token, s in (("tok-evil", EVIL), ("tok-good", GOOD)):
+        for token, s in ((HOSTILE_TOKEN, EVIL), ("tok-good", GOOD)):
             with Client(address=d.address, token=token, shared_memory=False) as c:
                 save_session(c, s)
         yield d
@@ -75,36 +50,18 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 def spec_file(d: Daemon, directory: Path, **extra: object) -> Path:
-    spec = {"address": d.address, "token": "tok-evil", "namespace": EVIL.namespace, "session_id": EVIL.session_id,
-            "keys": [k.hex() for k in EVIL.keys], "layout_id": EVIL.layout.layout_id.hex(),
-            "blob": EVIL.blobs[0].hex(), "scratch": str(directory), **extra}
-    path = directory / "spec.json"
-    path.write_text(json.dumps(spec))
-    return path
-
-
-def run_hostile(spec: Path, case: str, prefix: list[str] | None = None) -> dict[str, list[str]]:
-    """The hostile client's process; its answers, step by step."""
-    done = subprocess.run([*(prefix or []), sys.executable, str(HOSTILE), str(spec), case], cwd=REPO,
-                          env=clean_env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return hostile.write_spec(directory / "spec.json", d.address, EVIL, directory, seconds=0.5, **extra)
 
 
 def fd_count(d: Daemon) -> int:
     return len(os.listdir(f"/proc/{d.proc.pid}/fd"))
 
 
-def check(case: str, got: dict[str, list[str]]) -> None:
-    if got.get("attach", [""])[0] == "SKIPPED":
-        pytest.skip(got["attach"][1])
-    assert set(got) == set(EXPECTED[case]), got
-    for step, want in EXPECTED[case].items():
-        code, details = got[step]
-        if want is None:
-            assert code not in ("INTERNAL", "UNKNOWN", "UNAVAILABLE", "DEADLINE_EXCEEDED", "OSError"), (step, got[step])
-        else:
-            assert code == want[0] and want[1] in details, (step, got[step])
+def check(case: str, answers: dict[str, list[str]]) -> None:
+    if answers.get("attach", [""])[0] == hostile.SKIPPED:
+        pytest.skip(answers["attach"][1])
+    problems = hostile.check(case, answers)
+    assert not problems, problems
 
 
 def the_other_tenant_is_served(d: Daemon) -> None:
@@ -115,10 +72,10 @@ def the_other_tenant_is_served(d: Daemon) -> None:
         assert c.uses_shared_memory
 
 
-@pytest.mark.parametrize("case", list(EXPECTED))
+@pytest.mark.parametrize("case", list(hostile.EXPECTED))
 def test_a_hostile_arena_gets_a_status_and_the_daemon_serves_on(daemon: Daemon, tmp_path: Path, case: str) -> None:
     fds = fd_count(daemon)
-    got = run_hostile(spec_file(daemon, tmp_path), case)
+    got = hostile.run_case(spec_file(daemon, tmp_path), case)
     assert daemon.proc.poll() is None, f"the daemon died: exit {daemon.proc.returncode}; answers {got}"
     check(case, got)
     the_other_tenant_is_served(daemon)

@@ -1,14 +1,17 @@
-"""A hostile same-host client, run as a process of its own: ``python tests/hostile_arena.py SPEC CASE``.
+"""A hostile same-host client, run as a process of its own:
+``python benchmarks/reliability/hostile_client.py SPEC CASE``.
 
 It runs as the daemon's user (the only user the daemon shares memory with) and does to an arena what
-such a client can: truncates its file under the daemon's mapping, punches holes in it, attaches a
-sparse file, a memfd without seals, a hugetlbfs memfd, an fd that is no memfd at all, several fds,
-an arena path with a NUL byte, then calls LoadChunks, LoadSession and SaveChunks through it. Each
-step's answer is printed as one JSON object, ``{step: [status code name, details]}``; the caller
-(tests/test_hostile_arena.py, benchmarks/reliability/hostile.py) decides what each step must get.
-SPEC is a JSON file: ``address``, ``token``, ``namespace``, ``session_id``, ``keys`` (hex) and
-``layout_id`` (hex) of a session this client's token saved, ``blob`` (hex) of its first chunk, and
-``scratch``, a directory for a file on disk.
+such a client can: truncates its file under the daemon (once, or over and over while its own calls
+run through it), punches its pages out, attaches a sparse file, a memfd without seals, a hugetlbfs
+memfd, an fd that is no memfd at all, several fds, an arena path with a NUL byte, then calls
+LoadChunks, LoadSession and SaveChunks through it. Each step's answer is printed as one JSON object,
+``{step: [status code name, details]}`` (for steps repeated while the file is truncated:
+``["COUNTS", json of {code: count}]``); benchmarks/reliability/hostile.py says what each step must
+get. SPEC is a JSON file: ``address``, ``token``, ``namespace``, ``session_id``, ``keys`` (hex) and
+``layout_id`` (hex) of a session this client's token saved, ``blob`` (hex) of its first chunk,
+``scratch``, a directory for a file on disk, and optionally ``seconds`` (how long the in-flight
+cases run) and ``sparse_bytes``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import fcntl
 import json
 import os
 import sys
+import threading
+import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,23 +66,27 @@ class Hostile:
         req = pb.AttachArenaRequest(size=size, nonce=nonce)
         return outcome(lambda: call(req, fds, timeout=30, metadata=self.metadata).arena_id)
 
-    def calls(self, arena_id: str, prefix: str = "") -> dict[str, Outcome]:
+    def call_fns(self, arena_id: str) -> dict[str, Callable[[], Outcome]]:
         """The three calls that touch an arena, named by ``arena_id``, over gRPC and the local socket."""
         s, blob = self.spec, bytes.fromhex(self.spec["blob"])
         keys = [bytes.fromhex(k) for k in s["keys"]]
-        out = {}
+        load_chunks = pb.LoadChunksRequest(namespace=s["namespace"], keys=keys, arena_id=arena_id)
+        load_session = pb.LoadSessionRequest(namespace=s["namespace"], session_id=s["session_id"], arena_id=arena_id)
+        header = pb.SaveHeader(namespace=s["namespace"], layout_id=bytes.fromhex(s["layout_id"]), parent_key=b"",
+                               first_index=0, arena_id=arena_id, arena_bytes=len(blob))
+        md = self.metadata
+        out: dict[str, Callable[[], Outcome]] = {}
         for transport, stub in (("grpc", self.grpc_stub), ("local", self.local_stub)):
-            out[f"{prefix}LoadChunks {transport}"] = outcome(lambda stub=stub: len(list(stub.LoadChunks(
-                pb.LoadChunksRequest(namespace=s["namespace"], keys=keys, arena_id=arena_id), timeout=30,
-                metadata=self.metadata))))
-            out[f"{prefix}LoadSession {transport}"] = outcome(lambda stub=stub: len(list(stub.LoadSession(
-                pb.LoadSessionRequest(namespace=s["namespace"], session_id=s["session_id"], arena_id=arena_id),
-                timeout=30, metadata=self.metadata))))
-            header = pb.SaveHeader(namespace=s["namespace"], layout_id=bytes.fromhex(s["layout_id"]),
-                                   parent_key=b"", first_index=0, arena_id=arena_id, arena_bytes=len(blob))
-            out[f"{prefix}SaveChunks {transport}"] = outcome(lambda stub=stub, header=header: stub.SaveChunks(
-                iter([pb.SaveChunksRequest(header=header)]), timeout=30, metadata=self.metadata).written)
+            out[f"LoadChunks {transport}"] = lambda stub=stub: outcome(
+                lambda: len(list(stub.LoadChunks(load_chunks, timeout=30, metadata=md))))
+            out[f"LoadSession {transport}"] = lambda stub=stub: outcome(
+                lambda: len(list(stub.LoadSession(load_session, timeout=30, metadata=md))))
+            out[f"SaveChunks {transport}"] = lambda stub=stub: outcome(
+                lambda: stub.SaveChunks(iter([pb.SaveChunksRequest(header=header)]), timeout=30, metadata=md).written)
         return out
+
+    def calls(self, arena_id: str) -> dict[str, Outcome]:
+        return {step: fn() for step, fn in self.call_fns(arena_id).items()}
 
 
 def outcome(fn: Callable[[], object]) -> Outcome:
@@ -174,6 +184,59 @@ def sealed_holes(h: Hostile) -> dict[str, Outcome]:
     return out
 
 
+def _in_flight(h: Hostile, arena_id: str, fd: int, out: dict[str, Outcome]) -> dict[str, Outcome]:
+    """The three calls, looping on threads through ``arena_id`` while ``fd`` is truncated to 0 bytes
+    and extended again, over and over, for ``seconds``; each step's answers counted by code."""
+    stop = threading.Event()
+    counts: dict[str, Counter[str]] = {}
+
+    def loop(step: str, fn: Callable[[], Outcome]) -> None:
+        c = counts.setdefault(step, Counter())
+        while not stop.is_set():
+            c[fn()[0]] += 1
+
+    calls = h.call_fns(arena_id)
+    threads = [threading.Thread(target=loop, args=(step, fn), daemon=True) for step, fn in calls.items()]
+    for t in threads:
+        t.start()
+    refused: Counter[str] = Counter()
+    deadline = time.monotonic() + float(h.spec.get("seconds", 1.0))
+    while time.monotonic() < deadline:
+        refused[outcome(lambda: os.ftruncate(fd, 0))[0]] += 1  # the truncations counted
+        time.sleep(0.0005)
+        outcome(lambda: os.ftruncate(fd, SIZE))  # and the file whole again, for the next calls to find
+        time.sleep(0.0005)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    out["ftruncate"] = ["COUNTS", json.dumps(refused)]
+    out.update({step: ["COUNTS", json.dumps(c)] for step, c in counts.items()})
+    return out
+
+
+def file_truncated_in_flight(h: Hostile) -> dict[str, Outcome]:
+    """A /dev/shm file attached by path, truncated and extended again while loads and saves run
+    through it (the daemon's copies of a mapping would fault at random points; pread/pwrite fail)."""
+    arena = shm.Arena.create(h.shm_dir, SIZE)
+    out = {"attach": h.attach_path(arena.path, arena.size, arena.nonce)}
+    fd = os.open(arena.path, os.O_RDWR)
+    os.unlink(arena.path)
+    try:
+        return _in_flight(h, arena_id_of(out["attach"]), fd, out)
+    finally:
+        os.close(fd)
+
+
+def sealed_truncated_in_flight(h: Hostile) -> dict[str, Outcome]:
+    """A sealed memfd, truncated (refused by the kernel) over and over while loads and saves run."""
+    fd, nonce = memfd(SIZE)
+    out = {"attach": h.attach_fds([os.dup(fd)], SIZE, nonce)}
+    try:
+        return _in_flight(h, arena_id_of(out["attach"]), fd, out)
+    finally:
+        os.close(fd)
+
+
 def memfd_unsealed(h: Hostile) -> dict[str, Outcome]:
     """A memfd without seals (it could be truncated under a mapping): refused."""
     fd, nonce = memfd(SIZE, seals=0)
@@ -263,8 +326,9 @@ def nul_paths(h: Hostile) -> dict[str, Outcome]:
 
 
 CASES: dict[str, Callable[[Hostile], dict[str, Outcome]]] = {
-    f.__name__: f for f in (file_truncated, file_holes, file_sparse, sealed_truncated, sealed_holes, memfd_unsealed,
-                            memfd_sparse, memfd_hugetlb, not_memfds, fds_with_other_calls, nul_paths)}
+    f.__name__: f for f in (file_truncated, file_holes, file_sparse, file_truncated_in_flight, sealed_truncated,
+                            sealed_holes, sealed_truncated_in_flight, memfd_unsealed, memfd_sparse, memfd_hugetlb,
+                            not_memfds, fds_with_other_calls, nul_paths)}
 
 
 def connected(spec: dict[str, Any]) -> Iterator[Hostile]:
