@@ -81,6 +81,8 @@ def check(case: str, answers: dict[str, list[str]]) -> list[str]:
     if answers.get("attach", [""])[0] == SKIPPED:
         return []
     want_all = EXPECTED[case]
+    samples = {s: a[1] for s, a in answers.items() if a[0] == "SAMPLES"}  # why a repeated step failed
+    answers = {s: a for s, a in answers.items() if a[0] != "SAMPLES"}
     problems = [f"{case}: step {s!r} missing" for s in want_all if s not in answers]
     problems += [f"{case}: unexpected step {s!r}" for s in answers if s not in want_all]
     for step, want in want_all.items():
@@ -90,7 +92,8 @@ def check(case: str, answers: dict[str, list[str]]) -> list[str]:
         if isinstance(want, frozenset):
             counts = json.loads(details) if code == "COUNTS" else {code: 1}
             if code != "COUNTS" or not counts or set(counts) - want:
-                problems.append(f"{case}: {step}: {code} {details[:200]}, expected only {sorted(want)}")
+                problems.append(f"{case}: {step}: {code} {details[:200]}, expected only {sorted(want)}; "
+                                f"{samples.get(step + ' samples', '')}")
         elif want is None:
             if code in FAILURES:
                 problems.append(f"{case}: {step}: {code} {details[:200]}")
@@ -103,7 +106,8 @@ def calls_in(answers: dict[str, list[str]]) -> Counter[str]:
     """The answers by code, a repeated step's counts included."""
     codes: Counter[str] = Counter()
     for code, details in answers.values():
-        codes.update(json.loads(details) if code == "COUNTS" else {code: 1})
+        if code != "SAMPLES":
+            codes.update(json.loads(details) if code == "COUNTS" else {code: 1})
     return codes
 
 

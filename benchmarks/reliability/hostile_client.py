@@ -189,11 +189,15 @@ def _in_flight(h: Hostile, arena_id: str, fd: int, out: dict[str, Outcome]) -> d
     and extended again, over and over, for ``seconds``; each step's answers counted by code."""
     stop = threading.Event()
     counts: dict[str, Counter[str]] = {}
+    samples: dict[str, str] = {}
 
     def loop(step: str, fn: Callable[[], Outcome]) -> None:
         c = counts.setdefault(step, Counter())
         while not stop.is_set():
-            c[fn()[0]] += 1
+            code, details = fn()
+            c[code] += 1
+            if code != "OK" and f"{code}: " not in samples.get(step, ""):  # one message per code, to tell why
+                samples[step] = samples.get(step, "") + f"{code}: {details[:200]}; "
 
     calls = h.call_fns(arena_id)
     threads = [threading.Thread(target=loop, args=(step, fn), daemon=True) for step, fn in calls.items()]
@@ -211,6 +215,7 @@ def _in_flight(h: Hostile, arena_id: str, fd: int, out: dict[str, Outcome]) -> d
         t.join(60)
     out["ftruncate"] = ["COUNTS", json.dumps(refused)]
     out.update({step: ["COUNTS", json.dumps(c)] for step, c in counts.items()})
+    out.update({f"{step} samples": ["SAMPLES", text] for step, text in samples.items()})
     return out
 
 
