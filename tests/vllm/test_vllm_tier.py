@@ -325,3 +325,18 @@ def test_concurrent_requests_store_and_load_their_own_bytes(daemon: Daemon) -> N
             eng.finish(ctx)
     finally:
         eng.shutdown()
+
+
+def test_jobs_larger_than_the_arena_go_in_arena_sized_batches(daemon: Daemon) -> None:
+    eng = engine(daemon.address, arena_bytes=300_000)  # two or three blobs a batch
+    try:
+        keys = saved(eng, seed=14, blocks=5)
+        eng.drop_primary()
+        assert_loads(eng, keys, seed=14)
+    finally:
+        eng.shutdown()
+    with Client(address=daemon.address) as c:
+        (s,) = c.list_sessions("vllm")
+        assert s.chunks == 10
+        overflow = c.stats().transport
+    assert overflow.arena_calls > 0 and overflow.overflow_calls == 0, overflow

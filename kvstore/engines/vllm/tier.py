@@ -356,8 +356,16 @@ class KVStoreTier(SecondaryTierManager):
         if s is None or not self._available():
             return False, None
         client = self._client(s.tenant, "store")
-        pkeys = [self._key(s.tenant, k) for k in keys]
-        blobs = self._encode(keys, pkeys, cids)
+        for batch in self._batches(keys):  # a turn save per arena's worth (a long prefill's step is more)
+            bkeys = [keys[i] for i in batch]
+            pkeys = [self._key(s.tenant, k) for k in bkeys]
+            self._save(client, s, pkeys, self._encode(bkeys, pkeys, [cids[i] for i in batch]),
+                       [ends[i] for i in batch])
+        return True, None
+
+    def _save(self, client: Client, s: _Session, pkeys: list[bytes], blobs: list[memoryview],
+              ends: list[int | None]) -> None:
+        """One turn save of the session: the new blobs and the manifest naming all it held before."""
         with s.lock:  # a session's turns are saved one after another: each names all the last one did
             for attempt in range(2):
                 if not s.loaded:
@@ -376,8 +384,7 @@ class KVStoreTier(SecondaryTierManager):
                     s.loaded = False
                     continue
                 s.held.update(new)
-                return True, None
-        return False, None
+                return
 
     def _encode(self, keys: list[OffloadKey], pkeys: list[bytes], cids: list[int]) -> list[memoryview]:
         """The job's page blobs, encoded into one buffer this thread reuses (a fresh buffer per blob
@@ -411,20 +418,36 @@ class KVStoreTier(SecondaryTierManager):
         if r.tenant is None or not self._available():
             return False, []
         tenant = r.tenant
+        client = self._client(tenant, "load")
         pkeys = [self._key(tenant, k) for k in keys]
         loaded: set[int] = set()
-        for i, blob in self._client(tenant, "load").load_chunks(tenant.namespace, pkeys, zero_copy=True):
-            try:
-                h = page.check(blob, self.layout, tenant.namespace)
-            except page.PageError as e:
-                log.warning("kvstore tier: block %s refused (%s): a miss", pkeys[i].hex(), e)
-                continue
-            if h.key != pkeys[i]:
-                continue
-            page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i], keys[i]), dtype=np.uint8))
-            loaded.add(i)
+        for batch in self._batches(keys):  # each answer fits the arena: no stream, no copy but the one
+            for j, blob in client.load_chunks(tenant.namespace, [pkeys[i] for i in batch], zero_copy=True):
+                i = batch[j]
+                try:
+                    h = page.check(blob, self.layout, tenant.namespace)
+                except page.PageError as e:
+                    log.warning("kvstore tier: block %s refused (%s): a miss", pkeys[i].hex(), e)
+                    continue
+                if h.key != pkeys[i]:
+                    continue
+                page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i], keys[i]), dtype=np.uint8))
+                loaded.add(i)
         done = [k for i, k in enumerate(keys) if i in loaded]
         return len(loaded) == len(keys), done
+
+    def _batches(self, keys: list[OffloadKey]) -> list[list[int]]:
+        """The job's keys cut into runs whose blobs fit one arena (one batch each, when it is larger)."""
+        out: list[list[int]] = [[]]
+        room = self.arena_bytes
+        for i, k in enumerate(keys):
+            n = page.blob_bytes(self._group(k), len(get_offload_block_hash(k)))
+            if out[-1] and n > room:
+                out.append([])
+                room = self.arena_bytes
+            out[-1].append(i)
+            room -= n
+        return out
 
 
 def _session_id(raw: str) -> str:
