@@ -433,7 +433,7 @@ def _answers(raw: bytes) -> list[int]:
         assert kind in (localrpc.MSG, localrpc.STATUS) and 1 <= length <= localrpc.MAX_FRAME, (kind, length)
         if kind == localrpc.STATUS:
             codes.append(raw[pos + localrpc.HEADER.size])
-        pos += localrpc.HEADER.size + length
+        pos += localrpc.HEADER.size + length - 1  # the length counts the kind byte, part of the header
     assert pos == len(raw), "the daemon's answer ends inside a frame"
     return codes
 
