@@ -207,6 +207,19 @@ def check(blob: bytes | bytearray | memoryview, layout: PageLayout, namespace: s
     return h
 
 
+def check_known(blob: bytes | bytearray | memoryview, layout: PageLayout, key: bytes) -> PageHeader:
+    """``check`` for a reader that knows the key it asked for (the daemon checked the key against
+    the namespace before serving it): the header against the layout and that key, the checksum."""
+    h = read_header(blob)
+    g = layout.group(h.group)
+    if h.key != key or h.layout_id != layout.layout_id or g is None:
+        raise PageError(f"page blob is not the block {key.hex()} of layout {layout.layout_hex}")
+    if h.block_bytes != g.block_bytes or h.compressible_offset != h.header_bytes + g.data_bytes:
+        raise PageError(f"page blob does not have group {h.group}'s geometry")
+    verify_checksum(blob)
+    return h
+
+
 def decode_into(blob: bytes | bytearray | memoryview, layout: PageLayout,
                 dest: memoryview | bytearray | np.ndarray) -> PageHeader:
     """Write a page blob's engine block into ``dest`` (the group's ``block_bytes``), in the

@@ -88,11 +88,11 @@ class GroupSpec:
         if end > self.block_bytes:
             raise PageLayoutError(f"group {self.group}: pages end at byte {end}, past the block's {self.block_bytes}")
 
-    @property
+    @cached_property
     def data_bytes(self) -> int:
         return sum(p.data_bytes for p in self.pages)
 
-    @property
+    @cached_property
     def record_bytes(self) -> int:
         return sum(p.record_bytes for p in self.pages)
 
@@ -159,7 +159,11 @@ class PageLayout:
 
     # -- geometry ---------------------------------------------------------------------------------
     def group(self, index: int) -> GroupSpec | None:
-        return next((g for g in self.groups if g.group == index), None)
+        return self._by_index.get(index)
+
+    @cached_property
+    def _by_index(self) -> dict[int, GroupSpec]:
+        return {g.group: g for g in self.groups}
 
     @property
     def tokens_per_block(self) -> int:

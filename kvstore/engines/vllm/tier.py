@@ -425,11 +425,9 @@ class KVStoreTier(SecondaryTierManager):
             for j, blob in client.load_chunks(tenant.namespace, [pkeys[i] for i in batch], zero_copy=True):
                 i = batch[j]
                 try:
-                    h = page.check(blob, self.layout, tenant.namespace)
+                    page.check_known(blob, self.layout, pkeys[i])
                 except page.PageError as e:
                     log.warning("kvstore tier: block %s refused (%s): a miss", pkeys[i].hex(), e)
-                    continue
-                if h.key != pkeys[i]:
                     continue
                 page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i], keys[i]), dtype=np.uint8))
                 loaded.add(i)
