@@ -400,11 +400,15 @@ FRAME_TOKENS = [(), (("authorization", "Bearer tok-fuzz"),), (("authorization", 
 
 @st.composite
 def local_frames(draw: st.DrawFn) -> bytes:
-    """A connection's bytes: frames of every kind (calls to real and made-up methods, real and random
-    request messages, ends, statuses a client must not send, unknown kinds), whole, cut short, with a
-    length out of range, or garbage."""
+    """A connection's bytes: mostly a well-formed call to a real method first, then frames of every
+    kind (calls to real and made-up methods, real and random request messages, ends, statuses a
+    client must not send, unknown kinds), whole, cut short, with a length out of range, or garbage."""
     out = []
-    for _ in range(draw(st.integers(1, 6))):
+    if draw(st.sampled_from([True, True, False])):  # a well-formed call first, answered before what follows is read
+        out += [localrpc.call_frame(draw(st.sampled_from(METHOD_PATHS)), draw(st.sampled_from(FRAME_TOKENS))),
+                *(localrpc.frame(localrpc.MSG, draw(st.sampled_from(FUZZ_REQUESTS))) for _ in range(draw(
+                    st.sampled_from([1, 1, 1, 0, 2])))), localrpc.frame(localrpc.END)]
+    for _ in range(draw(st.integers(0 if out else 1, 6))):
         kind = draw(st.sampled_from([localrpc.CALL, localrpc.CALL, localrpc.MSG, localrpc.MSG, localrpc.END,
                                      localrpc.STATUS, 0, 9, 255]))
         if kind == localrpc.CALL and draw(st.booleans()):
@@ -415,7 +419,7 @@ def local_frames(draw: st.DrawFn) -> bytes:
         else:
             out.append(localrpc.frame(kind, draw(st.binary(max_size=120))))
     data = b"".join(out)
-    op = draw(st.sampled_from(["whole", "whole", "cut", "bad length", "garbage"]))
+    op = draw(st.sampled_from(["whole", "whole", "whole", "cut", "bad length", "garbage"]))
     if op == "cut":
         return data[: draw(st.integers(0, len(data)))]
     if op == "bad length":
