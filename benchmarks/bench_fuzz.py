@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/bench_fuzz.py                       # 2,000 examples per fuzz test, 20 isolation rounds
     .venv/bin/python benchmarks/bench_fuzz.py --examples 200 --rounds 2    # a quick look
 
-Runs ``tests/test_fuzz.py`` (every RPC: random and malformed messages, chunk bytes, ids, arena ids,
-shm paths, raw request bytes; derandomized, so a rerun makes the same cases) and
+Runs ``tests/test_fuzz.py`` (every RPC, over gRPC and over the local socket: random and malformed
+messages, chunk bytes, ids, arena ids, shm paths, raw request bytes; the local socket's raw frames
+and fds passed with calls; derandomized, so a rerun makes the same cases) and
 ``tests/test_isolation.py`` (team-a's token against team-b's real keys, sessions, arena ids and
 transfer files on every RPC and transfer path, each answer compared with the answer for a
 made-up name) in their long modes, through pytest, with the tests' own assertions: no crash, no

@@ -10,8 +10,8 @@ client and the servicer:
   server/arena_attach.py); one message names their offsets. A batch larger than the arena overflows: what
   fits goes in the arena, the rest on the stream, in the same answer.
 
-A client picks its carrier once, when it connects (``choose_arena``): same host and an arena the
-daemon agreed to map -> arena; anything else -> stream. The daemon builds a carrier per call from
+A client picks its carrier once, when it connects: same host and an arena the daemon accepted
+-> arena; anything else -> stream. The daemon builds a carrier per call from
 what the call names: an arena id (the caller's own, see server/arenas.py) or none.
 """
 
