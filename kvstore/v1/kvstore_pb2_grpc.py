@@ -236,14 +236,20 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def AttachArena(self, request, context):
-        """Same-host: share a client-created memory file (under ServerInfo.shm_dir) that both sides keep
-        mapped. Loads that name the arena are written into it (no file, no page faults per call); the
+        """Same-host: share client-created memory. Loads that name the arena are written into it; the
         client reads the chunks in place. What does not fit follows on the stream, in the same answer.
-        The client deletes the file name once attached.
-        The file must be a regular file with one name, owned by the daemon's user, holding `nonce` at
-        offset 0 (proof that the caller created it: names in /dev/shm are visible to everyone). The
-        arena id works only with the token that attached it; with any other token, and after a daemon
-        restart, it fails like an unknown id: INVALID_ARGUMENT "unknown arena ...", attach again.
+        Two ways (docs/SECURITY.md, docs/LOCAL.md):
+        - over the local socket (ServerInfo.local_socket), a sealed memfd passed with the call
+        (SCM_RIGHTS; path empty): MFD_ALLOW_SEALING, every page allocated (posix_fallocate), sealed
+        with F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, exactly `size` bytes, `nonce` at offset 0; the
+        daemon maps it (no copy) and nothing the client does can shrink it under the daemon;
+        - by path, a file under ServerInfo.shm_dir (stock gRPC clients): a regular file with one name,
+        owned by the daemon's user, every page allocated (fallocate it: a sparse file is refused),
+        `nonce` at offset 0 (names in /dev/shm are visible to everyone). The daemon never maps it: it
+        reads and writes it through its fd, so a file truncated afterwards makes that call
+        FAILED_PRECONDITION, never a dead daemon. The client deletes the name once attached.
+        The arena id works only with the token that attached it; with any other token, and after a
+        daemon restart, it fails like an unknown id: INVALID_ARGUMENT "unknown arena ...", attach again.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
