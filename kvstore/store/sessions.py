@@ -533,13 +533,40 @@ class SessionStore:
         return functools.partial(chunk_matches, key, info, chunk_tokens)
 
     def evict(self, namespace: str, session_id: str, tier: str) -> int:
-        """Move a session's chunks down to ``tier`` (admin: simulate memory pressure)."""
+        """Move a session's chunks down to ``tier`` (admin: simulate memory pressure); how many moved.
+
+        A chunk already there is left alone and not counted (nor is a missing one): a chunk is there
+        when no tier faster than ``tier`` holds it, except the durable tier, which keeps its copy
+        when ``tier`` is below it (a shared tier may expire by TTL). Evict only moves down: a session
+        with a chunk held only by slower tiers is refused before anything moves (prefetch moves
+        chunks up). A chunk that cannot move (a load has it pinned, ``tier`` has no room) fails the
+        call with FailedPrecondition, saying how many did move: the same call again moves the rest."""
         m = self.get(namespace, session_id)
         names = [t.name for t in self.store.tiers]
         if tier not in names:
             raise InvalidArgument(f"unknown tier {tier!r}; this store has {', '.join(names)}")
-        to = names.index(tier)
-        return sum(self.store.demote(k, to) for k in m.chunk_keys)
+        to, durable = names.index(tier), self.store.durable
+        down: list[bytes] = []
+        below: dict[str, int] = defaultdict(int)
+        for k in m.chunk_keys:
+            held = [names.index(n) for n in self.store.where(k)]
+            if not held:
+                continue
+            if min(held) > to:
+                below[names[min(held)]] += 1
+            elif max(held) < to or any(i < to and i != durable for i in held):
+                down.append(k)
+        where = f"{namespace}/{session_id}"
+        if below:
+            n = sum(below.values())
+            raise InvalidArgument(f"evict moves chunks down; use prefetch to move them up ({n} of "
+                                  f"{len(m.chunk_keys)} chunks of {where} are below {tier}: "
+                                  f"{', '.join(f'{t} {c}' for t, c in below.items())})")
+        moved = sum(self.store.demote(k, to) for k in down)
+        if moved < len(down):
+            raise FailedPrecondition(f"{len(down) - moved} chunks of {where} could not move to {tier} (in use by "
+                                     f"a load, or no room there); {moved} moved: evict again to move the rest")
+        return moved
 
     def close(self) -> None:
         self.store.close()
