@@ -1,4 +1,8 @@
-"""Which weights the demo, the benchmarks and the tests run: the trained tiny-16 checkpoint when it is there."""
+"""Which weights the demo, the benchmarks and the tests run: the trained tiny-16 checkpoint when it is there.
+
+The checkpoint and its calibration table ship inside the package (pyproject.toml package-data), so an
+installed kvstore finds them here as a checkout does; `kvstore demo` refuses to run without them
+rather than fall back to random weights unasked."""
 
 from __future__ import annotations
 
@@ -21,4 +25,5 @@ def load_model(checkpoint: str | Path | None = None, device: str | torch.device 
         return Transformer.load_checkpoint(path, device=device), f"trained checkpoint {path.name}"
     if checkpoint:
         raise FileNotFoundError(f"no checkpoint at {path}")
-    return Transformer(fallback or ModelArgs.tiny16(), seed=0, device=device), "seeded random weights (seed 0)"
+    return (Transformer(fallback or ModelArgs.tiny16(), seed=0, device=device),
+            f"seeded random weights (seed 0: no checkpoint at {path})")
