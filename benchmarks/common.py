@@ -1,17 +1,41 @@
-"""Helpers every benchmark shares: median timing and writing the results table."""
+"""Helpers every benchmark shares: median timing and writing the results table.
+
+Where results go, one rule for every benchmark that writes through ``RESULTS`` / ``write_result``:
+``benchmarks/out/`` (untracked: it ignores itself) unless asked, with ``--write`` anywhere on the
+benchmark's command line (or ``KVSTORE_BENCH_WRITE=1``), for ``benchmarks/results/``, the committed
+record the README cites. A run never rewrites tracked files by accident.
+"""
 
 from __future__ import annotations
 
+import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+COMMITTED = Path(__file__).resolve().parent / "results"  # tracked: what the README's tables cite
+SCRATCH = Path(__file__).resolve().parent / "out"  # untracked: where a run writes unless asked
 
-RESULTS = Path(__file__).resolve().parent / "results"
+
+def results_dir(argv: list[str], env: MutableMapping[str, str]) -> Path:
+    """``COMMITTED`` when ``--write`` is in ``argv`` (removed there, before the benchmark's own argument
+    parser sees it, and passed on to child processes through ``KVSTORE_BENCH_WRITE=1``) or
+    ``KVSTORE_BENCH_WRITE=1`` is set; else ``SCRATCH``, made and ignoring itself."""
+    if "--write" in argv[1:]:
+        argv.remove("--write")
+        env["KVSTORE_BENCH_WRITE"] = "1"
+    if env.get("KVSTORE_BENCH_WRITE") == "1":
+        return COMMITTED
+    SCRATCH.mkdir(exist_ok=True)
+    (SCRATCH / ".gitignore").write_text("# benchmark results of runs without --write (benchmarks/common.py)\n*\n")
+    return SCRATCH
+
+
+RESULTS = results_dir(sys.argv, os.environ)
 
 
 def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> float:
@@ -27,6 +51,8 @@ def median_time(fn: Callable[[], object], repeats: int = 7, warmup: int = 1) -> 
 
 
 def machine() -> str:
+    import torch
+
     return (f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, "
             f"torch {torch.__version__}, Python {platform.python_version()}")
 
@@ -38,6 +64,7 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 
 def write_result(name: str, title: str, body: str) -> Path:
+    """``RESULTS / name`` (see the module's docstring for where that is), written; its path."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
     path.write_text(f"# {title}\n\n{body}\n")
@@ -119,6 +146,7 @@ def chunk_session(layout: Any, namespace: str, n_chunks: int, chunk_tokens: int,
     real FP4 codecs and random token ids, the same for every caller with the same seed; keys
     chained under ``namespace``."""
     import numpy as np
+    import torch
 
     from kvstore import chunk, quant
     from kvstore.keys import chain_keys
