@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -38,6 +39,23 @@ def address(text: str) -> str:
     if n == 0:
         raise argparse.ArgumentTypeError(f"port 0 cannot be dialled; got {text!r}")
     return text
+
+
+def int_range(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number ``lo``..``hi`` (no upper bound when ``hi`` is None)."""
+
+    def parse(text: str) -> int:
+        want = f"a whole number {lo}-{hi}" if hi is not None else f"a whole number >= {lo}"
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
+        if n < lo or (hi is not None and n > hi):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {n}")
+        return n
+
+    parse.__name__ = "int"  # argparse names the type in its own messages
+    return parse
 
 
 def log_level(text: str) -> str:

@@ -9,15 +9,17 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from rich import box
 from rich.console import Group
 from rich.table import Table
+from rich.text import Text
 
 from cli import args as check
-from cli.ui import console
+from cli.ui import console, numbers_right
 from kvstore.layout import get_layout, layout_by_id
 
 if TYPE_CHECKING:  # kvstore.client pulls in gRPC: imported only when a command runs
@@ -25,6 +27,8 @@ if TYPE_CHECKING:  # kvstore.client pulls in gRPC: imported only when a command 
     from kvstore.v1 import kvstore_pb2 as pb
 
 BASELINE = "deepseek-v4-flash"
+SERVICE = "kvstore.v1.KVStore"  # the health service names of kvstore/server/health.py
+TIER_HEALTH = "kvstore.tier."
 CLI_TIMEOUT_S = 10.0  # a CLI call should fail in seconds, not retry for a minute
 CLI_RETRIES = 1
 
@@ -41,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--tls-key-file", metavar="PEM", help="client private key, for mutual TLS")
     g.add_argument("--tls-server-name", metavar="NAME", help="name to check the daemon's certificate against")
 
-    p = sub.add_parser("health", parents=[conn], help="is the daemon serving? (exit 0 only when SERVING)")
+    p = sub.add_parser("health", parents=[conn], help="is the daemon serving, and each of its tiers? (exit 0 only "
+                       "when every part is SERVING)")
     p.set_defaults(func=cmd_health)
 
     p = sub.add_parser("stats", parents=[conn], help="per-tier sizes, hits and counters (admin)")
@@ -87,12 +92,12 @@ def _client(args: argparse.Namespace) -> Client:
     tls = ClientTls(**{k: v or "" for k, v in tls_args.items()}) if any(tls_args.values()) else None
     address = args.address
     if address is None:  # $KVSTORE_ADDRESS gets the same check as the flag
-        from cli.main import CliError
+        from cli.main import UsageError
 
         try:
             address = check.address(default_address())
         except argparse.ArgumentTypeError as e:
-            raise CliError(f"$KVSTORE_ADDRESS: {e}") from None
+            raise UsageError(f"$KVSTORE_ADDRESS: {e}") from None
     config = ClientConfig(address=address,
                           token=args.token if args.token is not None else os.environ.get("KVSTORE_TOKEN", ""),
                           tls=tls, timeout_s=CLI_TIMEOUT_S, retries=CLI_RETRIES, backoff_s=0.2)
@@ -100,15 +105,16 @@ def _client(args: argparse.Namespace) -> Client:
 
 
 def with_client(fn: Callable[[Client, argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Open a client for ``fn`` and turn every failure into a one-line CliError."""
+    """Open a client for ``fn`` and turn every failure into a one-line CliError: exit status 2 for what
+    the daemon calls an invalid argument (and unreadable TLS files), 1 for the rest."""
 
     @functools.wraps(fn)
     def run(args: argparse.Namespace) -> int:
         import grpc
 
-        from cli.main import CliError
+        from cli.main import CliError, UsageError
         from kvstore.client import Unauthenticated
-        from kvstore.errors import KvstoreError, PermissionDenied, Unavailable
+        from kvstore.errors import InvalidArgument, KvstoreError, PermissionDenied, Unavailable
 
         client = None
         try:
@@ -122,12 +128,14 @@ def with_client(fn: Callable[[Client, argparse.Namespace], int]) -> Callable[[ar
             raise CliError(f"not authenticated: {_one_line(e)} (pass --token or set $KVSTORE_TOKEN)") from None
         except PermissionDenied as e:
             raise CliError(f"permission denied: {_one_line(e)}") from None
+        except InvalidArgument as e:
+            raise UsageError(_one_line(e) or type(e).__name__) from None
         except KvstoreError as e:
             raise CliError(_one_line(e) or type(e).__name__) from None
         except grpc.RpcError as e:  # a code the client does not map (e.g. DEADLINE_EXCEEDED)
             raise CliError(f"{e.code().name}: {_one_line(e.details())}") from None  # type: ignore[attr-defined]
         except OSError as e:  # unreadable TLS files
-            raise CliError(_one_line(e)) from None
+            raise UsageError(_one_line(e)) from None
         finally:
             if client is not None:
                 client.close()
@@ -165,27 +173,108 @@ def _retention(pinned: bool, ttl_s: float) -> str:
 
 
 # -- commands ---------------------------------------------------------------------------------------
+def health_report(client: Client) -> dict[str, str]:
+    """The status of each part of the daemon (grpc.health.v1; kvstore/server/health.py): "" (the
+    daemon), kvstore.v1.KVStore and kvstore.tier.NAME for each of its tiers, in that order."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from kvstore import wire
+    from kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
+
+    cfg = client.config
+    opts = wire.channel_options(cfg)
+    channel = (grpc.secure_channel(client.address, cfg.tls.credentials(), opts) if cfg.tls
+               else grpc.insecure_channel(client.address, opts))
+    call = {"timeout": cfg.timeout_s, "metadata": wire.metadata(cfg)}
+    stub = health_pb2_grpc.HealthStub(channel)
+
+    def check(service: str) -> str:
+        try:
+            r = stub.Check(health_pb2.HealthCheckRequest(service=service), **call)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]  # a daemon without per-part statuses
+                return "UNKNOWN"
+            raise wire.domain_error(e) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+
+    try:
+        report = {"": check("")}
+        try:
+            tiers = list(kvstore_pb2_grpc.KVStoreStub(channel).GetServerInfo(kvstore_pb2.GetServerInfoRequest(),
+                                                                             **call).tiers)
+        except grpc.RpcError as e:
+            raise wire.domain_error(e) from None
+        for service in (SERVICE, *(TIER_HEALTH + t for t in tiers)):
+            report[service] = check(service)
+        return report
+    finally:
+        channel.close()
+
+
 @with_client
 def cmd_health(client: Client, args: argparse.Namespace) -> int:
-    status = client.health()
-    print(status)
-    return 0 if status == "SERVING" else 1
+    report = health_report(client)
+    failing = {name: status for name, status in report.items() if name and status not in ("SERVING", "UNKNOWN")}
+    overall = report[""]
+    if not failing and overall == "SERVING":
+        print("SERVING")
+        return 0
+    tiers = [n for n in report if n.startswith(TIER_HEALTH)]
+    bad_tiers = [n for n in tiers if n in failing]
+    if overall == "SERVING":
+        print(f"SERVING, degraded: {len(bad_tiers)} of {len(tiers)} tiers not serving (saves still succeed)")
+    else:
+        print(f"{overall}: saves cannot succeed" if failing else overall)
+    errors = _tier_errors(client) if bad_tiers else {}
+    for name, status in failing.items():
+        why = errors.get(name.removeprefix(TIER_HEALTH), "")
+        print(f"  {name} {status}{f': {why}' if why else ''}")
+    if bad_tiers and not errors:
+        print("  (`kvstore stats` with an admin token shows each tier's last error)")
+    return 1
+
+
+def _tier_errors(client: Client) -> dict[str, str]:
+    """Each tier's last error, from Stats: {} when the token is not an admin's."""
+    from kvstore.errors import KvstoreError
+
+    try:
+        return {t.name: t.last_error for t in client.stats().tiers if t.last_error}
+    except KvstoreError:
+        return {}
+
+
+def tiers_table(tiers: Sequence[pb.TierStats], reads: int, title: str | None = "kvstore tiers (fast to slow)"
+                ) -> Table:
+    """One column per tier, one row per counter: as readable at 80 columns as at 200."""
+    t = Table("", *(r.name for r in tiers), title=title, caption="hit rate: the share of all chunk reads this "
+              "tier served", box=box.SIMPLE_HEAD, title_justify="left", caption_justify="left")
+    rows: list[tuple[str, Callable[[pb.TierStats], str]]] = [
+        ("persistent", lambda r: "yes" if r.persistent else "no"),
+        ("used", lambda r: human(r.used_bytes)),
+        ("capacity", lambda r: human(r.capacity_bytes) if r.capacity_bytes else "unlimited"),
+        ("items", lambda r: f"{r.items:,}"),
+        ("hits", lambda r: f"{r.hits:,}"),
+        ("hit rate", lambda r: _pct(r.hits, reads)),
+        ("evictions", lambda r: f"{r.evictions:,}"),
+        ("demotions", lambda r: f"{r.demotions:,}"),
+        ("promotions", lambda r: f"{r.promotions:,}"),
+        ("verify failures", lambda r: f"{r.verify_failures:,}"),
+        ("errors", lambda r: f"{r.errors:,}" + (" [red]degraded[/]" if r.degraded else "")),
+    ]
+    for label, cell in rows:
+        t.add_row(label, *(cell(r) for r in tiers))
+    return numbers_right(t)
 
 
 def stats_view(s: pb.StatsResponse) -> Group:
-    t = Table("tier", "used", "capacity", "items", "hits", "hit rate", "evictions", "demotions", "promotions",
-              "verify failures", "errors", title="kvstore tiers (fast to slow)",
-              caption="hit rate: the share of all chunk reads this tier served")
     reads = s.loaded_chunks + s.missed_chunks
-    for r in s.tiers:
-        errors = str(r.errors) + (" [red]degraded[/]" if r.degraded else "")
-        t.add_row(r.name + (" (persistent)" if r.persistent else ""), human(r.used_bytes),
-                  human(r.capacity_bytes) if r.capacity_bytes else "unlimited", f"{r.items:,}", f"{r.hits:,}",
-                  _pct(r.hits, reads), f"{r.evictions:,}", f"{r.demotions:,}", f"{r.promotions:,}",
-                  f"{r.verify_failures:,}", errors)
-    lines = [t, f"lookups {s.lookups:,}: {s.hit_tokens:,} / {s.requested_tokens:,} tokens hit "
-                f"({_pct(s.hit_tokens, s.requested_tokens)}); chunk reads {s.loaded_chunks:,} served, "
-                f"{s.missed_chunks:,} missed"]
+    lines: list[object] = [
+        tiers_table(s.tiers, reads),
+        f"lookups {s.lookups:,}: {s.hit_tokens:,} / {s.requested_tokens:,} tokens hit "
+        f"({_pct(s.hit_tokens, s.requested_tokens)}); chunk reads {s.loaded_chunks:,} served, "
+        f"{s.missed_chunks:,} missed"]
     b = s.bytes_per_token
     if b.tokens:
         lines.append(f"sessions {s.sessions:,}: {b.tokens:,} distinct tokens stored (a shared prefix counts once), "
@@ -200,8 +289,8 @@ def stats_view(s: pb.StatsResponse) -> Group:
     lines.append(f"prefetch: {p.requested:,} requested ({p.coalesced:,} coalesced, {p.dropped:,} dropped), "
                  f"{p.completed:,} completed, {p.chunks_promoted:,} chunks promoted, {p.chunks_skipped:,} skipped, "
                  f"{p.pending:,} pending")
-    lines += [f"[red]tier {r.name}: last error: {r.last_error}[/]" for r in s.tiers if r.last_error]
-    return Group(*lines)
+    lines += [Text(f"tier {r.name}: last error: {r.last_error}", style="red") for r in s.tiers if r.last_error]
+    return Group(*lines)  # type: ignore[arg-type]
 
 
 @with_client
@@ -217,9 +306,9 @@ def cmd_stats(client: Client, args: argparse.Namespace) -> int:
         console().print(stats_view(client.stats()))
         return 0
     if args.watch <= 0:
-        from cli.main import CliError
+        from cli.main import UsageError
 
-        raise CliError(f"--watch needs a positive number of seconds, got {args.watch:g}")
+        raise UsageError(f"--watch needs a positive number of seconds, got {args.watch:g}")
     from rich.live import Live
 
     con = console()
@@ -285,45 +374,53 @@ def cmd_sessions_rm(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def bytes_per_token_view(b: pb.BytesPerToken) -> Group:
+def baseline(b: pb.BytesPerToken) -> tuple[float, int, bool]:
+    """The V4-Flash-style store beside this one, by one definition (`kvstore bytes-per-token` and the
+    demo both use it): it persists V4-Flash's global KV (3,514.25 B/token at the real geometry; for
+    a miniature such as tiny-16, the same design scaled to it: the formula x 3514.25 / 890) plus one
+    SWA snapshot per live session, the state at its latest turn boundary (what resuming it needs:
+    V4-Flash's 3,214,336 B at the real geometry, the model's own SWA state for a miniature). A store
+    that kept every boundary's snapshot would hold more. (global KV B/token, snapshot bytes, real
+    geometry?)"""
     base, v41 = get_layout(BASELINE), get_layout("deepseek-v4.1-flash")
-    # At the real geometry the baseline is V4-Flash itself; for a miniature (tiny-16, ...) it is the
-    # same design scaled to this model: V4-Flash's global-KV factor over V4.1 (3514.25 / 890), plus
-    # the model's own SWA state at every persisted turn boundary.
     real = abs(b.formula - float(v41.bytes_per_token)) < 1e-6
-    base_bpt = float(base.bytes_per_token) / float(v41.bytes_per_token) * b.formula
-    swa = base.swa_state_bytes if real else b.baseline_swa_snapshot
-    tok = b.tokens
-    uncompressed = (b.payload + b.chunk_overhead + b.manifests) / tok
+    global_kv = float(base.bytes_per_token) / float(v41.bytes_per_token) * b.formula
+    return global_kv, base.swa_state_bytes if real else b.baseline_swa_snapshot, real
 
-    t = Table("", "bytes", "B/token", title=f"persistent bytes per token: {b.sessions} sessions, {tok:,} tokens, "
-                                            f"{b.unique_chunks:,} unique chunks")
-    t.add_row("formula (layout)", "", f"{b.formula:,.2f}")
-    t.add_row("[bold]measured on disk[/]", f"{b.stored + b.lmdb_overhead:,}", f"[bold]{b.measured:,.2f}[/]")
-    t.add_row("uncompressed", f"{b.payload + b.chunk_overhead + b.manifests:,}", f"{uncompressed:,.2f}")
-    t.add_section()
+
+def bytes_per_token_view(b: pb.BytesPerToken, number: str = "") -> Group:
+    """Where the persisted bytes go (the compressed total and its parts, then the uncompressed bytes and
+    theirs: never one added to the other), and the V4-Flash-style baseline (``baseline``)."""
+    tok = b.tokens
+    global_kv, swa, real = baseline(b)
+    factor = float(get_layout(BASELINE).bytes_per_token) / float(get_layout("deepseek-v4.1-flash").bytes_per_token)
+    t = Table("", "bytes", "B/token", box=box.SIMPLE_HEAD, title_justify="left",
+              title=f"{number}persistent bytes per token: {b.sessions} sessions, {tok:,} tokens, {b.unique_chunks:,} "
+                    f"unique chunks (shared chunks once)")
+    t.add_row("layout formula", "", f"{b.formula:,.2f}")
+    t.add_row("[bold]on disk[/] (stored + LMDB overhead)", f"{b.stored + b.lmdb_overhead:,}",
+              f"[bold]{b.measured:,.2f}[/]")
+    t.add_row("  stored values, compressed", f"{b.stored:,}", f"{b.stored / tok:,.2f}")
+    t.add_row("  LMDB overhead (pages)", f"{b.lmdb_overhead:,}", f"{b.lmdb_overhead / tok:,.2f}")
+    unc = b.payload + b.chunk_overhead + b.manifests
+    t.add_row("uncompressed (before zstd)", f"{unc:,}", f"{unc / tok:,.2f}")
     t.add_row("  payload (packed entries)", f"{b.payload:,}", f"{b.payload / tok:,.2f}")
-    t.add_row("  chunk overhead (headers, ids, checksums)", f"{b.chunk_overhead:,}", f"{b.chunk_overhead / tok:,.2f}")
+    t.add_row("  chunk overhead (headers, ids, sums)", f"{b.chunk_overhead:,}", f"{b.chunk_overhead / tok:,.2f}")
     t.add_row("  manifests", f"{b.manifests:,}", f"{b.manifests / tok:,.2f}")
-    t.add_row("  LMDB overhead", f"{b.lmdb_overhead:,}", f"{b.lmdb_overhead / tok:,.2f}")
-    t.add_row("  compression (raw / stored)", f"{b.raw:,} / {b.stored:,}",
+    t.add_row("compression (raw / stored)", f"{b.raw:,} / {b.stored:,}",
               f"{b.raw / b.stored:.3f}x" if b.stored else "-")
 
-    v = Table("V4-Flash-style baseline", "value",
-              title=f"baseline ({BASELINE}{'' if real else ', scaled to this model'})")
-    v.add_row("global KV" if real else f"global KV (formula x {float(base.bytes_per_token) / 890:.2f})",
-              f"{base_bpt:,.2f} B/token")
-    v.add_row("SWA snapshot per persisted turn boundary", f"{swa:,} B")
-    with_swa = base_bpt + swa * b.sessions / tok
-    v.add_row(f"with one snapshot per session ({b.sessions})", f"{with_swa:,.2f} B/token")
-    v.add_section()
-    v.add_row("[bold]baseline / measured[/]", f"[bold]{base_bpt / b.measured:,.2f}x[/]")
-    v.add_row("incl. snapshots / measured", f"{with_swa / b.measured:,.2f}x")
-
-    side = Table.grid(padding=(0, 4))
-    side.add_row(t, v)
-    return Group(side, f"measured {b.measured:,.2f} B/token vs baseline {base_bpt:,.2f} B/token + {swa:,} B "
-                       f"per turn boundary: {base_bpt / b.measured:,.2f}x fewer bytes per token")
+    with_swa = global_kv + swa * b.sessions / tok
+    v = Table("", "B/token", box=box.SIMPLE_HEAD, title_justify="left",
+              title=f"V4-Flash-style store ({BASELINE}{'' if real else ', scaled to this model'})")
+    v.add_row("global KV" if real else f"global KV (formula x {factor:.2f})", f"{global_kv:,.2f} B/token")
+    v.add_row(f"+ SWA snapshot, {swa:,} B per session ({b.sessions})", f"{swa * b.sessions / tok:,.2f} B/token")
+    v.add_row("[bold]= total[/]", f"[bold]{with_swa:,.2f} B/token[/]")
+    ratio = (f"baseline / measured: [bold]{with_swa / b.measured:,.2f}x[/] the bytes per token "
+             f"({global_kv / b.measured:,.2f}x for the global KV alone). The baseline counts one SWA snapshot per "
+             f"session (its latest turn boundary, which a resume needs); keeping one per turn boundary would cost "
+             f"more.")
+    return Group(numbers_right(t), numbers_right(v), ratio)
 
 
 @with_client
@@ -339,10 +436,25 @@ def cmd_bytes_per_token(client: Client, args: argparse.Namespace) -> int:
 @with_client
 def cmd_evict(client: Client, args: argparse.Namespace) -> int:
     moved = client.evict(args.namespace, args.session_id, args.to)
-    _, tiers = client.get_session(args.namespace, args.session_id)
-    where = ", ".join(f"{name} {n}" for name, n in tiers.items()) or "no chunks"
-    print(f"moved {moved} chunks of {args.namespace}/{args.session_id} to {args.to} (chunks now: {where})")
+    m, tiers = client.get_session(args.namespace, args.session_id)
+    now = ", ".join(f"{name} {n}" for name, n in tiers.items()) or "no chunks"
+    missing = tiers.get("missing", 0)
+    already = len(m.chunk_keys) - moved - missing  # the daemon moves every chunk not there, or fails
+    what = f"{args.namespace}/{args.session_id}"
+    if moved:
+        line = f"moved {_count(moved, 'chunk')} of {what} down to {args.to}"
+        line += f", {already} already there" if already else ""
+    elif already:
+        line = f"nothing to move: {'the' if already > 1 else 'its'} {_count(already, 'chunk')} of {what} " \
+               f"{'are' if already > 1 else 'is'} already in {args.to}"
+    else:
+        line = f"nothing to move: {what} has no chunks"
+    print(f"{line}{f', {missing} missing' if missing else ''} (chunks now: {now})")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 @with_client

@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from cli import args as check
-from kvstore.server.config import DaemonConfig, load_config
+from kvstore.server.config import ConfigError, DaemonConfig, load_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -55,7 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.main import CliError
+    """Exit status 2 for what the operator configured wrong (flags, --config, KVSTORE_*, the data dir,
+    TLS files), 1 for a daemon that cannot start here (port or data dir in use, a damaged store)."""
+    from cli.main import CliError, UsageError
     from kvstore.server.daemon import serve, setup_logging
     from kvstore.server.startup import CannotStart
     from kvstore.tiers.base import TierError
@@ -64,11 +66,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = load_config(args.config, overrides=overrides)
         check.log_level(config.log_level)  # it may come from the environment or the TOML file too
-    except (ValueError, OSError, argparse.ArgumentTypeError) as e:
-        raise CliError(str(e)) from None
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        raise UsageError(str(e)) from None
     why = check.check_data_dir(config.data_dir)
     if why:
-        raise CliError(why)
+        raise UsageError(why)
     setup_logging(config)
 
     def ready(port: int) -> None:
@@ -76,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve(config, on_ready=ready))
+    except ConfigError as e:  # TLS files that cannot be used
+        raise UsageError(str(e)) from None
     except CannotStart as e:
         raise CliError(str(e)) from None
     except TierError as e:  # e.g. an LMDB file damaged beyond repair: the message names it

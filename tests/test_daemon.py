@@ -579,7 +579,7 @@ def _one_line_error(r: subprocess.CompletedProcess[str]) -> str:
 
 def test_a_second_daemon_on_a_busy_port_refuses_to_start(daemon: Daemon, tmp_path: Path) -> None:
     r = _serve_again("--port", str(daemon.port), "--data-dir", str(tmp_path / "other"))
-    assert "is another daemon using this port?" in _one_line_error(r)
+    assert f"port {daemon.port} is in use (another kvstore daemon, or another program)" in _one_line_error(r)
 
 
 def test_a_second_daemon_on_the_same_data_dir_refuses_to_start(daemon: Daemon) -> None:

@@ -6,10 +6,13 @@ Environment variables are ``KVSTORE_<FIELD>`` (``KVSTORE_TLS_CERT_FILE`` for nes
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import os
+import re
+import socket
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,33 @@ from kvstore.defaults import DEFAULT_PORT
 from kvstore.store import StoreConfig
 from kvstore.store.config import DEFAULT_HOST_CAPACITY_BYTES
 from kvstore.tiers import HbmTierConfig, HostTierConfig, RedisTierConfig, SsdTierConfig
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; ``keys`` are the settings at fault (``port``, ``tls.cert_file``),
+    so that ``load_config`` can say where their values came from."""
+
+    def __init__(self, message: str, *keys: str) -> None:
+        super().__init__(message)
+        self.keys = keys
+
+
+#: Settings with no flag of their own: a TOML key or a KVSTORE_* variable only.
+FLAGLESS = ("redis_namespace", "promote_on_read", "grace_s", "health_interval_s")
+_FLAGS = {"sync": "--no-sync", "shared_memory": "--no-shared-memory"}
+
+
+def setting(name: str) -> str:
+    """How an operator names a setting: its flag (``--tls-cert-file`` for ``tls.cert_file``), or, for one
+    without a flag, its TOML key and environment variable."""
+    if name in FLAGLESS:
+        return f"{name} (TOML key; ${env_name(name)})"
+    return _FLAGS.get(name) or "--" + name.replace(".", "-").replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    """The environment variable of a setting: ``KVSTORE_PORT``, ``KVSTORE_TLS_CERT_FILE``."""
+    return "KVSTORE_" + name.replace(".", "_").upper()
 
 
 @dataclass(frozen=True)
@@ -60,30 +90,45 @@ class DaemonConfig:
     log_level: str = "INFO"
     allow_insecure_remote: bool = False  # permit a non-loopback bind without TLS and tokens
     grace_s: float = 10.0  # shutdown: in-flight RPCs get this long to finish
+    health_interval_s: float = 5.0  # every tier is probed this often for the health service (server/health.py)
     tls: TlsConfig = field(default_factory=TlsConfig)
 
     def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be 0-65535, got {self.port}")
-        if self.log_format not in ("json", "text"):
-            raise ValueError(f"log_format must be json or text, got {self.log_format!r}")
+        for name, ok, want in _RULES:
+            value = getattr(self, name)
+            if not ok(value):
+                raise ConfigError(f"{setting(name)} must be {want}, got {value!r}", name)
         if bool(self.tls.cert_file) != bool(self.tls.key_file):
-            raise ValueError("TLS needs both cert_file and key_file")
+            given, missing = ("tls.cert_file", "tls.key_file") if self.tls.cert_file else ("tls.key_file",
+                                                                                             "tls.cert_file")
+            raise ConfigError(f"TLS needs both {setting('tls.cert_file')} and {setting('tls.key_file')}: "
+                              f"{setting(given)} is set, {setting(missing)} is not", given)
         if self.tls.client_ca_file and not self.tls.enabled:
-            raise ValueError("mutual TLS (client_ca_file) needs cert_file and key_file too")
+            raise ConfigError(f"mutual TLS ({setting('tls.client_ca_file')}) needs {setting('tls.cert_file')} and "
+                              f"{setting('tls.key_file')} too", "tls.client_ca_file")
         if not self.loopback and not self.allow_insecure_remote and not (self.tls.enabled and self.tokens_file):
-            raise ValueError(f"refusing to listen on {self.host} without TLS and bearer tokens; "
-                             f"configure both or pass --allow-insecure-remote")
+            raise ConfigError(f"refusing to listen on {self.host} (not a loopback address) without TLS and bearer "
+                              f"tokens: configure --tls-cert-file/--tls-key-file and --tokens-file, or pass "
+                              f"--allow-insecure-remote", "host")
         self.store_config()  # validate the store/tier sections now, with their own messages
 
     @property
     def loopback(self) -> bool:
+        """Whether ``host`` is a loopback address, or a name that resolves to loopback addresses only.
+        A name that does not resolve is a ConfigError (it could not be bound either)."""
         if self.host == "localhost":
             return True
         try:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
-            return False
+            pass
+        try:
+            found = socket.getaddrinfo(self.host, None, type=socket.SOCK_STREAM)
+        except (socket.gaierror, UnicodeError) as e:
+            why = e.strerror if isinstance(e, socket.gaierror) else str(e)
+            raise ConfigError(f"--host {self.host!r} does not resolve ({why}): give an address of this host, "
+                              f"e.g. 127.0.0.1 or 0.0.0.0", "host") from None
+        return all(ipaddress.ip_address(str(a[4][0]).split("%")[0]).is_loopback for a in found)
 
     def store_config(self) -> StoreConfig:
         tiers: list[Any] = []
@@ -105,57 +150,136 @@ class DaemonConfig:
                            chunk_tokens=self.chunk_tokens)
 
 
-def _coerce(value: Any, typ: Any, name: str) -> Any:
-    if not isinstance(value, str):
-        return value
+def _nonneg(v: Any) -> bool:
+    return isinstance(v, int | float) and v >= 0
+
+
+_RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
+    ("port", lambda v: isinstance(v, int) and 0 <= v < 65536, "0-65535 (0 picks a free port)"),
+    ("metrics_port", lambda v: isinstance(v, int) and 0 <= v < 65536, "0-65535 (0 = no metrics)"),
+    ("log_format", lambda v: v in ("json", "text"), "json or text"),
+    ("host_capacity_bytes", _nonneg, ">= 0 (0 = unlimited)"),
+    ("ssd_capacity_bytes", _nonneg, ">= 0 (0 = unlimited)"),
+    ("ssd_max_map_bytes", _nonneg, ">= 0 (0 = no limit)"),
+    ("hbm_capacity_bytes", _nonneg, ">= 0 (0 = no HBM tier)"),
+    ("zstd_level", lambda v: isinstance(v, int) and 0 <= v <= 22, "0 (off) to 22"),
+    ("redis_ttl_s", _nonneg, ">= 0 (0 = no expiry)"),
+    ("redis_wait_replicas", _nonneg, ">= 0 (0 = do not wait)"),
+    ("redis_wait_timeout_ms", lambda v: isinstance(v, int | float) and v > 0, "> 0"),
+    ("chunk_tokens", lambda v: isinstance(v, int) and v > 0 and v % 2 == 0, "a positive even number"),
+    ("write_mode", lambda v: v in ("through", "back"), "through or back"),
+    ("grace_s", _nonneg, ">= 0"),
+    ("health_interval_s", lambda v: isinstance(v, int | float) and v > 0, "> 0"),
+)
+
+
+def env_names() -> list[str]:
+    """Every environment variable the daemon's config reads."""
+    names = [env_name(f.name) for f in fields(DaemonConfig) if f.name != "tls"]
+    return names + [env_name(f"tls.{f.name}") for f in fields(TlsConfig)]
+
+
+def _coerce(value: Any, typ: Any, origin: str) -> Any:
+    """``value`` as the setting's type: strings (from the environment, or quoted in TOML) are parsed;
+    anything else must already be of that type."""
     t = str(typ)
-    try:
-        if t == "bool":
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError(value)
-        if t == "int":
-            return int(value)
-        if t == "float":
-            return float(value)
-    except ValueError:
-        raise ValueError(f"{name}: cannot read {value!r} as {t}") from None
+    if isinstance(value, str):
+        try:
+            if t == "bool":
+                if value.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if value.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            if t == "int":
+                return int(value)
+            if t == "float":
+                return float(value)
+        except ValueError:
+            raise ValueError(f"{origin}: cannot read {value!r} as {t}") from None
+        return value
+    ok = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}.get(t, (object,))
+    if not isinstance(value, ok) or (t != "bool" and isinstance(value, bool)):
+        raise ValueError(f"{origin}: must be {'a number' if t == 'float' else t}, got {value!r}")
     return value
+
+
+class _Toml:
+    """A --config file: its settings, and the line each was set on (for messages)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self.text = Path(path).read_text()
+        except OSError as e:
+            raise ConfigError(f"--config {path}: {e.strerror or e}") from None
+        try:
+            self.data = tomllib.loads(self.text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"--config {path}: {e}") from None
+
+    def origin(self, key: str, table: str = "") -> str:
+        """``file line N: key`` (the line where ``key`` is set in ``[table]``), or ``file: key``."""
+        current, pattern = "", re.compile(rf"""\s*(["']?){re.escape(key)}\1\s*=""")
+        for i, line in enumerate(self.text.splitlines(), 1):
+            header = re.match(r"\s*\[\s*([^\]]+?)\s*\]", line)
+            if header:
+                current = header.group(1)
+            elif current == table and pattern.match(line):
+                return f"{self.path} line {i}: {f'{table}.' if table else ''}{key}"
+        return f"{self.path}: {f'{table}.' if table else ''}{key}"
+
+
+def _unknown(toml: _Toml, keys: set[str], known: list[str], table: str = "") -> str:
+    parts = []
+    for key in sorted(keys):
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        parts.append(f"{toml.origin(key, table)} is not a setting" + (f" (did you mean {close[0]!r}?)" if close
+                                                                      else ""))
+    return "; ".join(parts)
 
 
 def load_config(toml_path: str | None = None, env: Mapping[str, str] | None = None,
                 overrides: Mapping[str, Any] | None = None) -> DaemonConfig:
-    """defaults < TOML file < environment (KVSTORE_*) < explicit overrides (CLI flags, None = unset)."""
-    merged: dict[str, Any] = {}
-    tls: dict[str, Any] = {}
+    """defaults < TOML file < environment (KVSTORE_*) < explicit overrides (CLI flags, None = unset).
+    Every error is a ValueError (a ConfigError) in one line that says where the bad value came from:
+    the flag, the variable, or the file and line."""
+    known = {f.name: f.type for f in fields(DaemonConfig) if f.name != "tls"}
+    tls_known = {f.name: f.type for f in fields(TlsConfig)}
+    values: dict[str, Any] = {}  # setting -> value; TLS settings as "tls.NAME"
+    origin: dict[str, str] = {}  # setting -> where its value came from
     if toml_path:
-        data = tomllib.loads(Path(toml_path).read_text())
-        tls.update(data.pop("tls", {}))
-        merged.update(data)
+        toml = _Toml(toml_path)
+        data = dict(toml.data)
+        tls = data.pop("tls", {})
+        if not isinstance(tls, dict):
+            raise ConfigError(f"{toml.origin('tls')}: must be a table ([tls])")
+        if unknown := set(data) - set(known):
+            raise ConfigError(_unknown(toml, unknown, list(known)))
+        if unknown := set(tls) - set(tls_known):
+            raise ConfigError(_unknown(toml, unknown, list(tls_known), "tls"))
+        for k, v in [*data.items(), *((f"tls.{k}", v) for k, v in tls.items())]:
+            table, _, key = k.rpartition(".")
+            values[k], origin[k] = v, toml.origin(key, table)
     env = os.environ if env is None else env
-    for f in fields(DaemonConfig):
-        if f.name == "tls":
-            for tf in fields(TlsConfig):
-                if (v := env.get(f"KVSTORE_TLS_{tf.name.upper()}")) is not None:
-                    tls[tf.name] = v
-        elif (v := env.get(f"KVSTORE_{f.name.upper()}")) is not None:
-            merged[f.name] = v
+    for name in [*known, *(f"tls.{k}" for k in tls_known)]:
+        if (v := env.get(env_name(name))) is not None:
+            values[name], origin[name] = v, f"${env_name(name)}"
     for k, v in (overrides or {}).items():
         if v is None:
             continue
-        if k.startswith("tls_"):
-            tls[k[4:]] = v
-        else:
-            merged[k] = v
-    known = {f.name: f.type for f in fields(DaemonConfig)}
-    unknown = set(merged) - set(known)
-    if unknown:
-        raise ValueError(f"unknown config keys: {', '.join(sorted(unknown))}")
-    tls_known = {f.name: f.type for f in fields(TlsConfig)}
-    if set(tls) - set(tls_known):
-        raise ValueError(f"unknown [tls] keys: {', '.join(sorted(set(tls) - set(tls_known)))}")
-    values = {k: _coerce(v, known[k], k) for k, v in merged.items()}
-    values["tls"] = TlsConfig(**{k: _coerce(v, tls_known[k], f"tls.{k}") for k, v in tls.items()})
-    return DaemonConfig(**values)
+        name = f"tls.{k[4:]}" if k.startswith("tls_") else k
+        if name.removeprefix("tls.") not in (tls_known if name.startswith("tls.") else known):
+            raise ConfigError(f"unknown setting {k!r}")
+        values[name], origin[name] = v, setting(name)
+    typed = {}
+    for name, v in values.items():
+        typ = tls_known[name[4:]] if name.startswith("tls.") else known[name]
+        typed[name] = _coerce(v, typ, origin[name])
+    tls_values = {k[4:]: v for k, v in typed.items() if k.startswith("tls.")}
+    try:
+        return DaemonConfig(**{k: v for k, v in typed.items() if not k.startswith("tls.")},
+                            tls=TlsConfig(**tls_values))
+    except ConfigError as e:
+        where = [origin[k] for k in e.keys if k in origin and origin[k] != setting(k)]
+        raise ConfigError(f"{e} (from {', '.join(where)})" if where else str(e), *e.keys) from None

@@ -14,6 +14,11 @@ from pathlib import Path
 _READY = re.compile(r"kvstore serving on (\S+):(\d+)")
 
 
+class DaemonStartError(RuntimeError):
+    """The daemon exited or did not say it was ready in time; the message is its one-line reason (the
+    ``kvstore: error:`` line it printed) when it gave one, else the end of its log."""
+
+
 class DaemonProcess:
     """``with DaemonProcess(data_dir) as d: Client(address=d.address)``. Stopped with SIGTERM
     (graceful: in-flight RPCs finish, LMDB is closed), or SIGKILL with ``kill()``."""
@@ -31,7 +36,8 @@ class DaemonProcess:
                "--log-format", "text", *self.args]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
+        errors = threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True)
+        errors.start()
         found: list[str] = []
 
         def read_ready() -> None:
@@ -47,7 +53,11 @@ class DaemonProcess:
         t.join(self.start_timeout_s)
         if not found:
             self.kill()
-            raise RuntimeError("kvstore daemon did not start:\n" + "".join(self.log[-20:]))
+            errors.join(5.0)  # what it printed before it exited
+            lines = [line.strip().removeprefix("kvstore: error: ") for line in self.log
+                     if line.startswith("kvstore: error: ")]
+            raise DaemonStartError(lines[-1] if lines else "kvstore daemon did not start:\n" +
+                                   "".join(self.log[-20:]))
         self.address = found[0]
         threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
         return self

@@ -10,8 +10,10 @@ connections between them. Both conditions are refused here, with a one-line reas
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,12 +47,36 @@ def data_dir_lock(data_dir: Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind ``address``; the port it got. A busy port (or a bad address) is CannotStart."""
+def bind(server: grpc.aio.Server, host: str, port: int, credentials: grpc.ServerCredentials | None) -> int:
+    """Bind ``host:port``; the port it got. A busy port (or an address not of this host) is CannotStart,
+    saying which."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        port = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
-    except RuntimeError as e:  # grpc raises "Failed to bind to address ..." on recent versions
-        raise CannotStart(f"cannot listen on {address}: {e} (is another daemon using this port?)") from None
-    if port == 0:  # older grpc versions return 0 instead of raising
-        raise CannotStart(f"cannot listen on {address} (is another daemon using this port?)")
-    return port
+        got = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:  # grpc raises "Failed to bind to address ..." on recent versions, saying no more
+        got = 0
+    if got == 0:  # older grpc versions return 0 instead of raising
+        raise CannotStart(f"cannot listen on {address}: {_why_not(host, port)}")
+    return got
+
+
+def _why_not(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be bound, found by binding it with a plain socket (gRPC does not say)."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        return f"{host} does not resolve ({e.strerror})"
+    for family, kind, proto, _, sockaddr in found:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is not busy
+            try:
+                sock.bind(sockaddr)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    return f"port {port} is in use (another kvstore daemon, or another program)"
+                if e.errno == errno.EADDRNOTAVAIL:
+                    return f"{host} is not an address of this host"
+                if e.errno == errno.EACCES:
+                    return f"permission denied (port {port} needs privileges)"
+                return e.strerror or str(e)
+    return "gRPC could not bind it (GRPC_VERBOSITY=debug shows its reason)"
