@@ -167,3 +167,16 @@ def test_daemons_sharing_sessions_check_the_base_against_the_shared_version(tmp_
         code, message = status_of(lambda: x.commit(dataclasses.replace(s.manifest, metadata={"by": "x"})))
         assert code == grpc.StatusCode.FAILED_PRECONDITION and f"based on version {g1}" in message
         assert y.get_session(ns, "shared")[0].metadata == {"by": "z"}
+
+
+def test_the_retry_of_a_save_that_was_applied_goes_through(sessions: SessionStore) -> None:
+    """A save applied whose answer was lost (a daemon killed after its commit, a dropped connection)
+    is retried with the same base: it stores nothing new, so it is no conflict."""
+    s = build_session("ns", "retry", np.arange(60, dtype=np.uint32))
+    v1 = save(sessions, s)
+    turn = dataclasses.replace(s.manifest(metadata={"turn": "2"}), generation=v1.generation)
+    v2 = sessions.commit(turn)  # applied; say its answer never reached the client
+    again = sessions.commit(turn)  # the retry: same base, same content
+    assert again.metadata == {"turn": "2"} and again.generation > v2.generation
+    with pytest.raises(FailedPrecondition):  # anything else on that base is still stale
+        sessions.commit(dataclasses.replace(turn, metadata={"turn": "3"}))

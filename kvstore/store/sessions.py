@@ -57,6 +57,13 @@ log = logging.getLogger(__name__)
 SessionRef = tuple[str, str]  # (namespace, session id)
 
 
+def same_content(a: Manifest, b: Manifest) -> bool:
+    """Whether two versions of a session store the same thing (their times and stamps aside)."""
+    return (a.layout_id, a.token_count, a.chunk_tokens, a.chunk_keys, a.tail, a.last_token_ids, a.retention,
+            a.metadata) == (b.layout_id, b.token_count, b.chunk_tokens, b.chunk_keys, b.tail, b.last_token_ids,
+                            b.retention, b.metadata)
+
+
 def next_generation(old: Manifest | None, now: float) -> int:
     """The version stamp of a session's next version (``Manifest.generation``): larger than
     ``old``'s, and the store clock's microseconds when that is larger still, so that a session
@@ -305,8 +312,10 @@ class SessionStore:
     def _check_base(self, m: Manifest) -> None:
         """A save based on version ``m.generation`` (0: no base, the save replaces whatever is stored)
         replaces only that version: FailedPrecondition, the stored version kept, if the session was
-        changed since (saved through another client, touched, deleted). With a shared tier a base
-        newer than this daemon's version (loaded through another daemon) catches up first."""
+        changed since (saved through another client, touched, deleted). A save that stores exactly the
+        current version (the retry of a save that was applied but whose answer was lost) is no change
+        and goes through. With a shared tier a base newer than this daemon's version (loaded through
+        another daemon) catches up first."""
         if m.generation == 0:
             return
         ref = (m.namespace, m.session_id)
@@ -314,7 +323,7 @@ class SessionStore:
         if self._shared is not None and (old is None or old.generation != m.generation):
             self._adopt(self._shared.catch_up_session(ref))
             old = self._manifests.get(ref)
-        if old is not None and old.generation == m.generation:
+        if old is not None and (old.generation == m.generation or same_content(old, m)):
             return
         now = f"it is at version {old.generation}" if old is not None else "it was deleted since"
         raise FailedPrecondition(f"session {m.session_id!r} in namespace {m.namespace!r} was changed through another "
