@@ -219,8 +219,8 @@ class AgentSession:
         window, n = model.args.window, len(tokens)
         loaded = len(chunks) * manifest.chunk_tokens + (tail.token_count if not refused else 0)  # KV installed
         if n == 0:  # an empty session: an empty model state, nothing to replay
-            return sess, ResumeReport(mode, 0, 0, fetch_s, 0.0, 0.0, fetched, 0.0 if mode != "reprefill" else None,
-                                      0.0 if mode != "reprefill" else None, 0, 0)
+            kl = 0.0 if mode != "reprefill" else None  # an empty state is exact
+            return sess, ResumeReport(mode, 0, 0, fetch_s, 0.0, 0.0, fetched, kl, kl, refused_chunks=0, loaded_tokens=0)
         default = {"bounded": window, "exact": window * model.args.n_layers, "reprefill": n}[mode]
         r = n if mode == "reprefill" else min(n, replay_tokens if replay_tokens is not None else default)
         # the replay starts r tokens before the end, or before the first token whose KV is not loaded (its KV is
@@ -253,8 +253,9 @@ class AgentSession:
         if expected is None and cal is not None and mode == "bounded" and not refused:
             row = cal.expected(r)
             expected = (row.mean_kl, row.max_kl)
-        return sess, ResumeReport(mode, n, replayed, fetch_s, t2 - t1, t3 - t2, fetched, *(expected or (None, None)),
-                                  refused, loaded)
+        mean_kl, max_kl = expected if expected is not None else (None, None)
+        return sess, ResumeReport(mode, n, replayed, fetch_s, t2 - t1, t3 - t2, fetched, mean_kl, max_kl,
+                                  refused_chunks=refused, loaded_tokens=loaded)
 
 
 def _verified_prefix(m: Manifest, stream: Iterable[tuple[int, Blob]], lay: Layout, namespace: str
