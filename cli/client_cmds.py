@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cli import args as check
-from cli.ui import console, numbers_right
+from cli.ui import console, framed, numbers_right
 from kvstore.layout import get_layout, layout_by_id
 
 if TYPE_CHECKING:  # kvstore.client pulls in gRPC: imported only when a command runs
@@ -271,7 +271,7 @@ def tiers_table(tiers: Sequence[pb.TierStats], reads: int, title: str | None = "
 def stats_view(s: pb.StatsResponse) -> Group:
     reads = s.loaded_chunks + s.missed_chunks
     lines: list[object] = [
-        tiers_table(s.tiers, reads),
+        framed(tiers_table(s.tiers, reads)),
         f"lookups {s.lookups:,}: {s.hit_tokens:,} / {s.requested_tokens:,} tokens hit "
         f"({_pct(s.hit_tokens, s.requested_tokens)}); chunk reads {s.loaded_chunks:,} served, "
         f"{s.missed_chunks:,} missed"]
@@ -334,11 +334,14 @@ def cmd_sessions_ls(client: Client, args: argparse.Namespace) -> int:
     if not sessions:
         print(f"no sessions in namespace {args.namespace!r}" if args.namespace else "no sessions")
         return 0
-    t = Table("namespace", "session", "layout", "tokens", "chunks", "retention", "updated")
+    t = Table("namespace", "session", "layout", "tokens", "chunks", "retention", "updated", box=box.SIMPLE_HEAD,
+              pad_edge=False)
     for x in sessions:
         t.add_row(x.namespace, x.session_id, x.layout_name, f"{x.token_count:,}", f"{x.chunks:,}",
                   _retention(x.retention.pinned, x.retention.ttl_s), _when(x.updated_at))
     con = console()
+    for i in (3, 4):  # tokens, chunks
+        t.columns[i].justify = "right"
     con.print(t)
     con.print(f"{len(sessions)} sessions, {sum(x.token_count for x in sessions):,} tokens in all (a prefix "
               f"shared by several sessions counts in each; `kvstore stats` counts it once)")
@@ -360,7 +363,8 @@ def cmd_sessions_show(client: Client, args: argparse.Namespace) -> int:
     t.add_row("updated", _when(m.updated_at))
     t.add_row("last token ids", f"{len(m.last_token_ids)} kept for replay")
     if m.chunk_keys:
-        t.add_row("first / last chunk key", f"{m.chunk_keys[0].hex()} / {m.chunk_keys[-1].hex()}")
+        t.add_row("first chunk key", m.chunk_keys[0].hex())
+        t.add_row("last chunk key", m.chunk_keys[-1].hex())
     for k, v in sorted(m.metadata.items()):
         t.add_row(f"metadata {k}", v)
     console().print(t)
@@ -395,8 +399,8 @@ def bytes_per_token_view(b: pb.BytesPerToken, number: str = "") -> Group:
     global_kv, swa, real = baseline(b)
     factor = float(get_layout(BASELINE).bytes_per_token) / float(get_layout("deepseek-v4.1-flash").bytes_per_token)
     t = Table("", "bytes", "B/token", box=box.SIMPLE_HEAD, title_justify="left",
-              title=f"{number}persistent bytes per token: {b.sessions} sessions, {tok:,} tokens, {b.unique_chunks:,} "
-                    f"unique chunks (shared chunks once)")
+              title=f"{number}persistent bytes per token: {plural(b.sessions, 'session')}, {tok:,} tokens, "
+                    f"{plural(b.unique_chunks, 'unique chunk')} (shared chunks once)")
     t.add_row("layout formula", "", f"{b.formula:,.2f}")
     t.add_row("[bold]on disk[/] (stored + LMDB overhead)", f"{b.stored + b.lmdb_overhead:,}",
               f"[bold]{b.measured:,.2f}[/]")
@@ -420,7 +424,7 @@ def bytes_per_token_view(b: pb.BytesPerToken, number: str = "") -> Group:
              f"({global_kv / b.measured:,.2f}x for the global KV alone). The baseline counts one SWA snapshot per "
              f"session (its latest turn boundary, which a resume needs); keeping one per turn boundary would cost "
              f"more.")
-    return Group(numbers_right(t), numbers_right(v), ratio)
+    return Group(framed(numbers_right(t)), framed(numbers_right(v)), ratio)
 
 
 @with_client
@@ -442,10 +446,10 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> int:
     already = len(m.chunk_keys) - moved - missing  # the daemon moves every chunk not there, or fails
     what = f"{args.namespace}/{args.session_id}"
     if moved:
-        line = f"moved {_count(moved, 'chunk')} of {what} down to {args.to}"
+        line = f"moved {plural(moved, 'chunk')} of {what} down to {args.to}"
         line += f", {already} already there" if already else ""
     elif already:
-        line = f"nothing to move: {'the' if already > 1 else 'its'} {_count(already, 'chunk')} of {what} " \
+        line = f"nothing to move: {'the' if already > 1 else 'its'} {plural(already, 'chunk')} of {what} " \
                f"{'are' if already > 1 else 'is'} already in {args.to}"
     else:
         line = f"nothing to move: {what} has no chunks"
@@ -453,7 +457,8 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> int:
     return 0
 
 
-def _count(n: int, noun: str) -> str:
+def plural(n: int, noun: str) -> str:
+    """3, "chunk" -> "3 chunks"; 1, "chunk" -> "1 chunk"."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 

@@ -26,7 +26,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cli import args as check
-from cli.ui import console, numbers_right
+from cli.client_cmds import plural
+from cli.ui import console, framed, numbers_right
 from kvstore.server.process import DaemonProcess, DaemonStartError
 
 if TYPE_CHECKING:
@@ -143,7 +144,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--system-tokens + --agents x --turns x --turn-tokens: {e}") from None
     lay = model.args.layout
     con.print(f"[bold]kvstore demo[/]: {lay.name} ({float(lay.bytes_per_token):g} B/token persisted), {weights}; "
-              f"{args.agents} agents share a {args.system_tokens:,}-token system prompt, {args.turns} turns each")
+              f"{plural(args.agents, 'agent')} {'share' if args.agents > 1 else 'with'} a {args.system_tokens:,}-token "
+              f"system prompt, "
+              f"{plural(args.turns, 'turn')} each")
     procs: list[DaemonProcess] = []
     address = args.address
     try:
@@ -193,13 +196,13 @@ def _run(con: Any, args: argparse.Namespace, model: Transformer, text: list[int]
                           where, sent, new, f"{t_save * 1000:.0f}"])
     t = Table("session", "tokens", "cached", "from", "sent", "new", "save ms", box=box.SIMPLE_HEAD,
               title_justify="left",
-              title=f"1. sessions, saved after each of {args.turns} turns (a shared system prompt's chunks are "
-                    f"stored once)",
+              title=f"1. sessions, saved after each of {plural(args.turns, 'turn')} (a shared system prompt's "
+                    f"chunks are stored once)",
               caption="cached: tokens of the first prompt the daemon already held (lookup before turn 1); sent: "
                       "chunks sent over all turns; new: chunks the daemon did not hold yet", caption_justify="left")
     for row in saves:
         t.add_row(*map(str, row))
-    con.print(numbers_right(t))
+    con.print(framed(numbers_right(t)))
 
     # 2. evict everything from memory and restart the daemon
     reference = {s.session_id: s for s in sessions}
@@ -251,7 +254,7 @@ def _run(con: Any, args: argparse.Namespace, model: Transformer, text: list[int]
                 continues.append(f"   {s.session_id}: [italic]{escape(continuation(out))}[/]")
             t.add_row(s.session_id, mode, f"{rep.fetch_s * 1e3:.0f}", f"{rep.install_s * 1e3:.0f}",
                       f"{rep.replay_s * 1e3:.0f}", f"{rep.total_s * 1e3:.0f}", f"{rep.replayed:,}")
-    con.print(numbers_right(t, 2))
+    con.print(framed(numbers_right(t, 2)))
     speed = timing["0:reprefill"] / timing["0:bounded"]
     con.print(f"   bounded resume is [bold]{speed:.1f}x[/] faster than re-prefill "
               f"({timing['0:bounded'] * 1e3:.0f} ms vs {timing['0:reprefill'] * 1e3:.0f} ms, "
@@ -263,7 +266,7 @@ def _run(con: Any, args: argparse.Namespace, model: Transformer, text: list[int]
     con.print(f"   exact replay: the fewest tokens that rebuild the never-evicted state bit for bit, the decoder's "
               f"run plus the encoder layers' receptive field below it ({exact[first]:,} for {first}; "
               f"replay.fidelity.exact_replay_length); bounded replay: the last {model.args.window} tokens.")
-    con.print(numbers_right(fid, 2))
+    con.print(framed(numbers_right(fid, 2)))
     if model.calibration is not None:
         con.print("   exact replay's error is zero; a re-prefill's is not quite, since it runs the decoder over the "
                   "last 128 tokens only and these sessions decoded. On these trained weights bounded replay's "
@@ -303,15 +306,15 @@ def _tradeoff(con: Any, model: Transformer, client: Client, session_id: str, ref
         mx = "-" if rep.expected_max_kl is None else f"{rep.expected_max_kl:.1e}"
         name = label if label.isdigit() else f"{rep.replayed:,} ({label})"
         t.add_row(name, f"{rep.replay_s * 1e3:.0f}", f"{f.mean_kl:.1e}", f"{f.top1_agreement:.0%}", exp, mx)
-    con.print(numbers_right(t))
+    con.print(framed(numbers_right(t)))
 
 
 def _store_report(con: Any, client: Client, restarted: bool) -> None:
     from cli.client_cmds import bytes_per_token_view, tiers_table
 
     st = client.stats()
-    con.print("5. store: where the resumed chunks came from (tiers fast to slow)")
-    con.print(tiers_table(st.tiers, st.loaded_chunks + st.missed_chunks, title=None))
+    con.print(framed(tiers_table(st.tiers, st.loaded_chunks + st.missed_chunks,
+                                 title="5. store: where the resumed chunks came from (tiers fast to slow)")))
     con.print(bytes_per_token_view(st.bytes_per_token, number="6. "))
     if restarted:
         con.print(f"   since the restart: {st.loaded_chunks:,} chunk reads served, {st.missed_chunks} missed; the "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
+from rich import box
 from rich.table import Table
 
-from cli.ui import console
+from cli.ui import console, numbers_right
 from kvstore.layout import PRESETS, get_layout
 
 
@@ -20,25 +21,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    t = Table("layout", "caches", "bytes/token", "SWA state (B/seq)", "persists SWA", "layout id")
+    t = Table("layout", "caches", "B/token", "SWA B/seq", "SWA persisted", box=box.SIMPLE_HEAD,
+              caption="B/token: persisted global KV per token; SWA B/seq: the sliding-window state of one sequence",
+              caption_justify="left")
     for lay in PRESETS.values():
         t.add_row(lay.name, str(len(lay.caches)), f"{float(lay.bytes_per_token):,.2f}",
-                  f"{lay.swa_state_bytes:,}", "yes" if lay.persists_swa else "no", lay.layout_hex)
-    console().print(t)
+                  f"{lay.swa_state_bytes:,}", "yes" if lay.persists_swa else "no")
+    con = console()
+    con.print(numbers_right(t))
+    ids = Table("layout", "layout id", box=box.SIMPLE_HEAD)
+    for lay in PRESETS.values():
+        ids.add_row(lay.name, lay.layout_hex)
+    con.print(ids)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     lay = get_layout(args.name)
-    t = Table("cache", "layer", "m", "channels", "format", "B/entry", "entries/token", "bytes/token",
-              title=f"{lay.name}  (layout id {lay.layout_hex})")
+    t = Table("cache", "m", "ch", "format", "B/entry", "ent/tok", "B/token", box=box.SIMPLE_HEAD,
+              title=f"{lay.name}  (layout id {lay.layout_hex})", title_justify="left",
+              caption="cache: name.L<layer>; m: tokens per entry; ch: channels; B/entry: codes + scales; ent/tok: "
+                      "entries per token",
+              caption_justify="left")
     for c in lay.caches:
-        t.add_row(c.name, str(c.layer), str(c.m), str(c.channels), c.fmt.value,
+        t.add_row(c.name, str(c.m), str(c.channels), c.fmt.value,
                   f"{c.code_bytes}+{c.scale_bytes}={c.entry_bytes}", f"{float(c.entries_per_token):g}",
                   f"{float(c.bytes_per_token):,.2f}")
     t.add_section()
-    t.add_row("total", "", "", "", "", "", f"{float(lay.entries_per_token):g}",
+    t.add_row("total", "", "", "", "", f"{float(lay.entries_per_token):g}",
               f"{float(lay.bytes_per_token):,.1f}")
+    for i in (1, 2, 5, 6):
+        t.columns[i].justify = "right"
     con = console()
     con.print(t)
     fate = "persisted at each turn boundary" if lay.persists_swa else "never persisted: rebuilt by replay"
