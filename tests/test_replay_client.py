@@ -332,8 +332,9 @@ def test_two_clients_saving_one_session_never_overwrite_each_other_silently(daem
         fresh = AgentSession(tiny8, c1, NS, "shared")
         fresh.prefill(text[:10])
         assert fresh.save().tokens == 10
-        with pytest.raises(FailedPrecondition):  # c2 last saw the 450-token version
-            c2.commit(c2.get_session(NS, "shared")[0], base=m.generation)
+        current = c2.get_session(NS, "shared")[0]
+        with pytest.raises(FailedPrecondition):  # a change on a stale base (an explicit one here)
+            c2.commit(dataclasses.replace(current, metadata={**current.metadata, "by": "c2"}), base=m.generation)
         assert c2.get_session(NS, "shared")[0].token_count == 10
 
 

@@ -47,8 +47,9 @@ def test_a_save_on_a_stale_base_fails_and_keeps_the_stored_version(sessions: Ses
     assert save(sessions, s).generation > touched.generation  # no base: replaces whatever is stored
     gen = sessions.get("ns", "s").generation
     sessions.delete("ns", "s")
-    with pytest.raises(FailedPrecondition, match="deleted since"):
-        sessions.commit(dataclasses.replace(s.manifest(), generation=gen))
+    with pytest.raises(FailedPrecondition, match="deleted since"):  # a turn bringing its chunks again
+        sessions.save_session("ns", s.layout.layout_id, s.parent(0), 0, s.blobs,
+                              dataclasses.replace(s.manifest(), generation=gen))
     again = save(sessions, s)  # saved again after the delete: a stamp the old incarnation never had
     assert again.generation > gen
 

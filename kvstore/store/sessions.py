@@ -266,8 +266,8 @@ class SessionStore:
                 later.append(p)
                 continue
             try:
-                self._check_base(t.manifest)
                 self._check_chunks(t.manifest, skip=t.batch)
+                self._check_base(t.manifest)  # after what the request names: its own errors come first
                 if self.config.write_mode == "back":
                     self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in t.batch])
             except Exception as e:  # this turn's own error, raised to its caller
