@@ -340,3 +340,42 @@ def test_jobs_larger_than_the_arena_go_in_arena_sized_batches(daemon: Daemon) ->
         assert s.chunks == 10
         overflow = c.stats().transport
     assert overflow.arena_calls > 0 and overflow.overflow_calls == 0, overflow
+
+
+def test_a_full_store_fails_saves_but_the_tier_keeps_serving_what_it_holds(tmp_path: Path) -> None:
+    d = start_daemon(tmp_path / "data", "--port", str(free_port()), "--ssd-max-map-bytes", str(4 << 20))
+    eng = engine(d.address)
+    try:
+        keys = saved(eng, seed=15, blocks=4)  # ~0.9 MB: fits
+        ctx = eng.request("big")
+        eng.store(ctx, keys_of(block_hashes("too-much", 24)), page_filler(16))  # ~5.5 MB more: refused
+        eng.wait_idle()
+        eng.finish(ctx)
+        assert "RESOURCE_EXHAUSTED" in d.log() or "full" in d.log()
+        eng.drop_primary()
+        assert_loads(eng, keys, seed=15)  # a full disk is no reason to stop reading (it was for 5 s)
+    finally:
+        eng.shutdown()
+        d.stop()
+
+
+def test_one_lookup_call_per_tenant_and_step_however_many_requests_wait(daemon: Daemon) -> None:
+    eng = engine(daemon.address)
+    try:
+        keys = saved(eng, seed=17, blocks=2)
+        eng.drop_primary()
+        with Client(address=daemon.address) as c:
+            before = c.stats().lookups
+        ctxs = [eng.request(f"w{i}") for i in range(6)]
+        for ctx in ctxs:  # six requests ask in the same step
+            with eng.manager.lock:
+                eng.manager.lookup(keys[0], ctx)
+        eng.step()
+        time.sleep(0.5)
+        with Client(address=daemon.address) as c:
+            assert c.stats().lookups - before == 1
+        for ctx in ctxs:
+            assert eng.lookup(ctx, keys[0]) is LookupResult.HIT
+            eng.finish(ctx)
+    finally:
+        eng.shutdown()

@@ -72,7 +72,7 @@ from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManag
 from kvstore import page
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import EngineGroup, page_layout
-from kvstore.errors import FailedPrecondition, KvstoreError, NotFound
+from kvstore.errors import FailedPrecondition, KvstoreError, NotFound, Unavailable
 from kvstore.manifest import Manifest, Retention
 from kvstore.page_layout import GroupSpec, PageLayout
 
@@ -116,12 +116,32 @@ class _Request:
 
 
 class _Lookups(AsyncLookupManager):
+    """vLLM's async lookups (a step's keys resolved on a background thread between steps), asked of
+    the daemon in one ``LookupKeys`` call per tenant and step, not one per request: the base class's
+    worker loop (vLLM 0.33) with its per-request grouping replaced."""
+
     def __init__(self, tier: KVStoreTier, tier_type: str) -> None:
-        super().__init__(tier_type=tier_type)
         self._tier = tier
+        super().__init__(tier_type=tier_type)
 
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
-        return self._tier._batch_lookup(keys, req_context)
+        return self._tier._lookup_keys(self._tier._tenant(req_context), keys)
+
+    def _worker(self) -> None:
+        while True:
+            pending = self._lookup_queue.get()
+            if pending is None:
+                break
+            by_tenant: dict[Tenant | None, list[tuple[OffloadKey, int]]] = {}
+            for key, ctx, generation in pending:
+                by_tenant.setdefault(self._tier._tenant(ctx), []).append((key, generation))
+            results: list[tuple[OffloadKey, int, bool]] = []
+            for tenant, entries in by_tenant.items():
+                keys = list(dict.fromkeys(k for k, _ in entries))
+                found = dict(zip(keys, self._tier._lookup_keys(tenant, keys)))
+                results.extend((k, g, found[k]) for k, g in entries)
+            if results:
+                self._pending_results.put(results)
 
 
 class KVStoreTier(SecondaryTierManager):
@@ -201,6 +221,12 @@ class KVStoreTier(SecondaryTierManager):
         return time.monotonic() >= self._down_until
 
     def _failed(self, what: str, e: Exception) -> None:
+        """A call failed. An unreachable daemon (UNAVAILABLE, a deadline, a socket error) is not
+        asked again for ``down_s``: lookups are misses and jobs failures meanwhile, without a call.
+        Any other answer (a full disk, a refused blob) fails only its own call: the daemon is up."""
+        if not _unreachable(e):
+            log.warning("kvstore tier: %s failed: %s: %s", what, type(e).__name__, e)
+            return
         if self._available():
             log.warning("kvstore tier: %s failed (%s); treating kvstore as down for %.0f s", what, e, self.down_s)
         self._down_until = time.monotonic() + self.down_s
@@ -252,13 +278,13 @@ class KVStoreTier(SecondaryTierManager):
             return LookupResult.HIT
         return LookupResult.MISS
 
-    def _batch_lookup(self, keys: list[OffloadKey], ctx: ReqContext) -> list[bool]:
-        tenant = self._tenant(ctx)
+    def _lookup_keys(self, tenant: Tenant | None, keys: list[OffloadKey]) -> list[bool]:
+        """Which of ``keys`` the daemon holds for ``tenant`` (the lookup thread; a failure is misses)."""
         if tenant is None or not self._available():
             return [False] * len(keys)
         try:
             where = self._client(tenant, "lookup").lookup_keys(tenant.namespace, [self._key(tenant, k) for k in keys])
-        except (KvstoreError, OSError) as e:
+        except Exception as e:  # any failure is misses, never the engine's exception
             self._failed("a lookup", e)
             return [False] * len(keys)
         return [w is not None for w in where]
@@ -329,7 +355,7 @@ class KVStoreTier(SecondaryTierManager):
             ok, done = fn(*args)
         except Exception as e:  # any failure is the job's, never the engine's
             if isinstance(e, (KvstoreError, OSError)):
-                self._failed("a transfer", e)
+                self._failed(f"job {job_id}", e)
             else:
                 log.exception("kvstore tier: job %d failed", job_id)
             ok = False
@@ -446,6 +472,11 @@ class KVStoreTier(SecondaryTierManager):
             out[-1].append(i)
             room -= n
         return out
+
+
+def _unreachable(e: Exception) -> bool:
+    """Whether a failed call says the daemon cannot be reached (rather than answering no)."""
+    return isinstance(e, (Unavailable, OSError)) or type(e) is KvstoreError  # KvstoreError: a deadline
 
 
 def _session_id(raw: str) -> str:
