@@ -15,7 +15,7 @@ Measured per side: store GB/s (``complete_store`` of every job -> every job fini
 (``drop_primary``, then the scheduler's lookups -> promotions -> every key HIT), lookup latencies,
 bytes at rest per token (``du``), restart -> first hit, a cold load after the restart, what survives
 a SIGKILL mid-store (of the engine; of the daemon), and what a full disk does. Writes
-benchmarks/results/vllm_tier.{md,json,png}.
+vllm_tier.{md,json,png} to benchmarks/results/ with --write, else to benchmarks/out/ (benchmarks/common.py).
 """
 
 from __future__ import annotations
@@ -40,9 +40,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import vllm_tier_workload as W
+from benchmarks.common import results_dir
 
 REPO = W.REPO
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = results_dir(sys.argv, os.environ)  # benchmarks/results/ with --write, else benchmarks/out/
 log = logging.getLogger("bench_vllm_tier")
 STEP_S = 0.010  # the rest of a scheduler step (--step-ms)
 
@@ -1163,7 +1164,8 @@ def main() -> int:
     ap.add_argument(
         "--out",
         default=None,
-        help="results prefix (default benchmarks/results/vllm_tier; --quick: /tmp/vllm_tier.quick)",
+        help="results prefix (default benchmarks/out/vllm_tier, with --write benchmarks/results/vllm_tier; "
+        "--quick: /tmp/vllm_tier.quick)",
     )
     ap.add_argument("--no-crash", action="store_true")
     ap.add_argument("--no-full-disk", action="store_true")
