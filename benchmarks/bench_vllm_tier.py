@@ -1189,6 +1189,8 @@ def main() -> int:
         return 2
     out_prefix = Path(a.out) if a.out else (Path("/tmp/vllm_tier.quick") if a.quick else RESULTS / "vllm_tier")
     cmd = ".venv-vllm/bin/python benchmarks/bench_vllm_tier.py" + "".join(f" {x}" for x in sys.argv[1:])
+    if os.environ.get("KVSTORE_BENCH_WRITE") == "1":
+        cmd += " --write"
     try:
         info = machine_info(base)
         print(f"machine: {info['cores']} cores, {info['work_dir_fs']}, dd {info['dd']}", flush=True)
