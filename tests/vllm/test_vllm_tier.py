@@ -379,3 +379,24 @@ def test_one_lookup_call_per_tenant_and_step_however_many_requests_wait(daemon: 
             eng.finish(ctx)
     finally:
         eng.shutdown()
+
+
+def test_a_session_of_another_layout_is_never_overwritten(daemon: Daemon) -> None:
+    """An agent session of the reference client (token chunks) and a vLLM request naming the same
+    session: the tier fails its own store jobs rather than replace the other session."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from daemon_helpers import make_session, save_session
+
+    with Client(address=daemon.address) as c:
+        save_session(c, make_session(namespace="vllm", session_id="shared-name"))
+        before = c.get_session("vllm", "shared-name")[0]
+    eng = engine(daemon.address)
+    try:
+        ctx = eng.request("r", {"kvstore_session": "shared-name"})
+        eng.store(ctx, keys_of(block_hashes("clash", 2)), page_filler(18))
+        eng.wait_idle()
+        eng.finish(ctx)
+    finally:
+        eng.shutdown()
+    with Client(address=daemon.address) as c:
+        assert c.get_session("vllm", "shared-name")[0].chunk_keys == before.chunk_keys

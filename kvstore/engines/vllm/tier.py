@@ -104,6 +104,7 @@ class _Session:
     session_id: str
     held: dict[bytes, int] = field(default_factory=dict)  # page key -> end token (0: not known here)
     loaded: bool = False  # the daemon's version was read
+    version: int = 0  # the version last saved or read: the base of the next save, whichever thread makes it
     lock: threading.Lock = field(default_factory=threading.Lock)  # one turn save at a time
 
 
@@ -403,7 +404,7 @@ class KVStoreTier(SecondaryTierManager):
                              (*s.held, *new), b"", (), retention=self.retention,
                              metadata={"engine": "vllm", "model": self.layout.name})
                 try:
-                    client.save_session(m, fresh)
+                    s.version = client.save_session(m, fresh, base=s.version).manifest.generation
                 except FailedPrecondition:  # saved meanwhile through another engine or daemon: merge, once
                     if attempt:
                         raise
@@ -434,7 +435,11 @@ class KVStoreTier(SecondaryTierManager):
             m, _ = client.get_session(s.tenant.namespace, s.session_id)
         except NotFound:
             m = None
-        if m is not None and m.layout_id == self.layout.layout_id:
+        if m is not None and m.layout_id != self.layout.layout_id:  # never clobber another kind of session
+            raise FailedPrecondition(f"session {s.session_id!r} of namespace {s.tenant.namespace!r} holds another "
+                                     f"layout's data ({m.layout_id.hex()}): its blocks are not saved under it")
+        s.version = m.generation if m is not None else 0
+        if m is not None:
             s.held = {**dict.fromkeys(m.chunk_keys, 0), **s.held}
             if m.chunk_keys:
                 s.held[m.chunk_keys[-1]] = max(s.held[m.chunk_keys[-1]], m.token_count)
