@@ -10,26 +10,29 @@ still verified against the token ids stored in the chunk: a collision is a miss,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import xxhash
 
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Sequence
+
+    import torch
 
 KEY_BYTES = 16
 ROOT = bytes(KEY_BYTES)  # the parent of a sequence's first chunk
 _DOMAIN = b"kvstore.chunk.v1\x00"
 
-TokenIds = "Sequence[int] | np.ndarray | torch.Tensor"
+TokenIds: TypeAlias = "Sequence[int] | np.ndarray | torch.Tensor"
 
 
 def token_bytes(token_ids: TokenIds) -> bytes:
     """Token ids as little-endian uint32: the canonical form for hashing and storing."""
-    if hasattr(token_ids, "detach"):  # a torch tensor (torch is not imported here: CLI start-up stays fast)
-        token_ids = token_ids.detach().cpu().numpy()
-    arr = np.asarray(token_ids)
+    detach = getattr(token_ids, "detach", None)  # a torch tensor (torch is not imported here: CLI start-up stays fast)
+    if detach is not None:
+        token_ids = detach().cpu().numpy()
+    arr: np.ndarray = np.asarray(token_ids)
     if arr.ndim != 1:
         raise ValueError(f"token ids must be 1-D, got shape {arr.shape}")
     if arr.size and (arr.min() < 0 or arr.max() > 0xFFFFFFFF):

@@ -141,7 +141,7 @@ def _stream_chunks(mv: memoryview) -> StreamChunks:
             while pos < len(value):
                 i, pos = _varint(value, pos)
                 indices.append(i)
-        elif field == 2:
+        elif field == 2 and isinstance(value, int):
             indices.append(value)
         else:
             raise _Unknown

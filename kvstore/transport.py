@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
@@ -75,7 +75,7 @@ class Carrier(ABC):
         self.message_bytes = message_bytes
 
     @abstractmethod
-    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
         """The batch, one piece per message, produced lazily in index order (a miss is simply left out)."""
 
     def receiver(self, copy: bool = True) -> Receiver:
@@ -83,7 +83,7 @@ class Carrier(ABC):
         until the carrier's next batch."""
         return Receiver(None, copy)
 
-    def stream(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
+    def stream(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
         index: list[int] = []
 
         def blobs() -> Iterator[Blob]:
@@ -98,7 +98,7 @@ class Carrier(ABC):
 class StreamCarrier(Carrier):
     name = STREAM
 
-    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
         return self.stream(items)
 
 
@@ -114,7 +114,7 @@ class ArenaCarrier(Carrier):
         self.arena_id = arena_id
         self.overflowed = False  # the last batch did not fit whole (the daemon counts these)
 
-    def send(self, items: Iterable[tuple[int, Blob]]) -> Iterator[Piece]:
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
         self.overflowed = False
         handle = pb.ShmHandle(arena_id=self.arena_id)
         arena, off = self.arena, 0

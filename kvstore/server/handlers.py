@@ -28,8 +28,8 @@ class Undecodable:
         self.reason = f"request is not a valid {message_type} message: {error}"
 
 
-def _lenient(cls: Any) -> Callable[[bytes], Any]:
-    def parse(data: bytes) -> Any:
+def _lenient(cls: Any) -> Callable[[bytes | bytearray], Any]:
+    def parse(data: bytes | bytearray) -> Any:
         try:
             return cls.FromString(data)
         except Exception as e:  # any failure to parse client bytes is the client's error
@@ -55,7 +55,7 @@ class Method(NamedTuple):
     (server/local.py)."""
 
     handler: Callable[..., Any]
-    deserialize: Callable[[bytes], Any]
+    deserialize: Callable[[bytes | bytearray], Any]
     serialize: Callable[[Any], bytes]
     client_streaming: bool
     server_streaming: bool

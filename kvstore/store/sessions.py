@@ -17,6 +17,7 @@ Invariants:
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import functools
 import logging
@@ -435,7 +436,7 @@ class SessionStore:
             self._forget(freed)
         return len(gone)
 
-    def _adopt(self, updates: list[Update]) -> None:
+    def _adopt(self, updates: builtins.list[Update]) -> None:
         """Index the versions other daemons published (shared_manifests.py), in memory."""
         if not updates:
             return
@@ -476,7 +477,7 @@ class SessionStore:
             self.hits.hit_tokens += cached
         return LookupResult(cached, len(token_ids), n, dict(tiers))
 
-    def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
+    def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> builtins.list[str | None]:
         """For each key (an engine block's, or a chunk's), the fastest tier holding a copy that this
         store validated for ``namespace``, or None. As ``lookup``: the index and presence, not the
         bytes (a load verifies those, and a copy damaged since is a miss there)."""
@@ -524,7 +525,7 @@ class SessionStore:
             with self._lock:
                 self.hits.loads += 1
 
-    def chunk_checks(self, namespace: str, session_id: str) -> list[tuple[bytes, Callable[[Stored], bool]]]:
+    def chunk_checks(self, namespace: str, session_id: str) -> builtins.list[tuple[bytes, Callable[[Stored], bool]]]:
         """A live session's chunks, each with the verification a load applies to it (prefetch.py)."""
         m = self.get(namespace, session_id)
         with self._lock:

@@ -19,6 +19,7 @@ its own writers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections import Counter
@@ -260,10 +261,11 @@ class TieredStore:
         for s in self._slots:
             if not todo:
                 break
-            batch = getattr(s.tier, "exists_many", None)
+            batch: Callable[[list[bytes]], list[bool]] | None = getattr(s.tier, "exists_many", None)
+            held: list[bool]
             if batch is not None:
                 asked = [keys[i] for i in todo]
-                held = s.attempt("exists_many", lambda t, b=batch, a=asked: b(a), [False] * len(todo))
+                held = s.attempt("exists_many", functools.partial(_ask, batch, asked), [False] * len(todo))
             else:
                 held = [s.has(keys[i]) for i in todo]
             for i, h in zip(todo, held):
@@ -436,3 +438,7 @@ class TieredStore:
                 t.close()
             except TierError as e:
                 log.warning("closing tier %s: %s", t.name, e)
+
+
+def _ask(batch: Callable[[list[bytes]], list[bool]], keys: list[bytes], _tier: Tier) -> list[bool]:
+    return batch(keys)

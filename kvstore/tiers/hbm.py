@@ -133,7 +133,7 @@ class HbmTier(Tier):
                     for src, at, n in paired_runs([h for _, h in sized], dst):
                         host[at:at + n].copy_(self._arena[src:src + n], non_blocking=True)
                 self._stream.synchronize()  # under the lock: a block may be reused once released
-        view = memoryview(host.numpy()).toreadonly()
+        view = memoryview(host.numpy().data).toreadonly()
         out: list[Stored | None] = [None if h is None else b"" for h in hits]
         for (i, (_, n)), at in zip(sized, dst):
             out[i] = view[at:at + n]

@@ -138,9 +138,10 @@ class _Walk:
                 if o + _NODE.size + ksize + inline > self.psize:
                     self.fail(f"{what}: page {pgno} has a value running past its page")
                     break
-                data: bytes | tuple[int, int] = bytes(self.mm[kstart + ksize : kstart + ksize + inline])
+                raw = bytes(self.mm[kstart + ksize : kstart + ksize + inline])
+                data: bytes | tuple[int, int] = raw
                 if nflags & _F_BIGDATA:
-                    pg = struct.unpack("<Q", data)[0]
+                    pg = struct.unpack("<Q", raw)[0]
                     if not self.overflow(pg, size, what):
                         continue
                     data = (pg, size)

@@ -68,7 +68,7 @@ def salvage(path: str, found: Inspection, max_dbs: int) -> str:
     return report
 
 
-def _copy(env: lmdb.Environment, db: object, mm: mmap.mmap, psize: int,
+def _copy(env: lmdb.Environment, db: lmdb._Database, mm: mmap.mmap, psize: int,
           records: list[tuple[bytes, bytes | tuple[int, int]]]) -> int:
     """Write ``records`` in transactions of about 64 MB; returns how many."""
     i = 0

@@ -137,7 +137,7 @@ class RecordCodec:
         p = record_chunk.plan(body[at : at + prefix], raw_len)
         if p is None or p.header_bytes != prefix or p.n_code_frames != n_frames:
             raise bad
-        out = memoryview(np.empty(raw_len, np.uint8))  # every byte is written below: no zero fill
+        out = memoryview(np.empty(raw_len, np.uint8).data)  # every byte is written below: no zero fill
         out[:prefix] = body[at : at + prefix]
         at += prefix
         sign_len = (p.codes_len + 3) // 4

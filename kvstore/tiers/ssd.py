@@ -197,8 +197,8 @@ class SsdTier(Tier):
                         txn.put(key, record)
                         stored.append(len(record))
                     gone = [key for key in deletes if txn.delete(key)]
-                    for key, record in meta_puts:
-                        txn.put(key, record, db=self._meta_db)
+                    for key, meta in meta_puts:
+                        txn.put(key, meta, db=self._meta_db)
                     meta_gone = sum(bool(txn.delete(key, db=self._meta_db)) for key in meta_deletes)
                     txn.commit()
                     break
@@ -244,7 +244,7 @@ class SsdTier(Tier):
                     self._sizes.move_to_end(key)
         return values
 
-    def _lost(self, key: bytes) -> None:
+    def _lost(self, key: bytes) -> Stored | None:
         """A key the open scan (or a write) saw, that a lookup cannot find: the B-tree is damaged
         above it (a branch page). Unreadable, not absent: the store counts and drops it."""
         with self._meta_lock:
@@ -252,6 +252,7 @@ class SsdTier(Tier):
         if known:
             raise CorruptValue(f"ssd tier: key {key.hex()} is in the database but a lookup cannot find it "
                                f"(a damaged B-tree page)")
+        return None  # absent
 
     def put(self, key: bytes, value: Value) -> None:
         check_key(key)
