@@ -440,10 +440,16 @@ def cmd_bytes_per_token(client: Client, args: argparse.Namespace) -> int:
 @with_client
 def cmd_evict(client: Client, args: argparse.Namespace) -> int:
     moved = client.evict(args.namespace, args.session_id, args.to)
-    m, tiers = client.get_session(args.namespace, args.session_id)
-    now = ", ".join(f"{name} {n}" for name, n in tiers.items()) or "no chunks"
+    m, tiers = client.get_session(args.namespace, args.session_id)  # chunks by the fastest tier holding each
+    order = client.stats().tiers  # fast to slow (evict is an admin call: so is Stats)
+    rank = {t.name: i for i, t in enumerate(order)}
+    volatile = {t.name for t in order if not t.persistent}
+    # still in a memory tier above the target: in use by a load when the daemon tried (it skips those);
+    # a persistent tier above it is the durable copy, which stays when the target is below it
+    stuck = sum(n for name, n in tiers.items() if name in volatile and rank[name] < rank.get(args.to, -1))
     missing = tiers.get("missing", 0)
-    already = len(m.chunk_keys) - moved - missing  # the daemon moves every chunk not there, or fails
+    already = len(m.chunk_keys) - moved - missing - stuck
+    now = ", ".join(f"{name} {n}" for name, n in tiers.items()) or "no chunks"
     what = f"{args.namespace}/{args.session_id}"
     if moved:
         line = f"moved {plural(moved, 'chunk')} of {what} down to {args.to}"
@@ -452,7 +458,8 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> int:
         line = f"nothing to move: {'the' if already > 1 else 'its'} {plural(already, 'chunk')} of {what} " \
                f"{'are' if already > 1 else 'is'} already in {args.to}"
     else:
-        line = f"nothing to move: {what} has no chunks"
+        line = f"nothing moved of {what}"
+    line += f", {stuck} not moved (in use by a load: evict again)" if stuck else ""
     print(f"{line}{f', {missing} missing' if missing else ''} (chunks now: {now})")
     return 0
 

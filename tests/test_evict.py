@@ -79,3 +79,16 @@ def test_below_the_durable_tier_its_copy_stays_and_a_repeat_moves_nothing(tmp_pa
         assert demotions(ss) == before
     finally:
         ss.close()
+
+
+def test_a_chunk_a_load_holds_stays_and_the_next_evict_moves_it(sessions: SessionStore) -> None:
+    s = build_session("ns", "s", token_stream(4, 3 * CT))
+    save(sessions, s)
+    sessions.store.pin(s.keys[:1])  # what a load in progress does to the chunks it reads
+    try:
+        assert sessions.evict("ns", "s", "ssd") == 2
+        assert tiers_of(sessions, s.keys) == ["host", "ssd", "ssd"]
+    finally:
+        sessions.store.unpin(s.keys[:1])
+    assert sessions.evict("ns", "s", "ssd") == 1
+    assert demotions(sessions) == {"host": 3, "ssd": 0}
