@@ -3,7 +3,7 @@ one disk, one run.
 
     .venv-vllm/bin/python benchmarks/bench_vllm_tier.py [--quick] [--reps 3] [--step-blocks 32] [--step-ms 10]
 
-Both sides are secondary tiers of vLLM 0.33's TieringOffloadingManager (``tests/vllm/harness.py``:
+Both sides are secondary tiers of vLLM 0.33's TieringOffloadingManager (``tests/vllm_tier/harness.py``:
 vLLM's own offloading stack with a real CPU primary tier in shared memory, V4.1's KV cache specs):
 ``FileSystemTierManager`` (``fs_tier(root)``) and ``KVStoreTier`` (``kvstore_tier(address)``, a real
 ``kvstore serve`` daemon from the project's venv), each on a fresh directory of the same file
@@ -157,7 +157,7 @@ def machine_info(work: Path) -> dict[str, Any]:
         "vllm": vllm.__version__,
         "torch": torch.__version__,
         "numpy": numpy.__version__,
-        "kvstore": git_state(("kvstore", "tests/vllm")),
+        "kvstore": git_state(("kvstore", "tests/vllm_tier")),
         "fs_io_C": fsio_c,
         "fs_io_C_used": bool(fsio._HAS_FSIO_C),
         "daemon": W.use_project_daemon(),

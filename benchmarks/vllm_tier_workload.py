@@ -1,7 +1,7 @@
 """What bench_vllm_tier.py drives through vLLM's offloading stack: realistic V4.1 page bytes, the two
 workloads, the scheduler's side of stores and lookups, and the tiers' processes and directories.
 
-Nothing here is a copy of vLLM: an engine is ``tests/vllm/harness.py``'s ``Engine`` (vLLM 0.33's
+Nothing here is a copy of vLLM: an engine is ``tests/vllm_tier/harness.py``'s ``Engine`` (vLLM 0.33's
 TieringOffloadingSpec + TieringOffloadingManager, a real CPU primary tier in shared memory); this
 module only decides which keys it stores and looks up, when, and with which bytes, and times it.
 
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-for _p in (REPO / "tests" / "vllm", REPO / "tests", REPO):
+for _p in (REPO / "tests" / "vllm_tier", REPO / "tests", REPO):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

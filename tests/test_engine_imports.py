@@ -1,6 +1,6 @@
 """vLLM is never part of kvstore's own install or of the daemon: the daemon, the clients and the CLI
 import nothing of vLLM or of ``kvstore.engines``, and the page geometry imports without vLLM (the
-tier module itself is loaded by vLLM, in vLLM's environment: tests/vllm/)."""
+tier module itself is loaded by vLLM, in vLLM's environment: tests/vllm_tier/)."""
 
 from __future__ import annotations
 

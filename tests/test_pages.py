@@ -1,5 +1,5 @@
 """Engine pages in the daemon (docs/FORMAT.md, "Engine pages"): page layouts, page blobs, page
-sessions, without vLLM (tests/vllm/ drives them from vLLM's own offloading code)."""
+sessions, without vLLM (tests/vllm_tier/ drives them from vLLM's own offloading code)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """kvstore as vLLM 0.33's secondary tier, driven by vLLM's own offloading manager (harness.py) with
 DeepSeek-V4.1's KV cache specs, a real CPU primary tier in shared memory and real daemons.
 
-Run in the vLLM environment (scripts/vllm_env.sh): ``.venv-vllm/bin/python -m pytest tests/vllm``;
+Run in the vLLM environment (scripts/vllm_env.sh): ``.venv-vllm/bin/python -m pytest tests/vllm_tier``;
 the main suite runs this file there (tests/test_vllm_env.py)."""
 
 from __future__ import annotations
