@@ -43,12 +43,13 @@ sys.path[:0] = [str(ROOT_DIR), str(ROOT_DIR / "tests")]
 
 from store_helpers import Session, build_session, save, store_config, token_stream  # noqa: E402
 
+from benchmarks.common import results_dir  # noqa: E402
 from kvstore.errors import KvstoreError  # noqa: E402
 from kvstore.layout import get_layout  # noqa: E402
 from kvstore.store import SessionStore, StoreConfig, open_store  # noqa: E402
 from kvstore.tiers import TierError  # noqa: E402
 
-RESULT = ROOT_DIR / "benchmarks" / "results" / "corruption.json"
+RESULT = results_dir(sys.argv, os.environ) / "corruption.json"  # benchmarks/results/ only with --write
 LMDB_KINDS = ("value", "leaf", "branch", "meta", "truncate")
 REDIS_KINDS = ("redis-flip", "redis-truncate")
 OUTCOMES = ("detected", "no effect", "served corrupt", "undetected loss", "crash")

@@ -28,7 +28,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+sys.path.insert(0, str(REPO))
+from benchmarks.common import results_dir  # noqa: E402
+
+RESULTS = results_dir(sys.argv, os.environ)  # benchmarks/results/ with --write, else benchmarks/out/
 
 
 def main() -> int:

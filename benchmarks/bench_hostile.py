@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -21,9 +22,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import results_dir
 from benchmarks.reliability.hostile import HostileConfig, HostileResult, run_hostile
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = results_dir(sys.argv, os.environ)  # benchmarks/results/ with --write, else benchmarks/out/
 
 
 def table(r: HostileResult) -> str:
