@@ -236,9 +236,9 @@ def agent(
     )
 
 
-def keys_of(blocks: Sequence[Block], groups: int = 2) -> list[tuple[bytes, Block, int]]:
-    """Every group's OffloadKey of each block, block-major: (key, block, group)."""
-    return [(make_offload_key(b.hash, g), b, g) for b in blocks for g in range(groups)]
+def keys_of(blocks: Sequence[Block], group_ids: Sequence[int]) -> list[tuple[bytes, Block, int]]:
+    """Every group's OffloadKey of each block, block-major: (key, block, group id)."""
+    return [(make_offload_key(b.hash, g), b, g) for b in blocks for g in group_ids]
 
 
 # -- the scheduler's side -------------------------------------------------------------------------
@@ -309,7 +309,7 @@ def prepare_turns(
         ctx = new_request(eng, t.params)
         pos = {b.hash: (i + 1) * BLOCK_TOKENS for i, b in enumerate(t.context)}
         for lo in range(0, len(t.blocks), step_blocks):
-            ks = keys_of(t.blocks[lo : lo + step_blocks], eng.groups)
+            ks = keys_of(t.blocks[lo : lo + step_blocks], eng.group_ids)
             keys = [k for k, _, _ in ks]
             by_key = {k: (b, g) for k, b, g in ks}
             with eng.manager.lock:
@@ -369,9 +369,9 @@ def schedule_lookups(
     key of it answered RETRY or HIT_PENDING. ``pause_s`` stands for the rest of a step. Times every
     key from its first call to its verdict and its final answer."""
     ctxs = [new_request(eng) for _ in probes]
-    groups = eng.groups
-    per_req = [[[make_offload_key(b.hash, g) for b in blocks] for g in range(groups)] for blocks in probes]
-    block_of = [{make_offload_key(b.hash, g): (b, g) for b in blocks for g in range(groups)} for blocks in probes]
+    groups = eng.group_ids
+    per_req = [[[make_offload_key(b.hash, g) for b in blocks] for g in groups] for blocks in probes]
+    block_of = [{make_offload_key(b.hash, g): (b, g) for b in blocks for g in groups} for blocks in probes]
     times: list[dict[bytes, KeyTimes]] = [{} for _ in probes]
     active = list(range(len(probes)))
     passes = 0

@@ -38,6 +38,9 @@ from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
 SOURCES = ((2, 2), (8, 2), (14, 2), (20, 1))  # kv-source layer, compress ratio
 BLOCK_TOKENS = 256
+#: The KV cache config's ids of the two offloaded groups. Not 0 and 1: V4.1's SWA and compressor-state
+#: groups are not offloaded but keep their ids, and an OffloadKey names its group by that id.
+V41_GROUP_IDS = (1, 3)
 
 
 class _Layout:
@@ -76,7 +79,7 @@ def offloading_config(tiers: list[dict[str, Any]], cpu_bytes: int, cache_dtype: 
     per_block = _get_kv_cache_bytes_per_block(groups, _Layout())  # type: ignore[arg-type]
     return OffloadingConfig(
         groups=tuple(OffloadingGroupConfig(tokens_per_block=BLOCK_TOKENS, layer_names=tuple(g.layer_names),
-                                           group_id=i) for i, g in enumerate(groups)),
+                                           group_id=gid) for gid, g in zip(V41_GROUP_IDS, groups)),
         worker_kv_bytes_per_block=per_block, enable_kv_cache_events=False,
         extra_config={"cpu_bytes_to_use": cpu_bytes, "secondary_tiers": tiers, "tier_poll_interval_s": 0},
         engine_id=engine_id or f"kvstore-test-{uuid.uuid4().hex[:8]}",
@@ -119,6 +122,10 @@ class Engine:
     @property
     def groups(self) -> int:
         return len(self.spec.config.groups)
+
+    @property
+    def group_ids(self) -> tuple[int, ...]:
+        return tuple(g.group_id for g in self.spec.config.groups)
 
     @property
     def tiers(self) -> list[Any]:
@@ -211,9 +218,9 @@ class Engine:
         self.manager.shutdown()
 
 
-def keys_of(hashes: Sequence[bytes], groups: int = 2) -> list[bytes]:
-    """Every group's OffloadKey of each block, block-major."""
-    return [make_offload_key(h, g) for h, g in itertools.product(hashes, range(groups))]
+def keys_of(hashes: Sequence[bytes], group_ids: Sequence[int] = V41_GROUP_IDS) -> list[bytes]:
+    """Every offloaded group's OffloadKey of each block, block-major."""
+    return [make_offload_key(h, g) for h, g in itertools.product(hashes, group_ids)]
 
 
 def page_filler(seed: int) -> Callable[[int, memoryview], None]:

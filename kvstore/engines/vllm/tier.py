@@ -191,7 +191,9 @@ class KVStoreTier(SecondaryTierManager):
         block_bytes = cfg.worker_kv_bytes_per_block * copies * cfg.cache.blocks_per_chunk
         if not 0 < block_bytes <= self.block_size_bytes:
             block_bytes = self.block_size_bytes
-        groups = [EngineGroup(i, g.tokens_per_block, tuple(g.layer_names)) for i, g in enumerate(cfg.groups)]
+        # an OffloadKey names its group by the KV cache config's group id (the scheduler's group_idx), not by
+        # its place among the offloaded groups: V4.1's SWA groups are not offloaded but keep their ids
+        groups = [EngineGroup(g.group_id, g.tokens_per_block, tuple(g.layer_names)) for g in cfg.groups]
         p = cfg.parallel
         fingerprint = {"tokens_per_hash": str(cfg.cache.tokens_per_hash), "tp_size": str(p.tp_size),
                        "tp_rank": "0" if cfg.replicated_layout else str(p.rank), "pp_size": str(p.pp_size),
