@@ -200,8 +200,11 @@ class KVStoreTier(SecondaryTierManager):
                        "pcp_size": str(p.pcp_size), "dcp_size": str(p.dcp_size), "world_size": str(p.world_size),
                        "replicated": str(bool(cfg.replicated_layout)).lower(),
                        "canonical": str(bool(cfg.canonical_layout)).lower(), "engine_version": vllm.__version__}
-        return page_layout(cfg.model.name, cfg.model.dtype, indexer_dtype, groups, block_bytes,
-                           cfg.cache.blocks_per_chunk, fingerprint, mxfp8_record=mxfp8_record)
+        # the canonical byte layout, several TP copies per chunk: arrangements geometry.py does not derive, so
+        # every block is kept whole (an unknown cache dtype is the same: one opaque page per block)
+        direct = not cfg.canonical_layout and copies == 1
+        return page_layout(cfg.model.name, cfg.model.dtype if direct else f"{cfg.model.dtype}+opaque", indexer_dtype,
+                           groups, block_bytes, cfg.cache.blocks_per_chunk, fingerprint, mxfp8_record=mxfp8_record)
 
     # -- the daemon -------------------------------------------------------------------------------
     def _client(self, tenant: Tenant, role: str) -> Client:
