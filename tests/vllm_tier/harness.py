@@ -74,13 +74,13 @@ def v41_groups(specs: dict[str, MLAAttentionSpec]) -> list[KVCacheGroupSpec]:
 
 
 def offloading_config(tiers: list[dict[str, Any]], cpu_bytes: int, cache_dtype: str = "nvfp4_ds_mla",
-                      engine_id: str | None = None) -> OffloadingConfig:
+                      engine_id: str | None = None, kv_events: bool = False) -> OffloadingConfig:
     groups = v41_groups(v41_layer_specs(cache_dtype=cache_dtype))
     per_block = _get_kv_cache_bytes_per_block(groups, _Layout())  # type: ignore[arg-type]
     return OffloadingConfig(
         groups=tuple(OffloadingGroupConfig(tokens_per_block=BLOCK_TOKENS, layer_names=tuple(g.layer_names),
                                            group_id=gid) for gid, g in zip(V41_GROUP_IDS, groups)),
-        worker_kv_bytes_per_block=per_block, enable_kv_cache_events=False,
+        worker_kv_bytes_per_block=per_block, enable_kv_cache_events=kv_events,
         extra_config={"cpu_bytes_to_use": cpu_bytes, "secondary_tiers": tiers, "tier_poll_interval_s": 0},
         engine_id=engine_id or f"kvstore-test-{uuid.uuid4().hex[:8]}",
         model=OffloadingModelConfig(name=MODEL, dtype=cache_dtype, max_model_len=1 << 20),

@@ -400,3 +400,17 @@ def test_a_session_of_another_layout_is_never_overwritten(daemon: Daemon) -> Non
         eng.shutdown()
     with Client(address=daemon.address) as c:
         assert c.get_session("vllm", "shared-name")[0].chunk_keys == before.chunk_keys
+
+
+def test_kv_events_say_what_this_tier_stored(daemon: Daemon) -> None:
+    from vllm.v1.kv_offload.base import Medium
+
+    eng = Engine.start([kvstore_tier(daemon.address, enable_kv_events=True)], kv_events=True)
+    try:
+        keys = saved(eng, seed=19, blocks=2)
+        with eng.manager.lock:
+            events = list(eng.manager.take_events())
+        mine = [k for e in events if e.medium is Medium.STORAGE and not e.removed for k in e.keys]
+        assert sorted(mine) == sorted(keys)
+    finally:
+        eng.shutdown()

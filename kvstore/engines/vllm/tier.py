@@ -29,7 +29,8 @@ default ``$KVSTORE_ADDRESS`` or 127.0.0.1:50151), ``namespace`` and ``token`` (t
 ``tenants``, ``session_ttl_s`` (86400; 0 = kept until deleted), ``indexer_dtype`` (``mxfp4`` or
 ``fp8``: the engine's indexer cache), ``mxfp8_record`` (V4.1's 528-B fp8_ds_mla record, SM100),
 ``n_load_threads`` / ``n_store_threads`` (2 each), ``timeout_s`` (10, per call), ``down_s`` (5),
-``arena_bytes`` (32 MiB of shared memory per job thread and tenant), ``locality``, ``backpressure``
+``arena_bytes`` (32 MiB of shared memory per job thread and tenant), ``enable_kv_events`` (BlockStored
+events for what stores saved, when vLLM publishes KV events), ``locality``, ``backpressure``
 (vLLM's own detector, which sees this tier's job results).
 
 Tenants: ``kv_transfer_params["cache_salt"]`` (or ``"kvstore_tenant"``) names an entry of the
@@ -58,6 +59,7 @@ import vllm
 from vllm.v1.kv_offload.base import (
     LookupResult,
     Medium,
+    OffloadingEvent,
     OffloadKey,
     ReqContext,
     RequestOffloadingContext,
@@ -153,7 +155,8 @@ class KVStoreTier(SecondaryTierManager):
                  tenants: dict[str, dict[str, str]] | None = None, session_ttl_s: float = 86400.0,
                  indexer_dtype: str = "mxfp4", mxfp8_record: bool = False, n_load_threads: int = 2,
                  n_store_threads: int = 2, timeout_s: float = 10.0, down_s: float = 5.0, arena_bytes: int = 32 << 20,
-                 locality: str | None = None, backpressure_detector: BackpressureDetector | None = None) -> None:
+                 enable_kv_events: bool = False, locality: str | None = None,
+                 backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         cfg = offloading_spec.config
         self.address = address
@@ -180,6 +183,11 @@ class KVStoreTier(SecondaryTierManager):
         self._stores = ThreadPoolExecutor(n_store_threads, thread_name_prefix="kvstore_tier_store")
         self._lookups = _Lookups(self, tier_type)
         self._local = threading.local()  # each store thread's encode buffer
+        # KV events (BlockStored for what a store job saved), as vLLM's fs tier emits them: only when vLLM
+        # publishes KV cache events at all
+        self._events: list[OffloadingEvent] | None = (
+            [] if enable_kv_events and offloading_spec.kv_events_config.enable_kv_cache_events else None)
+        self._store_keys: dict[JobId, list[OffloadKey]] = {}
         if locality is not None:
             from vllm.v1.kv_offload.base import Locality
             self.locality = Locality(locality)
@@ -301,6 +309,8 @@ class KVStoreTier(SecondaryTierManager):
         cids = [int(c) for c in job_metadata.chunk_ids]
         ctx = job_metadata.req_context
         ends = [ctx.get_offload_key_position(k) for k in keys]
+        if self._events is not None:
+            self._store_keys[job_metadata.job_id] = keys
         self._start()
         self._stores.submit(self._run, job_metadata.job_id, len(keys), self._store, r, keys, cids, ends)
 
@@ -323,7 +333,16 @@ class KVStoreTier(SecondaryTierManager):
             if keys is not None and not res.success:  # the lookups of what failed to load are misses now
                 ok = set(res.successful_keys or ())
                 self._lookups.mark_miss([k for k in keys if k not in ok])
+            stored = self._store_keys.pop(res.job_id, None)
+            if stored and res.success and self._events is not None:  # a router learns what this tier holds
+                self._events.append(OffloadingEvent(keys=stored, medium=self.medium, removed=False,
+                                                    locality=self.locality))
             out.append(res)
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events is not None:
+            events, self._events = self._events, []
+            yield from events
 
     def has_pending_work(self) -> bool:
         return self._pending > 0
