@@ -1,4 +1,4 @@
-"""Domain errors. The gRPC layer maps each to one status code, in one place (server/errors.py)."""
+"""Domain errors. The gRPC layer maps each to one status code, in one place (kvstore/server/status.py)."""
 
 from __future__ import annotations
 

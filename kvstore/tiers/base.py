@@ -40,7 +40,8 @@ class TierError(Exception):
 
 
 class TierFullError(TierError):
-    """A put did not fit in the tier's free space; the store evicts and retries."""
+    """A put did not fit in the tier's free space. The store makes room before it puts (demoting the
+    tier's ``victims()``) and skips a put that still does not fit: a cache tier's miss, never an error."""
 
 
 class OutOfSpace(TierError):

@@ -3,7 +3,8 @@
 The arena is allocated once (``capacity_bytes`` of uint8 on the device) and carved by an extent
 allocator (hbm_alloc.py), so the tier never calls ``cudaMalloc`` per value and never competes with
 the model for memory after startup. A put that finds no free extent big enough raises
-``TierFullError``; the store demotes LRU values (``victims()``) to host memory and retries.
+``TierFullError``; the store makes room first, demoting LRU values (``victims()``) to the tiers below,
+and skips a put that still does not fit.
 
 Batches are what make it fast: ``put_many`` places a batch in one extent and uploads it through
 pinned staging buffers on parallel copy lanes (staging.py); ``get_many`` copies a batch back in one
