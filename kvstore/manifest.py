@@ -111,7 +111,7 @@ class Manifest:
             raise InvalidArgument("layout id must be 16 bytes")
         if any(len(k) != 16 for k in self.chunk_keys):
             raise InvalidArgument("chunk keys must be 16 bytes each")
-        if self.chunk_tokens == 0:  # a session of engine pages (store/pages.py): no token chunks, no tail
+        if self.engine_pages:  # no token chunks, no tail
             if self.token_count < 0 or self.tail or self.last_token_ids:
                 raise InvalidArgument("a session of engine pages has no trailing span and no token ids")
             return
@@ -122,8 +122,13 @@ class Manifest:
             raise InvalidArgument("the trailing span must be shorter than one chunk")
 
     @property
+    def engine_pages(self) -> bool:
+        """A session of engine pages (``store/pages.py``): its keys are an engine's blocks, in no chain."""
+        return self.chunk_tokens == 0
+
+    @property
     def tail_tokens(self) -> int:
-        if self.chunk_tokens == 0:
+        if self.engine_pages:
             return 0
         return self.token_count - len(self.chunk_keys) * self.chunk_tokens
 

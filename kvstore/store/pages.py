@@ -30,7 +30,7 @@ def page_batch_keys(namespace: str, lay: PageLayout, blobs: Sequence[bytes | mem
 
 
 def check_page_manifest(m: Manifest) -> None:
-    if m.chunk_tokens != 0 or m.tail or m.last_token_ids:
+    if not m.engine_pages or m.tail or m.last_token_ids:
         raise InvalidArgument("a session of engine pages has chunk_tokens 0, no trailing span and no token ids "
                               "(the engine replays its own tokens)")
 

@@ -146,7 +146,7 @@ class SessionStore:
         self._manifests[ref] = m
         for k in m.chunk_keys:
             self._refs[k].add(ref)
-        if m.chunk_tokens == 0:  # engine pages: no chain
+        if m.engine_pages:
             self._chunks.add_pages(m.namespace, m.layout_id, m.chunk_keys)
         else:
             self._chunks.add_sequence(m.namespace, m.layout_id, m.chunk_keys)
@@ -266,11 +266,12 @@ class SessionStore:
             if ref in refs:
                 later.append(p)
                 continue
+            batch = t.batch  # a page turn's positions are found in its manifest: once
             try:
-                self._check_chunks(t.manifest, skip=t.batch)
+                self._check_chunks(t.manifest, skip=batch)
                 self._check_base(t.manifest)  # after what the request names: its own errors come first
                 if self.config.write_mode == "back":
-                    self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in t.batch])
+                    self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in batch])
             except Exception as e:  # this turn's own error, raised to its caller
                 p.fail(e)
                 continue
@@ -365,7 +366,7 @@ class SessionStore:
             if info.layout_id != m.layout_id:
                 raise InvalidArgument(f"chunk {i} ({k.hex()}) was saved under layout {info.layout_id.hex()}, "
                                       f"the manifest's is {m.layout_id.hex()}")
-            if m.chunk_tokens == 0:  # engine pages: in no chain
+            if m.engine_pages:  # in no chain
                 continue
             parent = m.chunk_keys[i - 1] if i else ROOT
             if info.index != i or info.parent != parent:
@@ -582,5 +583,5 @@ class SessionStore:
         returns, so that chunks and tokens are counted over the same sessions until the next GC."""
         now = self.clock()
         with self._lock:
-            return {k: self.layouts.known(m.layout_id) for m in self._manifests.values() if not m.expired(now)
-                    for k in m.chunk_keys}
+            return {k: lay for m in self._manifests.values() if not m.expired(now)
+                    for lay in (self.layouts.known(m.layout_id),) for k in m.chunk_keys}

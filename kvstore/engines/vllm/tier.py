@@ -110,14 +110,6 @@ class _Session:
     lock: threading.Lock = field(default_factory=threading.Lock)  # one turn save at a time
 
 
-@dataclass
-class _Request:
-    """A request: its tenant (None: never offloaded) and the page session its blocks go to."""
-
-    tenant: Tenant | None
-    session: _Session | None
-
-
 class _Lookups(AsyncLookupManager):
     """vLLM's async lookups (a step's keys resolved on a background thread between steps), asked of
     the daemon in one ``LookupKeys`` call per tenant and step, not one per request: the base class's
@@ -168,13 +160,14 @@ class KVStoreTier(SecondaryTierManager):
         self.down_s = down_s
         self._down_until = 0.0
         self.layout = self._layout(cfg, indexer_dtype, mxfp8_record)
-        self._block_bytes = {g.group: g.block_bytes for g in self.layout.groups}
         self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
         self._clients: dict[tuple[Tenant, str, int], Client] = {}
         self._clients_lock = threading.Lock()
         self._registered = False
-        self._requests: dict[str, _Request] = {}
+        #: each request's page session; None: its tenant is unknown, it is never offloaded
+        self._requests: dict[str, _Session | None] = {}
         self._sessions: OrderedDict[tuple[Tenant, str], _Session] = OrderedDict()  # the most recent MAX_SESSIONS
+        self._sessions_lock = threading.Lock()  # job threads and the scheduler both reach sessions
         self._finished: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._load_keys: dict[JobId, list[OffloadKey]] = {}
         self._pending = 0
@@ -253,17 +246,17 @@ class KVStoreTier(SecondaryTierManager):
             return self.default
         return self.tenants.get(str(salt))
 
-    def _request(self, ctx: ReqContext) -> _Request:
-        r = self._requests.get(ctx.req_id)
-        if r is None:
+    def _request(self, ctx: ReqContext) -> _Session | None:
+        """The page session of a request (None: not offloaded), made at its first sight."""
+        if ctx.req_id not in self._requests:
             params = ctx.kv_transfer_params or {}
             tenant = self._tenant(ctx)
             sid = _session_id(str(params.get("kvstore_session") or f"vllm-{ctx.req_id}"))
-            r = self._requests[ctx.req_id] = _Request(tenant, self._session(tenant, sid) if tenant else None)
-        return r
+            self._requests[ctx.req_id] = self._session(tenant, sid) if tenant else None
+        return self._requests[ctx.req_id]
 
     def _session(self, tenant: Tenant, sid: str) -> _Session:
-        with self._clients_lock:
+        with self._sessions_lock:
             s = self._sessions.get((tenant, sid))
             if s is None:
                 s = self._sessions[(tenant, sid)] = _Session(tenant, sid)
@@ -282,8 +275,7 @@ class KVStoreTier(SecondaryTierManager):
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        r = self._request(req_context)
-        if r.tenant is None or not self._available():
+        if self._request(req_context) is None or not self._available():
             return LookupResult.MISS
         found = self._lookups.lookup(key, req_context)
         if found is None:
@@ -304,7 +296,7 @@ class KVStoreTier(SecondaryTierManager):
         return [w is not None for w in where]
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        r = self._request(job_metadata.req_context)
+        s = self._request(job_metadata.req_context)
         keys = list(job_metadata.keys)
         cids = [int(c) for c in job_metadata.chunk_ids]
         ctx = job_metadata.req_context
@@ -312,15 +304,15 @@ class KVStoreTier(SecondaryTierManager):
         if self._events is not None:
             self._store_keys[job_metadata.job_id] = keys
         self._start()
-        self._stores.submit(self._run, job_metadata.job_id, len(keys), self._store, r, keys, cids, ends)
+        self._stores.submit(self._run, job_metadata.job_id, len(keys), self._store, s, keys, cids, ends)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        r = self._request(job_metadata.req_context)
+        s = self._request(job_metadata.req_context)
         keys = list(job_metadata.keys)
         self._load_keys[job_metadata.job_id] = keys
         cids = [int(c) for c in job_metadata.chunk_ids]
         self._start()
-        self._loads.submit(self._run, job_metadata.job_id, len(keys), self._load, r, keys, cids)
+        self._loads.submit(self._run, job_metadata.job_id, len(keys), self._load, s, keys, cids)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out: list[JobResult] = []
@@ -399,11 +391,10 @@ class KVStoreTier(SecondaryTierManager):
     def _slot(self, cid: int, key: OffloadKey) -> memoryview:
         """The bytes of the primary's slot ``cid`` that are ``key``'s group's (geometry.py)."""
         start = cid * self.block_size_bytes
-        return self._flat[start : start + self._block_bytes[get_offload_group_idx(key)]]
+        return self._flat[start : start + self._group(key).block_bytes]
 
-    def _store(self, r: _Request, keys: list[OffloadKey], cids: list[int], ends: list[int | None]
+    def _store(self, s: _Session | None, keys: list[OffloadKey], cids: list[int], ends: list[int | None]
                ) -> tuple[bool, None]:
-        s = r.session
         if s is None or not self._available():
             return False, None
         client = self._client(s.tenant, "store")
@@ -469,10 +460,10 @@ class KVStoreTier(SecondaryTierManager):
                 s.held[m.chunk_keys[-1]] = max(s.held[m.chunk_keys[-1]], m.token_count)
         s.loaded = True
 
-    def _load(self, r: _Request, keys: list[OffloadKey], cids: list[int]) -> tuple[bool, list[OffloadKey]]:
-        if r.tenant is None or not self._available():
+    def _load(self, s: _Session | None, keys: list[OffloadKey], cids: list[int]) -> tuple[bool, list[OffloadKey]]:
+        if s is None or not self._available():
             return False, []
-        tenant = r.tenant
+        tenant = s.tenant
         client = self._client(tenant, "load")
         pkeys = [self._key(tenant, k) for k in keys]
         loaded: set[int] = set()
