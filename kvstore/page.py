@@ -185,11 +185,8 @@ def verify_checksum(blob: bytes | bytearray | memoryview) -> None:
         raise PageError("page blob checksum mismatch")
 
 
-def check(blob: bytes | bytearray | memoryview, layout: PageLayout, namespace: str, *,
-          verify: bool = True) -> PageHeader:
-    """Everything a store checks before it keeps (or serves) a page blob: the header against the
-    layout and its group, the key recomputed from namespace, group and block hash, the checksum."""
-    h = read_header(blob)
+def _of_layout(h: PageHeader, layout: PageLayout) -> GroupSpec:
+    """The group of ``layout`` the header names, if the header has its geometry; else PageError."""
     if h.layout_id != layout.layout_id:
         raise PageError(f"page blob is of layout {h.layout_id.hex()}, expected {layout.layout_hex}")
     g = layout.group(h.group)
@@ -198,6 +195,15 @@ def check(blob: bytes | bytearray | memoryview, layout: PageLayout, namespace: s
     if h.block_bytes != g.block_bytes or h.compressible_offset != h.header_bytes + g.data_bytes:
         raise PageError(f"group {h.group} blocks are {g.block_bytes} bytes with {g.data_bytes} of data rows; "
                         f"the blob says {h.block_bytes} and {h.compressible_offset - h.header_bytes}")
+    return g
+
+
+def check(blob: bytes | bytearray | memoryview, layout: PageLayout, namespace: str, *,
+          verify: bool = True) -> PageHeader:
+    """Everything a store checks before it keeps (or serves) a page blob: the header against the
+    layout and its group, the key recomputed from namespace, group and block hash, the checksum."""
+    h = read_header(blob)
+    _of_layout(h, layout)
     want = page_key(layout.layout_id, namespace, h.group, h.block_hash)
     if h.key != want:
         raise PageError(f"page key {h.key.hex()} does not match its namespace, group and block hash "
@@ -211,11 +217,9 @@ def check_known(blob: bytes | bytearray | memoryview, layout: PageLayout, key: b
     """``check`` for a reader that knows the key it asked for (the daemon checked the key against
     the namespace before serving it): the header against the layout and that key, the checksum."""
     h = read_header(blob)
-    g = layout.group(h.group)
-    if h.key != key or h.layout_id != layout.layout_id or g is None:
-        raise PageError(f"page blob is not the block {key.hex()} of layout {layout.layout_hex}")
-    if h.block_bytes != g.block_bytes or h.compressible_offset != h.header_bytes + g.data_bytes:
-        raise PageError(f"page blob does not have group {h.group}'s geometry")
+    if h.key != key:
+        raise PageError(f"page blob is block {h.key.hex()}, not the {key.hex()} asked for")
+    _of_layout(h, layout)
     verify_checksum(blob)
     return h
 
@@ -225,9 +229,7 @@ def decode_into(blob: bytes | bytearray | memoryview, layout: PageLayout,
     """Write a page blob's engine block into ``dest`` (the group's ``block_bytes``), in the
     engine's own arrangement: one copy. The blob must have passed ``check``."""
     h = read_header(blob)
-    g = layout.group(h.group)
-    if g is None or h.layout_id != layout.layout_id:
-        raise PageError("page blob is not of this layout")
+    g = _of_layout(h, layout)
     out = dest.reshape(-1).view(np.uint8) if isinstance(dest, np.ndarray) else np.frombuffer(dest, dtype=np.uint8)
     if out.size != g.block_bytes:
         raise PageError(f"group {h.group} blocks are {g.block_bytes} bytes, the destination is {out.size}")
