@@ -166,19 +166,6 @@ class PageLayout:
         return {g.group: g for g in self.groups}
 
     @property
-    def tokens_per_block(self) -> int:
-        return max(g.tokens for g in self.groups)
-
-    @property
     def bytes_per_token(self) -> Fraction:
         """Record bytes (data + scales, no padding) per token over every group: the formula."""
         return sum((Fraction(g.record_bytes, g.tokens) for g in self.groups), Fraction(0))
-
-    @property
-    def block_bytes_per_token(self) -> Fraction:
-        """What an engine's own block store keeps per token: whole blocks, padding included."""
-        return sum((Fraction(g.block_bytes, g.tokens) for g in self.groups), Fraction(0))
-
-    @property
-    def granularity(self) -> int:
-        return self.tokens_per_block

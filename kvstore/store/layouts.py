@@ -48,9 +48,6 @@ class Layouts:
                                   f"register an engine page layout first (RegisterLayout)")
         return lay
 
-    def pages(self) -> list[PageLayout]:
-        return list(self._pages.values())
-
     def register(self, definition: bytes) -> PageLayout:
         """Accept an engine page layout (idempotent: the same definition gives the same id)."""
         try:
