@@ -52,6 +52,11 @@ class StoreStats:
     bytes_per_token: BytesPerToken
 
 
+#: The block hash length a page blob is counted with (vLLM's sha256 block hashes); the store does not
+#: keep each blob's length, and the header is a small part of a blob either way
+_BLOCK_HASH_BYTES = 32
+
+
 def _unique_sizes(lay: AnyLayout, chunk_tokens: int) -> tuple[Fraction, Fraction, int]:
     """(tokens, payload bytes, encoded bytes) one stored chunk or engine page blob of ``lay``
     stands for. A page blob is one group's block: its share of the block's tokens is
@@ -59,7 +64,7 @@ def _unique_sizes(lay: AnyLayout, chunk_tokens: int) -> tuple[Fraction, Fraction
     if isinstance(lay, PageLayout):
         n = len(lay.groups)
         tokens = Fraction(sum(g.tokens for g in lay.groups), n * n)
-        encoded = sum(page.blob_bytes(g, 32) for g in lay.groups) // n
+        encoded = sum(page.blob_bytes(g, _BLOCK_HASH_BYTES) for g in lay.groups) // n
         return tokens, tokens * lay.bytes_per_token, encoded
     payload = Fraction(lay.chunk_payload_bytes(chunk_tokens))
     return Fraction(chunk_tokens), payload, chunk.encoded_size(lay, chunk_tokens)
