@@ -5,8 +5,8 @@ from setuptools import Extension, setup
 setup(
     ext_modules=[
         Extension(
-            "kvstore._fp4",
-            ["kvstore/_fp4.c"],
+            "kvstore.format._fp4",
+            ["kvstore/format/_fp4.c"],
             extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", "-std=c11"],
             extra_link_args=["-lpthread"],
             optional=True,

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvstore import chunk, quant
-from kvstore.keys import chain_keys
-from kvstore.layout import EntryFormat, Layout
+from kvstore.format import chunk, quant
+from kvstore.format.keys import chain_keys
+from kvstore.format.layout import EntryFormat, Layout
 
 POOL = 6  # distinct full chunks of real entries per layout
 
@@ -97,7 +97,7 @@ def mixed_codes_zstd(maker: ChunkMaker) -> tuple[float, float]:
     which kvstore's ssd records keep raw (they compress from the first scales section on)."""
     import zstandard
 
-    from kvstore.chunk import encoded_size
+    from kvstore.format.chunk import encoded_size
 
     codes = b"".join(e[c.name].codes.tobytes() for e in maker.pool for c in maker.layout.caches
                      if c.fmt is EntryFormat.FP8_BF16_MIXED)

@@ -23,8 +23,8 @@ import numpy as np
 
 from benchmarks.agent_workload_chunks import ChunkMaker, snapshot_shape
 from kvstore.client import Client
-from kvstore.layout import Layout
-from kvstore.manifest import Manifest, Retention
+from kvstore.format.layout import Layout
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.server.process import DaemonProcess
 
 NS = "agents"

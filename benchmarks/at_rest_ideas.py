@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import zstandard as zstd
 
-from kvstore import chunk
+from kvstore.format import chunk
 from kvstore.tiers import record_chunk
 from kvstore.tiers.record import HEADER, RecordCodec
 

@@ -31,7 +31,7 @@ from benchmarks.agent_workload_report import report
 from benchmarks.agent_workload_store import Store, StoreSpec, du_bytes
 from benchmarks.agent_workload_trace import TraceConfig, build_trace, token_ids
 from benchmarks.common import RESULTS, git_state, machine
-from kvstore.layout import get_layout
+from kvstore.format.layout import get_layout
 
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1 << 20

@@ -29,10 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.at_rest_ideas import codec_speed, ideas, overflow_bytes
 from benchmarks.bench_store import CHUNK_TOKENS, NS, make_session
 from benchmarks.common import git_state, machine, markdown_table, write_result
-from kvstore import chunk
-from kvstore.keys import ROOT
-from kvstore.layout import get_layout
-from kvstore.manifest import Manifest
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT
+from kvstore.format.layout import get_layout
+from kvstore.format.manifest import Manifest
 from kvstore.store import StoreConfig, open_store
 from kvstore.tiers import HostTierConfig, SsdTierConfig
 from kvstore.tiers.record import CHUNK, FRAME_LEN, HEADER, N_FRAMES

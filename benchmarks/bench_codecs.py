@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import machine, markdown_table, median_time, write_result
-from kvstore import quant
+from kvstore.format import quant
 
 
 def main() -> None:

@@ -45,7 +45,7 @@ from store_helpers import Session, build_session, save, store_config, token_stre
 
 from benchmarks.common import results_dir  # noqa: E402
 from kvstore.errors import KvstoreError  # noqa: E402
-from kvstore.layout import get_layout  # noqa: E402
+from kvstore.format.layout import get_layout  # noqa: E402
 from kvstore.store import SessionStore, StoreConfig, open_store  # noqa: E402
 from kvstore.tiers import TierError  # noqa: E402
 

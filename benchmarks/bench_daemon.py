@@ -39,11 +39,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import ceilings, common
 from benchmarks.ceilings import Combo, Op, Rows
 from benchmarks.common import RESULTS, Stamps, machine, markdown_table, write_result
-from kvstore import chunk
 from kvstore.client import Client
-from kvstore.keys import chain_keys
-from kvstore.layout import get_layout
-from kvstore.manifest import Manifest
+from kvstore.format import chunk
+from kvstore.format.keys import chain_keys
+from kvstore.format.layout import get_layout
+from kvstore.format.manifest import Manifest
 
 LAYOUT = "deepseek-v4.1-flash"
 CHUNK_TOKENS = 256

@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import ceilings, common, peers_proto, peers_report, peers_venv
-from kvstore import chunk
-from kvstore.layout import get_layout
+from kvstore.format import chunk
+from kvstore.format.layout import get_layout
 from kvstore.server.process import DaemonProcess
 
 HERE = Path(__file__).resolve().parent

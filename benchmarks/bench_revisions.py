@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import bench_daemon as bd
 from benchmarks import ceilings, common
 from benchmarks.common import RESULTS, machine, markdown_table, write_result
-from kvstore import chunk
-from kvstore.layout import get_layout
+from kvstore.format import chunk
+from kvstore.format.layout import get_layout
 from kvstore.server.process import DaemonProcess
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,11 +35,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import machine, markdown_table, median_time, write_result
-from kvstore import chunk
-from kvstore.keys import ROOT, chain_keys
-from kvstore.layout import EntryFormat, Layout, get_layout
-from kvstore.manifest import Manifest
-from kvstore.quant import quantize_indexer, quantize_main
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chain_keys
+from kvstore.format.layout import EntryFormat, Layout, get_layout
+from kvstore.format.manifest import Manifest
+from kvstore.format.quant import quantize_indexer, quantize_main
 from kvstore.store import BytesPerToken, StoreConfig, bytes_per_token, open_store
 from kvstore.tiers import HostTierConfig, SsdTierConfig
 from kvstore.tiers.host import HostTier

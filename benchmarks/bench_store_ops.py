@@ -27,9 +27,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_store import CHUNK_TOKENS, make_session
 from benchmarks.common import machine, markdown_table
-from kvstore import chunk
-from kvstore.keys import ROOT, chunk_key_raw
-from kvstore.layout import get_layout
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chunk_key_raw
+from kvstore.format.layout import get_layout
 from kvstore.store import Manifest, StoreConfig, open_store
 from kvstore.tiers import HostTierConfig, SsdTierConfig
 

@@ -148,8 +148,8 @@ def chunk_session(layout: Any, namespace: str, n_chunks: int, chunk_tokens: int,
     import numpy as np
     import torch
 
-    from kvstore import chunk, quant
-    from kvstore.keys import chain_keys
+    from kvstore.format import chunk, quant
+    from kvstore.format.keys import chain_keys
 
     g = torch.Generator().manual_seed(seed)
     ids = np.random.default_rng(seed).integers(0, 129_280, n_chunks * chunk_tokens)

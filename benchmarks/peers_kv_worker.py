@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import ceilings, common, peers_proto
 from benchmarks.bench_daemon import manifest_for
 from kvstore.client import Client
-from kvstore.layout import get_layout
+from kvstore.format.layout import get_layout
 
 LAYOUT = "deepseek-v4.1-flash"
 ARENA_BYTES = 64 << 20

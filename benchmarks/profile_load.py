@@ -32,9 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common
 from benchmarks.bench_daemon import CHUNK_TOKENS, LAYOUT, manifest_for
-from kvstore import shm, transport
 from kvstore.client import Client
-from kvstore.layout import get_layout
+from kvstore.format.layout import get_layout
+from kvstore.transport import shm
+from kvstore.transport.carrier import ArenaCarrier, StreamCarrier
 from kvstore.v1 import kvstore_pb2 as pb
 
 NS = "prof"
@@ -111,8 +112,8 @@ def parts(tmp: Path, blobs: list[bytes], keys: list[bytes], ids: object, rounds:
         m = manifest_for(NS, "s", keys, ids)  # type: ignore[arg-type]
         sessions.save_session(NS, m.layout_id, bytes(16), 0, blobs, m)
         arena = shm.Arena.create(Path(tempfile.mkdtemp()), 80 << 20)
-        ac = transport.ArenaCarrier(arena, "a")
-        sc = transport.StreamCarrier()
+        ac = ArenaCarrier(arena, "a")
+        sc = StreamCarrier()
         pairs = list(enumerate(blobs))
         stream_msgs = [pb.LoadSessionResponse(chunks=p.message()).SerializeToString() for p in sc.send(pairs)]
         arena_msg = pb.LoadSessionResponse(chunks=next(ac.send(pairs)).message()).SerializeToString()
@@ -137,7 +138,7 @@ def parts(tmp: Path, blobs: list[bytes], keys: list[bytes], ids: object, rounds:
             "asyncio.to_thread hop (idle)": p50_us(lambda: loop.run_until_complete(asyncio.to_thread(int)), rounds),
             "client parse, stream": p50_us(parse_stream, rounds),
             "client parse, arena": p50_us(parse_arena, rounds),
-            "manifest get + to_pb": p50_us(lambda: __import__("kvstore.convert").convert.session_to_pb(
+            "manifest get + to_pb": p50_us(lambda: __import__("kvstore.transport.convert").convert.session_to_pb(
                 sessions.get(NS, "s")), rounds),
         }
         loop.close()

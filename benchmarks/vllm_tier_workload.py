@@ -11,7 +11,7 @@ Page bytes (``PagePool``): every page of every group, at the offsets ``geometry.
 per state) of 512-channel Gaussian rows; indexer pages are MXFP4 records (64 B of E2M1 codes, then
 the 4 UE8M0 exponents per state: split). Rows are ``N(0, 1)`` times a per-layer per-channel
 log-normal gain (sigma 0.5: KV latents have outlier channels) times a per-state log-normal gain
-(sigma 0.2), quantized by ``kvstore.quant`` (bit-exact with ml_dtypes), so E4M3 scale rows vary as
+(sigma 0.2), quantized by ``kvstore.format.quant`` (bit-exact with ml_dtypes), so E4M3 scale rows vary as
 real ones do and the UE8M0 indexer exponents fall in a narrow range. The bytes of a slot past its
 group's pages (vLLM offloads a packed block whole for every group) are zeros.
 """
@@ -68,7 +68,8 @@ class PagePool:
                 channels = 2 * p.data  # FP4: two codes a byte
                 block = channels // p.scale  # channels per scale
                 if (kind, block) not in (("main", quant.MAIN_BLOCK), ("index", quant.INDEX_BLOCK)):
-                    raise ValueError(f"page {p.name}: {p.data}+{p.scale} B records are not what kvstore.quant makes")
+                    raise ValueError(f"page {p.name}: {p.data}+{p.scale} B records are not what "
+                                     "kvstore.format.quant makes")
                 gkey = f"{kind}.{layer}"
                 if gkey not in gains:
                     gains[gkey] = torch.exp(0.5 * torch.randn(channels, generator=gen))

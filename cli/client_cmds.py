@@ -20,7 +20,7 @@ from rich.text import Text
 
 from cli import args as check
 from cli.ui import console, framed, numbers_right
-from kvstore.layout import get_layout, layout_by_id
+from kvstore.format.layout import get_layout, layout_by_id
 
 if TYPE_CHECKING:  # kvstore.client pulls in gRPC: imported only when a command runs
     from kvstore.client import Client
@@ -92,7 +92,7 @@ def _client(args: argparse.Namespace) -> Client:
     tls = ClientTls(**{k: v or "" for k, v in tls_args.items()}) if any(tls_args.values()) else None
     address = args.address
     if address is None:  # $KVSTORE_ADDRESS gets the same check as the flag
-        from cli.main import UsageError
+        from cli.errors import UsageError
 
         try:
             address = check.address(default_address())
@@ -112,7 +112,7 @@ def with_client(fn: Callable[[Client, argparse.Namespace], int]) -> Callable[[ar
     def run(args: argparse.Namespace) -> int:
         import grpc
 
-        from cli.main import CliError, UsageError
+        from cli.errors import CliError, UsageError
         from kvstore.client import Unauthenticated
         from kvstore.errors import InvalidArgument, KvstoreError, PermissionDenied, Unavailable
 
@@ -179,14 +179,14 @@ def health_report(client: Client) -> dict[str, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from kvstore import wire
+    from kvstore.client import messages
     from kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 
     cfg = client.config
-    opts = wire.channel_options(cfg)
+    opts = messages.channel_options(cfg)
     channel = (grpc.secure_channel(client.address, cfg.tls.credentials(), opts) if cfg.tls
                else grpc.insecure_channel(client.address, opts))
-    call = {"timeout": cfg.timeout_s, "metadata": wire.metadata(cfg)}
+    call = {"timeout": cfg.timeout_s, "metadata": messages.metadata(cfg)}
     stub = health_pb2_grpc.HealthStub(channel)
 
     def check(service: str) -> str:
@@ -195,7 +195,7 @@ def health_report(client: Client) -> dict[str, str]:
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]  # a daemon without per-part statuses
                 return "UNKNOWN"
-            raise wire.domain_error(e) from None
+            raise messages.domain_error(e) from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
     try:
@@ -204,7 +204,7 @@ def health_report(client: Client) -> dict[str, str]:
             tiers = list(kvstore_pb2_grpc.KVStoreStub(channel).GetServerInfo(kvstore_pb2.GetServerInfoRequest(),
                                                                              **call).tiers)
         except grpc.RpcError as e:
-            raise wire.domain_error(e) from None
+            raise messages.domain_error(e) from None
         for service in (SERVICE, *(TIER_HEALTH + t for t in tiers)):
             report[service] = check(service)
         return report
@@ -306,7 +306,7 @@ def cmd_stats(client: Client, args: argparse.Namespace) -> int:
         console().print(stats_view(client.stats()))
         return 0
     if args.watch <= 0:
-        from cli.main import UsageError
+        from cli.errors import UsageError
 
         raise UsageError(f"--watch needs a positive number of seconds, got {args.watch:g}")
     from rich.live import Live

@@ -83,7 +83,7 @@ def daemon(address: str | None, restart: list[DaemonProcess]) -> Iterator[str]:
 def _model(args: argparse.Namespace) -> tuple[Transformer, str]:
     """The model and a line naming its weights; a usage error for a checkpoint that cannot be used, an
     installation error when the shipped one is missing."""
-    from cli.main import CliError, UsageError
+    from cli.errors import CliError, UsageError
     from replay.model import ModelArgs, Transformer
     from replay.weights import DEFAULT_CHECKPOINT
 
@@ -123,7 +123,7 @@ def continuation(tokens: list[int]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.main import CliError
+    from cli.errors import CliError
 
     try:
         import torch  # the model's imports stay out of every other command's start-up
@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         text = stdlib_tokens(args.system_tokens + args.agents * args.turns * (args.turn_tokens + MAX_FIDELITY_STEPS))
     except ValueError as e:  # more text than the standard library holds
-        from cli.main import UsageError
+        from cli.errors import UsageError
 
         raise UsageError(f"--system-tokens + --agents x --turns x --turn-tokens: {e}") from None
     lay = model.args.layout

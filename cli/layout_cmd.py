@@ -8,7 +8,7 @@ from rich import box
 from rich.table import Table
 
 from cli.ui import console, numbers_right
-from kvstore.layout import PRESETS, get_layout
+from kvstore.format.layout import PRESETS, get_layout
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -10,11 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
 from cli import layout_cmd
+from cli.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, CliError
 from kvstore.errors import InvalidArgument, KvstoreError
 
-EXIT_FAILED = 1  # the command was well formed but did not succeed
-EXIT_USAGE = 2  # the command line or the configuration is wrong
-EXIT_INTERRUPTED = 130
 EPILOG = """\
 exit codes:
   0    success
@@ -33,18 +31,6 @@ OTHER_ENV = (
     "KVSTORE_FUZZ_EXAMPLES", "KVSTORE_FUZZ_REPORT", "KVSTORE_ISOLATION_REPORT", "KVSTORE_ISOLATION_ROUNDS",
     "KVSTORE_REQUIRE_VLLM", "KVSTORE_VLLM_VENV",  # the vLLM tier's environment and tests
 )
-
-
-class CliError(Exception):
-    """An error the CLI reports as one line; ``code`` is the exit status (1: the command failed)."""
-
-    code = EXIT_FAILED
-
-
-class UsageError(CliError):
-    """The command line or the configuration is wrong: exit status 2."""
-
-    code = EXIT_USAGE
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -105,8 +91,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # `python -m cli.main` runs this file as __main__: call the importable module's main, so the
-    # commands' CliError (raised from cli.main) is the class caught there
-    from cli.main import main as _main
-
-    sys.exit(_main())
+    sys.exit(main())

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def run(args: argparse.Namespace) -> int:
     """Exit status 2 for what the operator configured wrong (flags, --config, KVSTORE_*, the data dir,
     TLS files), 1 for a daemon that cannot start here (port or data dir in use, a damaged store)."""
-    from cli.main import CliError, UsageError
+    from cli.errors import CliError, UsageError
     from kvstore.server.daemon import serve, setup_logging
     from kvstore.server.startup import CannotStart
     from kvstore.tiers.base import TierError

@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvstore import chunk, quant
-from kvstore.keys import ROOT, chunk_key
-from kvstore.layout import EntryFormat, get_layout
+from kvstore.format import chunk, quant
+from kvstore.format.keys import ROOT, chunk_key
+from kvstore.format.layout import EntryFormat, get_layout
 
 DOC = Path(__file__).resolve().parent / "FORMAT.md"
 BEGIN, END = "<!-- example:begin (docs/format_example.py) -->", "<!-- example:end -->"

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kvstore import quant
-from kvstore.layout import EntryFormat, Layout
+from kvstore.format import quant
+from kvstore.format.layout import EntryFormat, Layout
 
 if TYPE_CHECKING:
     from replay.model import ModelArgs

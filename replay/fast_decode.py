@@ -1,7 +1,7 @@
 """Decode and replay without per-op launch overhead: static shapes, no host syncs, CUDA graphs.
 
 The eager path (Transformer._run) reads positions back to the host (``int(pos[0])``), slices by data
-(``values[:n]``, ring windows that grow) and quantizes through kvstore.quant's checked codecs, so on a GPU
+(``values[:n]``, ring windows that grow) and quantizes through kvstore.format.quant's checked codecs, so on a GPU
 every token costs a few thousand kernel launches and dozens of synchronizations. Here one step of T tokens
 is a function of device tensors only: the session's position and each ring's start travel in a small input
 vector, the global caches are preallocated for ``max_len`` tokens (entries not yet selectable are masked,

@@ -1,11 +1,11 @@
-"""The cache codecs of kvstore.quant, bit for bit, in a form a CUDA graph can capture.
+"""The cache codecs of kvstore.format.quant, bit for bit, in a form a CUDA graph can capture.
 
-kvstore.quant checks every input for NaN/Inf with a host sync (``bool(tensor)``) and builds its E2M1
+kvstore.format.quant checks every input for NaN/Inf with a host sync (``bool(tensor)``) and builds its E2M1
 lookup table from a Python tuple (a host-to-device copy): neither may run while a graph is captured.
 These functions take their device constants from a ``GraphCodecs`` built once, outside any capture, and
 never look at values on the host, so a non-finite input is not refused here: it yields garbage codes
 (the eager path, which checks, is the one to use where inputs are not trusted). tests/test_fast_decode.py
-checks them against kvstore.quant on random and edge-case inputs.
+checks them against kvstore.format.quant on random and edge-case inputs.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from kvstore.quant import E2M1_MAX, E4M3_MAX, INDEX_BLOCK, MAIN_BLOCK, SWA_BLOCK
+from kvstore.format.quant import E2M1_MAX, E4M3_MAX, INDEX_BLOCK, MAIN_BLOCK, SWA_BLOCK
 
 _E2M1_MAGS = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # codes 0-7; 8-15 are the negatives
 _E2M1_TIES = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)  # between neighbours; odd ones round up to the even code
 
 
 def _ue8m0_ceil(t: Tensor) -> Tensor:
-    """2^ceil(log2 t) as exponent bytes (bias 127), exactly (frexp, as kvstore.quant)."""
+    """2^ceil(log2 t) as exponent bytes (bias 127), exactly (frexp, as kvstore.format.quant)."""
     mant, exp = torch.frexp(t)
     return (torch.where(mant == 0.5, exp - 1, exp) + 127).to(torch.uint8)
 

@@ -19,8 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from kvstore import quant
-from kvstore.layout import Layout, get_layout
+from kvstore.format import quant
+from kvstore.format.layout import Layout, get_layout
 from replay.cache import SessionState
 from replay.calibration import Calibration
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvstore import chunk
 from kvstore.client import Client
-from kvstore.framing import Blob
-from kvstore.keys import ROOT, chunk_key
-from kvstore.layout import Layout
-from kvstore.manifest import Manifest, Retention
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chunk_key
+from kvstore.format.layout import Layout
+from kvstore.format.manifest import Manifest, Retention
+from kvstore.transport.framing import Blob
 from replay.fidelity import exact_replay_length
 from replay.model import SessionState, Transformer
 

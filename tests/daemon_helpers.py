@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore import chunk, quant, shm
 from kvstore.client import Client
 from kvstore.errors import (
     FailedPrecondition,
@@ -35,9 +34,11 @@ from kvstore.errors import (
     PermissionDenied,
     Unauthenticated,
 )
-from kvstore.keys import chain_keys
-from kvstore.layout import EntryFormat, Layout, get_layout
-from kvstore.manifest import Manifest, Retention
+from kvstore.format import chunk, quant
+from kvstore.format.keys import chain_keys
+from kvstore.format.layout import EntryFormat, Layout, get_layout
+from kvstore.format.manifest import Manifest, Retention
+from kvstore.transport import shm
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

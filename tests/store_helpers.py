@@ -16,11 +16,11 @@ import numpy as np
 import torch
 import zstandard
 
-from kvstore import chunk
-from kvstore.keys import ROOT, chain_keys, chunk_key
-from kvstore.layout import EntryFormat, Layout, get_layout
-from kvstore.manifest import Manifest, Retention
-from kvstore.quant import quantize_indexer, quantize_main
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chain_keys, chunk_key
+from kvstore.format.layout import EntryFormat, Layout, get_layout
+from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.quant import quantize_indexer, quantize_main
 from kvstore.store import SessionStore, StoreConfig, TieredStore
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierConfig, make_tier
 from kvstore.tiers.base import WriteBatch

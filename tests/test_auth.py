@@ -25,9 +25,9 @@ from daemon_helpers import (
 )
 
 from kvstore.client import Client
-from kvstore.keys import ROOT
-from kvstore.layout import get_layout
-from kvstore.manifest import Retention
+from kvstore.format.keys import ROOT
+from kvstore.format.layout import get_layout
+from kvstore.format.manifest import Retention
 from kvstore.server.auth import Auth
 from kvstore.server.startup import CannotStart
 from kvstore.v1 import kvstore_pb2 as pb

@@ -13,10 +13,11 @@ import grpc
 import pytest
 from daemon_helpers import Daemon, make_session, running_daemon, status_of, transport_stats
 
-from kvstore import shm, transport
-from kvstore.aio_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client.aio import AsyncClient
 from kvstore.errors import InvalidArgument
+from kvstore.transport import shm
+from kvstore.transport.carrier import ARENA, STREAM
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -42,17 +43,17 @@ def test_the_path_is_chosen_once_at_connect(daemon: Daemon, ns: str) -> None:
     with Client(address=daemon.address, arena_bytes=4 << 20) as c:
         c.save_session(s.manifest, s.blobs)
         carrier = c.carrier
-        assert carrier.name == transport.ARENA and c.uses_shared_memory
+        assert carrier.name == ARENA and c.uses_shared_memory
         _, chunks = c.load_session(ns, "s1")
         assert {i: bytes(b) for i, b in chunks} == dict(enumerate(s.blobs))
         assert c.carrier is carrier
-        assert transport.ARENA in c.info().carriers
+        assert ARENA in c.info().carriers
     after = transport_stats(daemon)
     assert after.arena_calls == before.arena_calls + 2
     assert after.attaches == before.attaches + 1 and after.stream_calls == before.stream_calls
     with Client(address=daemon.address, shared_memory=False) as c:
         c.save_session(s.manifest, s.blobs)
-        assert c.carrier.name == transport.STREAM and not c.uses_shared_memory
+        assert c.carrier.name == STREAM and not c.uses_shared_memory
     assert transport_stats(daemon).stream_calls == after.stream_calls + 1
 
 
@@ -75,7 +76,7 @@ def test_a_batch_larger_than_the_arena_takes_the_stream_for_that_call(daemon: Da
         for s in (small, large):
             _, chunks = c.load_session(ns, s.session_id, zero_copy=True)
             assert {i: bytes(b) for i, b in chunks} == dict(enumerate(s.blobs))
-        assert c.carrier.name == transport.ARENA  # still: overflow is per call
+        assert c.carrier.name == ARENA  # still: overflow is per call
     after = transport_stats(daemon)
     assert after.arena_calls == before.arena_calls + 4 and after.overflow_calls == before.overflow_calls + 2
 

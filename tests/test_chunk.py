@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, quant
-from kvstore.keys import ROOT, chunk_key
-from kvstore.layout import get_layout
+from kvstore.format import chunk, quant
+from kvstore.format.keys import ROOT, chunk_key
+from kvstore.format.layout import get_layout
 
 LAYOUT = get_layout("tiny-16")
 

@@ -1,4 +1,4 @@
-"""The clients import no daemon code: ``kvstore.client`` and ``kvstore.aio_client`` load no module
+"""The clients import no daemon code: ``kvstore.client`` and ``kvstore.client.aio`` load no module
 of ``kvstore.server`` or ``kvstore.store`` (a client installs and starts without the store's
 dependencies: LMDB, zstd, redis, the tiers)."""
 
@@ -10,7 +10,7 @@ import sys
 
 PROBE = """
 import json, sys
-import kvstore.client, kvstore.aio_client
+import kvstore.client, kvstore.client.aio
 print(json.dumps(sorted(m for m in sys.modules if m.startswith(("kvstore.server", "kvstore.store")))))
 """
 

@@ -14,7 +14,7 @@ from cluster_helpers import RedisClusterProcess, require_cluster, running_cluste
 from daemon_helpers import make_session
 
 from kvstore.errors import FailedPrecondition, Unavailable
-from kvstore.manifest import Retention
+from kvstore.format.manifest import Retention
 from kvstore.store import SessionStore, StoreConfig, open_store
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierError
 from kvstore.tiers.redis import RedisTier

@@ -42,10 +42,10 @@ from store_helpers import (
     unframe,
 )
 
-from kvstore import chunk
 from kvstore.errors import NotFound
-from kvstore.keys import ROOT
-from kvstore.manifest import KEY_PREFIX, Manifest
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT
+from kvstore.format.manifest import KEY_PREFIX, Manifest
 from kvstore.store import SessionStore, StoreConfig, open_store
 from kvstore.tiers.ssd import DB_NAME, META_DB_NAME
 

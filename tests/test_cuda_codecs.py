@@ -1,4 +1,4 @@
-"""The Triton codecs (kvstore.cuda) against the CPU reference: kvstore.quant on CPU tensors, itself
+"""The Triton codecs (kvstore.cuda) against the CPU reference: kvstore.format.quant on CPU tensors, itself
 bit-exact with ml_dtypes (tests/test_quant.py). Every format, both directions, bit for bit.
 
 Where to run: on a CUDA machine the kernels run on the GPU, in this process. Without one, the
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore import quant
 from kvstore.cuda import codecs
+from kvstore.format import quant
 
 DEVICE_ENV = "KVSTORE_CODEC_TEST_DEVICE"
 HAS_TRITON = codecs.available()

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvstore import chunk
 from kvstore.client import Client
+from kvstore.client.device_load import HOST, IPC, loader_for
 from kvstore.cuda import device_load
-from kvstore.cuda.device_load import HOST, IPC, loader_for
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvstore.format import chunk
 from kvstore.server.device_arenas import MAX_PER_OWNER, DeviceArenas
 from kvstore.store import SessionStore, StoreConfig, TieredStore
 from kvstore.tiers import HostTierConfig, SsdTierConfig, make_tier

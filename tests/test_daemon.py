@@ -32,14 +32,15 @@ from daemon_helpers import (
 from google.protobuf.descriptor_pool import DescriptorPool
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from kvstore import chunk, shm
-from kvstore.aio_client import AsyncClient
 from kvstore.client import Client, ClientConfig
+from kvstore.client.aio import AsyncClient
 from kvstore.errors import KvstoreError, NotFound
-from kvstore.framing import Blob
-from kvstore.keys import ROOT
-from kvstore.layout import get_layout
-from kvstore.manifest import Retention
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT
+from kvstore.format.layout import get_layout
+from kvstore.format.manifest import Retention
+from kvstore.transport import shm
+from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 

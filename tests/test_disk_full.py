@@ -17,7 +17,7 @@ from store_helpers import Session, build_session, check_chunk, save, store_confi
 
 from kvstore.client import Client
 from kvstore.errors import ResourceExhausted
-from kvstore.layout import get_layout
+from kvstore.format.layout import get_layout
 from kvstore.store import SessionStore, StoreConfig, open_store
 from kvstore.tiers import SsdTierConfig
 

@@ -10,7 +10,7 @@ import sys
 
 PROBE = """
 import json, sys
-import kvstore.server.daemon, kvstore.server.service, kvstore.client, kvstore.aio_client, cli.main
+import kvstore.server.daemon, kvstore.server.service, kvstore.client, kvstore.client.aio, cli.main
 import kvstore.engines.vllm.geometry
 bad = [m for m in sys.modules if m.split(".")[0] == "vllm" or m.startswith("kvstore.engines.vllm.tier")]
 print(json.dumps(sorted(bad)))

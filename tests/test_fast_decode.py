@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvstore import quant
+from kvstore.format import quant
 from replay.cache import SessionState
 from replay.fast_decode import FastDecodeConfig, FastDecoder
 from replay.graph_codecs import GraphCodecs

@@ -24,10 +24,10 @@ import xxhash
 import zstandard
 from test_record_codec import ODD, make_chunk
 
-from kvstore import chunk, quant
-from kvstore.keys import ROOT, chunk_key
-from kvstore.layout import PRESETS, EntryFormat, get_layout
-from kvstore.manifest import Manifest, Retention
+from kvstore.format import chunk, quant
+from kvstore.format.keys import ROOT, chunk_key
+from kvstore.format.layout import PRESETS, EntryFormat, get_layout
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.tiers.record import CHUNK, RecordCodec
 
 ROOT_DIR = Path(__file__).resolve().parents[1]

@@ -34,9 +34,10 @@ from daemon_helpers import Daemon, make_session, running_daemon, save_session
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, convert, localrpc, shm
 from kvstore.client import Client
-from kvstore.layout import get_layout
+from kvstore.format import chunk
+from kvstore.format.layout import get_layout
+from kvstore.transport import convert, local_channel, shm
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -85,7 +86,7 @@ class Target:
 
     fuzzed: Fuzzed
     transport: str
-    channel: Any  # grpc.Channel or localrpc.LocalChannel: the same call surface
+    channel: Any  # grpc.Channel or local_channel.LocalChannel: the same call surface
     stub: pb_grpc.KVStoreStub
 
     @property
@@ -181,7 +182,7 @@ def target(request: pytest.FixtureRequest, fuzzed: Fuzzed) -> Iterator[Target]:
         return
     if not fuzzed.local_socket:
         pytest.skip("the daemon serves no local socket here")
-    local = localrpc.LocalChannel(fuzzed.local_socket)
+    local = local_channel.LocalChannel(fuzzed.local_socket)
     yield Target(fuzzed, "local", local, pb_grpc.KVStoreStub(local))
     local.close()
 
@@ -405,25 +406,26 @@ def local_frames(draw: st.DrawFn) -> bytes:
     client must not send, unknown kinds), whole, cut short, with a length out of range, or garbage."""
     out = []
     if draw(st.sampled_from([True, True, False])):  # a well-formed call first, answered before what follows is read
-        out += [localrpc.call_frame(draw(st.sampled_from(METHOD_PATHS)), draw(st.sampled_from(FRAME_TOKENS))),
-                *(localrpc.frame(localrpc.MSG, draw(st.sampled_from(FUZZ_REQUESTS))) for _ in range(draw(
-                    st.sampled_from([1, 1, 1, 0, 2])))), localrpc.frame(localrpc.END)]
+        out += [local_channel.call_frame(draw(st.sampled_from(METHOD_PATHS)), draw(st.sampled_from(FRAME_TOKENS))),
+                *(local_channel.frame(local_channel.MSG, draw(st.sampled_from(FUZZ_REQUESTS))) for _ in range(draw(
+                    st.sampled_from([1, 1, 1, 0, 2])))), local_channel.frame(local_channel.END)]
     for _ in range(draw(st.integers(0 if out else 1, 6))):
-        kind = draw(st.sampled_from([localrpc.CALL, localrpc.CALL, localrpc.MSG, localrpc.MSG, localrpc.END,
-                                     localrpc.STATUS, 0, 9, 255]))
-        if kind == localrpc.CALL and draw(st.booleans()):
+        lc = local_channel
+        kind = draw(st.sampled_from([lc.CALL, lc.CALL, lc.MSG, lc.MSG, lc.END,
+                                     local_channel.STATUS, 0, 9, 255]))
+        if kind == local_channel.CALL and draw(st.booleans()):
             path = draw(st.one_of(st.sampled_from(METHOD_PATHS), st.text(max_size=60)))
-            out.append(localrpc.call_frame(path, draw(st.sampled_from(FRAME_TOKENS))))
-        elif kind == localrpc.MSG and draw(st.booleans()):
-            out.append(localrpc.frame(kind, draw(st.sampled_from(FUZZ_REQUESTS))))
+            out.append(local_channel.call_frame(path, draw(st.sampled_from(FRAME_TOKENS))))
+        elif kind == local_channel.MSG and draw(st.booleans()):
+            out.append(local_channel.frame(kind, draw(st.sampled_from(FUZZ_REQUESTS))))
         else:
-            out.append(localrpc.frame(kind, draw(st.binary(max_size=120))))
+            out.append(local_channel.frame(kind, draw(st.binary(max_size=120))))
     data = b"".join(out)
     op = draw(st.sampled_from(["whole", "whole", "whole", "cut", "bad length", "garbage"]))
     if op == "cut":
         return data[: draw(st.integers(0, len(data)))]
     if op == "bad length":
-        return data + struct.pack("<IB", draw(st.sampled_from([0, localrpc.MAX_FRAME + 1, 2**32 - 1])), 2)
+        return data + struct.pack("<IB", draw(st.sampled_from([0, local_channel.MAX_FRAME + 1, 2**32 - 1])), 2)
     if op == "garbage":
         return draw(st.binary(max_size=300))
     return data
@@ -432,12 +434,13 @@ def local_frames(draw: st.DrawFn) -> bytes:
 def _answers(raw: bytes) -> list[int]:
     """The status codes in what the daemon sent back; its framing must hold throughout."""
     codes, pos = [], 0
-    while pos + localrpc.HEADER.size <= len(raw):
-        length, kind = localrpc.HEADER.unpack_from(raw, pos)
-        assert kind in (localrpc.MSG, localrpc.STATUS) and 1 <= length <= localrpc.MAX_FRAME, (kind, length)
-        if kind == localrpc.STATUS:
-            codes.append(raw[pos + localrpc.HEADER.size])
-        pos += localrpc.HEADER.size + length - 1  # the length counts the kind byte, part of the header
+    while pos + local_channel.HEADER.size <= len(raw):
+        length, kind = local_channel.HEADER.unpack_from(raw, pos)
+        assert kind in (local_channel.MSG, local_channel.STATUS), kind
+        assert 1 <= length <= local_channel.MAX_FRAME, length
+        if kind == local_channel.STATUS:
+            codes.append(raw[pos + local_channel.HEADER.size])
+        pos += local_channel.HEADER.size + length - 1  # the length counts the kind byte, part of the header
     assert pos == len(raw), "the daemon's answer ends inside a frame"
     return codes
 
@@ -459,7 +462,7 @@ def test_fuzz_local_socket_frames(fuzzed: Fuzzed, data: bytes) -> None:
         with contextlib.suppress(ConnectionResetError):
             while chunk_ := s.recv(1 << 16):
                 raw += chunk_
-    codes = [localrpc.status_code(c) for c in _answers(raw)]
+    codes = [local_channel.status_code(c) for c in _answers(raw)]
     assert not set(codes) & BAD_CODES, codes
     for code in codes or ["closed"]:
         fuzzed.count("raw frames (local socket)", code)
@@ -508,7 +511,7 @@ def test_fuzz_fds_passed_over_the_local_socket(fuzzed: Fuzzed, data: st.DataObje
     No INTERNAL/UNKNOWN, no dead daemon, and the daemon keeps none of the fds it was passed."""
     if not fuzzed.local_socket:
         pytest.skip("the daemon serves no local socket here")
-    local = localrpc.LocalChannel(fuzzed.local_socket)
+    local = local_channel.LocalChannel(fuzzed.local_socket)
     t = Target(fuzzed, "local", local, pb_grpc.KVStoreStub(local))
     size = 64 << 10
     nonce = os.urandom(shm.NONCE_BYTES)

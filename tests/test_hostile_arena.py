@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 from daemon_helpers import REPO, Daemon, clean_env, make_session, running_daemon, save_session
 
-from kvstore import shm
 from kvstore.client import Client
+from kvstore.transport import shm
 
 sys.path.insert(0, str(REPO))
 from benchmarks.reliability import hostile

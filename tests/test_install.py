@@ -134,7 +134,7 @@ def test_without_torch_the_daemon_cli_and_client_work(torchless: Path, torchless
     assert (health.returncode, health.stdout) == (0, "SERVING\n"), health.stderr
     ls = _run(torchless, "sessions", "ls", "--address", torchless_daemon, cwd=tmp_path)
     assert ls.returncode == 0 and "plain" in ls.stdout, ls.stderr
-    probe = subprocess.run([str(torchless / "python"), "-c", "import kvstore.client, kvstore.aio_client, "
+    probe = subprocess.run([str(torchless / "python"), "-c", "import kvstore.client, kvstore.client.aio, "
                             "kvstore.server.daemon; import sys; print('torch' in sys.modules)"],
                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert probe.stdout.strip() == "False", probe.stderr
@@ -151,7 +151,7 @@ def test_without_torch_the_demo_says_how_to_install_it(torchless: Path, tmp_path
 PROBE = """
 import json, pkgutil, sys, importlib
 import cli, kvstore.server
-names = ["kvstore.client", "kvstore.aio_client"]
+names = ["kvstore.client", "kvstore.client.aio"]
 names += ["kvstore.server." + m.name for m in pkgutil.iter_modules(kvstore.server.__path__)]
 names += ["cli." + m.name for m in pkgutil.iter_modules(cli.__path__)]
 for name in names:

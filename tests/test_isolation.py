@@ -25,11 +25,12 @@ import grpc
 import pytest
 from daemon_helpers import CODE, Daemon, SyntheticSession, make_session, running_daemon, save_session
 
-from kvstore import localrpc, shm, transport
 from kvstore.client import Client
 from kvstore.errors import KvstoreError
-from kvstore.keys import ROOT, chain_keys
-from kvstore.manifest import Retention
+from kvstore.format.keys import ROOT, chain_keys
+from kvstore.format.manifest import Retention
+from kvstore.transport import local_channel, shm
+from kvstore.transport.carrier import UNKNOWN_ARENA, ArenaCarrier, Blob
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -107,7 +108,7 @@ def answer(call: Callable[[], object], *names: bytes | str) -> tuple[str, str]:
     return code, text
 
 
-def loaded(items: Iterator[tuple[int, transport.Blob]]) -> list[tuple[int, bytes]]:
+def loaded(items: Iterator[tuple[int, Blob]]) -> list[tuple[int, bytes]]:
     return [(i, bytes(b)) for i, b in items]
 
 
@@ -242,7 +243,7 @@ def _stub(d: Daemon) -> Iterator[pb_grpc.KVStoreStub]:
         yield pb_grpc.KVStoreStub(channel)
         info = pb_grpc.KVStoreStub(channel).GetServerInfo(pb.GetServerInfoRequest(), metadata=META_A, timeout=30)
     if info.local_socket:
-        local = localrpc.LocalChannel(info.local_socket)
+        local = local_channel.LocalChannel(info.local_socket)
         yield pb_grpc.KVStoreStub(local)
         local.close()
 
@@ -259,7 +260,7 @@ def test_a_cannot_use_b_arena_id(world: World) -> None:
     with Client(address=d.address, token="tok-b", arena_bytes=1 << 20) as b:
         s = world.b_sessions[0]
         assert dict(loaded(b.load_chunks(B, s.keys, zero_copy=True))) == dict(enumerate(s.blobs))
-        if not isinstance(b.carrier, transport.ArenaCarrier):
+        if not isinstance(b.carrier, ArenaCarrier):
             pytest.skip("no same-host arena here")
         b_id, before = b.carrier.arena_id, bytes(b.carrier.arena.view)
         for stub in _stub(d):
@@ -277,7 +278,7 @@ def test_a_cannot_use_b_arena_id(world: World) -> None:
             assert code == "OK"  # ignored, like any id that is not the caller's
             for kind, call in calls.items():
                 code, text = probe(world, kind, call, b_id, uuid.uuid4().hex, lambda x: (x,))
-                assert code == "INVALID_ARGUMENT" and text.startswith(transport.UNKNOWN_ARENA), text
+                assert code == "INVALID_ARGUMENT" and text.startswith(UNKNOWN_ARENA), text
         assert bytes(b.carrier.arena.view) == before  # A's load wrote nothing into B's arena
         assert dict(loaded(b.load_chunks(B, s.keys, zero_copy=True))) == dict(enumerate(s.blobs))
         assert b.carrier.arena_id == b_id  # B's arena is still mapped: B did not have to attach again
@@ -317,9 +318,9 @@ def test_one_owner_attaching_many_arenas_never_unmaps_another_owners(tmp_path: P
     a_ids = [arenas.add("a", shm.Arena.create(tmp_path, 4096)) for _ in range(5)]
     assert arenas.get("b", b_id).size == 4096
     for gone in a_ids[:2]:
-        with pytest.raises(KvstoreError, match=transport.UNKNOWN_ARENA):
+        with pytest.raises(KvstoreError, match=UNKNOWN_ARENA):
             arenas.get("a", gone)
     assert all(arenas.get("a", i) for i in a_ids[2:])
-    with pytest.raises(KvstoreError, match=transport.UNKNOWN_ARENA):
+    with pytest.raises(KvstoreError, match=UNKNOWN_ARENA):
         arenas.get("a", b_id)  # another's id: exactly an unknown one
     arenas.close_all()

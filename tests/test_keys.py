@@ -7,12 +7,12 @@ import sys
 import numpy as np
 import pytest
 
-from kvstore.keys import ROOT, chain_keys, chunk_key
-from kvstore.layout import get_layout
+from kvstore.format.keys import ROOT, chain_keys, chunk_key
+from kvstore.format.layout import get_layout
 
 LAY = get_layout("tiny-16").layout_id
 SCRIPT = (
-    "import numpy as np; from kvstore.keys import chain_keys; from kvstore.layout import get_layout;"
+    "import numpy as np; from kvstore.format.keys import chain_keys; from kvstore.format.layout import get_layout;"
     "ids = np.random.default_rng(7).integers(0, 50000, 4096);"
     "print(','.join(k.hex() for k in chain_keys(get_layout('tiny-16').layout_id, 'team-a', ids, 256)))"
 )

@@ -4,7 +4,7 @@ from fractions import Fraction
 
 import pytest
 
-from kvstore.layout import PRESETS, CacheSpec, EntryFormat, get_layout, layout_by_id
+from kvstore.format.layout import PRESETS, CacheSpec, EntryFormat, get_layout, layout_by_id
 
 
 def test_paper_numbers() -> None:

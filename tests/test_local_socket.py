@@ -1,4 +1,4 @@
-"""The daemon's local socket (kvstore/server/local.py, kvstore/localrpc.py): a same-host client that
+"""The daemon's local socket (kvstore/server/local.py, kvstore/transport/local_channel.py): a same-host client that
 attached an arena makes every call over it, with the same answers and status codes as over gRPC;
 the socket admits only the daemon's own user; bad framing costs only the connection that sent it."""
 
@@ -19,10 +19,10 @@ import grpc
 import pytest
 from daemon_helpers import Daemon, SyntheticSession, make_session, running_daemon, start_daemon, transport_stats
 
-from kvstore import localrpc, shm
-from kvstore.aio_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client.aio import AsyncClient
 from kvstore.errors import InvalidArgument, NotFound, PermissionDenied
+from kvstore.transport import local_channel, shm
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -97,7 +97,7 @@ def test_bad_framing_costs_only_its_connection(daemon: Daemon) -> None:
     with Client(address=daemon.address) as c:
         path = c.info().local_socket
     # too long a frame; an unknown kind; a request before any call
-    for junk in (b"\xff" * 64, struct.pack("<IB", 10, 9) + b"x" * 9, localrpc.frame(localrpc.MSG, b"x")):
+    for junk in (b"\xff" * 64, struct.pack("<IB", 10, 9) + b"x" * 9, local_channel.frame(local_channel.MSG, b"x")):
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(path)
             s.settimeout(5)
@@ -112,7 +112,7 @@ def test_bad_framing_costs_only_its_connection(daemon: Daemon) -> None:
 
 def test_an_unknown_method_is_unimplemented(daemon: Daemon) -> None:
     with Client(address=daemon.address) as c:
-        ch = localrpc.LocalChannel(c.info().local_socket)
+        ch = local_channel.LocalChannel(c.info().local_socket)
     try:
         call = ch.unary_unary("/kvstore.v1.KVStore/NoSuchMethod", lambda m: m.SerializeToString(), bytes)
         with pytest.raises(grpc.RpcError) as e:

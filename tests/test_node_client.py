@@ -24,7 +24,7 @@ import pytest
 from daemon_helpers import make_session, running_daemon, save_session
 
 from kvstore.client import Client, ClientConfig
-from kvstore.layout import get_layout
+from kvstore.format.layout import get_layout
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 SERVICE = "kvstore.v1.KVStore"

@@ -16,9 +16,9 @@ import pytest
 from store_helpers import TINY8, Session, build_session, encode_chunk, save, token_stream
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from kvstore.keys import ROOT, chain_keys
-from kvstore.layout import get_layout
-from kvstore.manifest import manifest_key
+from kvstore.format.keys import ROOT, chain_keys
+from kvstore.format.layout import get_layout
+from kvstore.format.manifest import manifest_key
 from kvstore.store import SessionStore
 from kvstore.tiers import Tier, TierError
 

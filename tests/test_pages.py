@@ -13,11 +13,11 @@ from daemon_helpers import Daemon, free_port, start_daemon, status_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore import page
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import page_layout, v41_groups
-from kvstore.manifest import Manifest, Retention
-from kvstore.page_layout import PageLayout, PageLayoutError
+from kvstore.format import page
+from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.page_layout import PageLayout, PageLayoutError
 
 NS = "team-a"
 

@@ -29,8 +29,8 @@ from daemon_helpers import (
 )
 from store_helpers import build_session, make_tiered, save, store_config, token_stream
 
-from kvstore.aio_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client.aio import AsyncClient
 from kvstore.store import SessionStore
 from kvstore.store.prefetch import PrefetchConfig, Prefetcher
 

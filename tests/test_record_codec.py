@@ -14,9 +14,9 @@ import pytest
 import torch
 import zstandard
 
-from kvstore import chunk, quant
-from kvstore.keys import ROOT, chunk_key
-from kvstore.layout import CacheSpec, EntryFormat, Layout, get_layout
+from kvstore.format import chunk, quant
+from kvstore.format.keys import ROOT, chunk_key
+from kvstore.format.layout import CacheSpec, EntryFormat, Layout, get_layout
 from kvstore.tiers import SsdTierConfig, record_chunk
 from kvstore.tiers.base import CorruptValue
 from kvstore.tiers.record import CHUNK, HEADER, RAW, ZSTD, RecordCodec, _encode_chunk

@@ -343,7 +343,7 @@ def _forge(data_dir: Path, key: bytes) -> None:
     other token ids, with a valid checksum: what a lookup cannot see and a load must refuse."""
     import lmdb
 
-    from kvstore import chunk
+    from kvstore.format import chunk
     from kvstore.tiers.record import RecordCodec
 
     lay = ModelArgs.tiny8().layout

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from daemon_helpers import Daemon, SyntheticSession, free_port, make_session, save_session, start_daemon
 
-from kvstore.aio_client import AsyncClient
 from kvstore.client import Client
-from kvstore.framing import Blob
-from kvstore.keys import ROOT
+from kvstore.client.aio import AsyncClient
+from kvstore.format.keys import ROOT
+from kvstore.transport.framing import Blob
 
 
 def blobs_of(items: Iterable[tuple[int, Blob]]) -> dict[int, bytes]:

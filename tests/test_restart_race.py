@@ -26,11 +26,11 @@ import grpc
 import pytest
 from daemon_helpers import make_session, save_session
 
-from kvstore import localrpc
-from kvstore.aio_client import AsyncClient
 from kvstore.client import Client
+from kvstore.client.aio import AsyncClient
 from kvstore.errors import KvstoreError
-from kvstore.localrpc_aio import AsyncLocalChannel
+from kvstore.transport import local_channel
+from kvstore.transport.local_channel_aio import AsyncLocalChannel
 from kvstore.v1 import kvstore_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -69,8 +69,8 @@ class Peer:
         def serve() -> None:
             with listener, listener.accept()[0] as conn:
                 conn.recv(1 << 16)  # the call, whole (one small write)
-                conn.sendall(localrpc.frame(localrpc.MSG, pb.ServerInfo(version="back").SerializeToString())
-                             + localrpc.frame(localrpc.STATUS, b"\x00"))
+                conn.sendall(local_channel.frame(local_channel.MSG, pb.ServerInfo(version="back").SerializeToString())
+                             + local_channel.frame(local_channel.STATUS, b"\x00"))
 
         t = threading.Thread(target=serve, daemon=True)
         t.start()
@@ -86,7 +86,7 @@ def sock_path(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_failed_reconnect_leaves_no_closed_socket_in_the_pool(sock_path: Path) -> None:
     peer = Peer(sock_path)
-    channel = localrpc.LocalChannel(str(sock_path))
+    channel = local_channel.LocalChannel(str(sock_path))
     channel.probe()  # one connected socket, pooled
     dead = peer.dying()
     call = channel.unary_unary(INFO, pb.GetServerInfoRequest.SerializeToString, pb.ServerInfo.FromString)

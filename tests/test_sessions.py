@@ -23,11 +23,11 @@ from store_helpers import (
     token_stream,
 )
 
-from kvstore import chunk
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
-from kvstore.keys import ROOT, chunk_key
-from kvstore.layout import get_layout
-from kvstore.manifest import Retention, manifest_key
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chunk_key
+from kvstore.format.layout import get_layout
+from kvstore.format.manifest import Retention, manifest_key
 from kvstore.store import SessionStore, bytes_per_token, open_store
 
 CT = CHUNK_TOKENS

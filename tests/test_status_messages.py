@@ -13,9 +13,9 @@ import grpc
 import pytest
 from daemon_helpers import Daemon, running_daemon
 
-from kvstore import localrpc
 from kvstore.client import Client
 from kvstore.server.status import MAX_DETAILS_BYTES, capped
+from kvstore.transport import local_channel
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -41,7 +41,7 @@ def channel(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[object]:
         path = c.info().local_socket
     if not path:
         pytest.skip("no local socket here")
-    ch = localrpc.LocalChannel(path)
+    ch = local_channel.LocalChannel(path)
     yield ch
     ch.close()
 
@@ -94,7 +94,7 @@ def test_a_long_method_path_over_the_local_socket(daemon: Daemon) -> None:
         path = c.info().local_socket
     if not path:
         pytest.skip("no local socket here")
-    ch = localrpc.LocalChannel(path)
+    ch = local_channel.LocalChannel(path)
     code, details = failure(lambda: ch.unary_unary("/" + "m" * 60_000, lambda b: b, lambda b: b)(b"", timeout=30))
     ch.close()
     assert code == "UNIMPLEMENTED" and len(details.encode()) <= MOST and details.startswith("no method /mmm")

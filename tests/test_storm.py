@@ -20,7 +20,7 @@ from benchmarks.reliability.oracle import ABSENT, Oracle
 from benchmarks.reliability.storm import StormConfig, run_storm
 from benchmarks.reliability.workload import CHUNK_TOKENS
 from kvstore.client import Client
-from kvstore.keys import ROOT
+from kvstore.format.keys import ROOT
 
 SHORT_KILLS = 50
 

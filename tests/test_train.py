@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvstore import quant
+from kvstore.format import quant
 from replay import dense
 from replay.calibration import Calibration, CalibrationRow
 from replay.corpus import split_bytes

@@ -1,4 +1,5 @@
-"""Stream framing (kvstore.framing) and the guarded open of same-host arenas (kvstore.shm), without a daemon."""
+"""Stream framing (kvstore.transport.framing) and the guarded open of same-host arenas
+(kvstore.transport.shm), without a daemon."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore import chunk, framing, pbwire, shm, transport
 from kvstore.errors import InvalidArgument
-from kvstore.layout import get_layout
+from kvstore.format import chunk
+from kvstore.format.layout import get_layout
 from kvstore.server import arena_attach
+from kvstore.transport import fastpb, framing, shm
+from kvstore.transport.carrier import StreamCarrier
 from kvstore.v1 import kvstore_pb2 as pb
 
 TINY8 = get_layout("tiny-8")
@@ -127,24 +130,24 @@ def test_pack_of_nothing_is_no_message() -> None:
     assert list(framing.pack([], 100)) == []
 
 
-# -- answers encoded by hand (kvstore.pbwire): exactly protobuf's bytes ------------------------------
+# -- answers encoded by hand (kvstore.transport.fastpb): exactly protobuf's bytes ------------------------------
 @pytest.mark.parametrize("max_bytes", [7, 216, 400, 10_000])
 def test_hand_encoded_answers_are_protobufs_bytes(max_bytes: int) -> None:
     blobs = [*BLOBS, small_chunk(2, 4)]
     session = pb.Session(session_id="s", namespace="ns", chunk_keys=[bytes(16)] * len(blobs), token_count=300)
-    pieces = list(transport.StreamCarrier(max_bytes).send((i + 200, b) for i, b in enumerate(blobs)))
+    pieces = list(StreamCarrier(max_bytes).send((i + 200, b) for i, b in enumerate(blobs)))
     for n, p in enumerate(pieces):
         msg = pb.ChunkData(data=p.data, indices=p.indices)
-        assert pbwire.chunk_data_message(p.parts, p.indices).raw == msg.SerializeToString()
+        assert fastpb.chunk_data_message(p.parts, p.indices).raw == msg.SerializeToString()
         first = session if n == 0 else None
-        raw = pbwire.load_session_message(first.SerializeToString() if first else None, p.encoded()).raw
+        raw = fastpb.load_session_message(first.SerializeToString() if first else None, p.encoded()).raw
         assert raw == pb.LoadSessionResponse(session=first, chunks=msg).SerializeToString()
         assert pb.LoadSessionResponse.FromString(raw).chunks == msg
 
 
 @given(st.lists(st.integers(0, 2**32 - 1), max_size=50))
 def test_hand_encoded_indices_of_any_size(indices: list[int]) -> None:
-    raw = pbwire.chunk_data_message([b"abc"], indices).raw
+    raw = fastpb.chunk_data_message([b"abc"], indices).raw
     assert raw == pb.ChunkData(data=b"abc", indices=indices).SerializeToString()
 
 
@@ -268,27 +271,27 @@ def test_arena_attach_needs_the_creators_nonce(tmp_path: Path) -> None:
 def test_the_client_parses_stream_answers_without_copying() -> None:
     blobs = [*BLOBS, small_chunk(2, 4)]
     session = pb.Session(session_id="s", namespace="ns", chunk_keys=[bytes(16)] * len(blobs))
-    for n, p in enumerate(transport.StreamCarrier(400).send(enumerate(blobs))):
-        raw = pbwire.load_session_message(session.SerializeToString() if n == 0 else None, p.encoded()).raw
-        got = pbwire.parse_load_session(raw)
+    for n, p in enumerate(StreamCarrier(400).send(enumerate(blobs))):
+        raw = fastpb.load_session_message(session.SerializeToString() if n == 0 else None, p.encoded()).raw
+        got = fastpb.parse_load_session(raw)
         assert got.session == (session if n == 0 else None)
-        assert isinstance(got.chunks, pbwire.StreamChunks) and got.chunks.data.obj is raw  # a view, no copy
+        assert isinstance(got.chunks, fastpb.StreamChunks) and got.chunks.data.obj is raw  # a view, no copy
         assert bytes(got.chunks.data) == p.data and got.chunks.indices == list(p.indices)
-        c = pbwire.parse_chunk_data(b"".join(p.encoded()))
+        c = fastpb.parse_chunk_data(b"".join(p.encoded()))
         assert bytes(c.data) == p.data and list(c.indices) == list(p.indices)
 
 
 def test_anything_else_is_left_to_protobuf() -> None:
     arena = pb.ChunkData(shm=pb.ShmHandle(arena_id="a", indices=[0], offsets=[0], sizes=[9], size=9))
-    assert pbwire.parse_chunk_data(arena.SerializeToString()) == arena
-    got = pbwire.parse_load_session(pb.LoadSessionResponse(chunks=arena).SerializeToString())
+    assert fastpb.parse_chunk_data(arena.SerializeToString()) == arena
+    got = fastpb.parse_load_session(pb.LoadSessionResponse(chunks=arena).SerializeToString())
     assert got.session is None and got.chunks == arena
     unpacked = b"\x0a\x03abc\x10\x05\x10\x07"  # indices as separate varints: valid protobuf too
-    assert pbwire.parse_chunk_data(unpacked).indices == [5, 7]
-    assert pbwire.parse_load_session(b"").chunks is None
+    assert fastpb.parse_chunk_data(unpacked).indices == [5, 7]
+    assert fastpb.parse_load_session(b"").chunks is None
 
 
 @pytest.mark.parametrize("raw", [b"\x0a\x05ab", b"\x12\x80", b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"])
 def test_a_truncated_answer_is_refused(raw: bytes) -> None:
     with pytest.raises(InvalidArgument):
-        pbwire.parse_chunk_data(raw)
+        fastpb.parse_chunk_data(raw)

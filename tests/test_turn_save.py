@@ -11,8 +11,8 @@ import pytest
 from store_helpers import TINY8, Session, build_session, save, store_config, token_stream
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
-from kvstore.keys import ROOT
-from kvstore.manifest import Manifest, Retention
+from kvstore.format.keys import ROOT
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import SaveResult
 from kvstore.store import SessionStore, open_store
 from kvstore.tiers.base import TierError, WriteBatch

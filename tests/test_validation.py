@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 from store_helpers import CHUNK_TOKENS, TINY8, build_session, save, store_config
 from test_record_codec import make_chunk
 
-from kvstore import chunk
 from kvstore.client import Client
 from kvstore.errors import InvalidArgument
-from kvstore.keys import ROOT
-from kvstore.layout import get_layout
-from kvstore.manifest import Manifest, ManifestError, Retention, manifest_key
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT
+from kvstore.format.layout import get_layout
+from kvstore.format.manifest import Manifest, ManifestError, Retention, manifest_key
 from kvstore.store import SessionStore, open_store
 
 TINY = get_layout("tiny-16")

@@ -3,10 +3,10 @@
     python -c "from benchmarks.gpu.codecs import run; print(run()[0])"
 
 For bf16 ``[1M, 512]``: each format (main, indexer, SWA) and direction through the public API
-(``kvstore.quant`` on a CUDA tensor: the Triton kernel plus its one NaN/Inf check), and each
+(``kvstore.format.quant`` on a CUDA tensor: the Triton kernel plus its one NaN/Inf check), and each
 kernel alone over a small set of launch shapes. Effective bandwidth counts bytes read plus bytes
 written; the ceiling is a large device-to-device ``copy_`` timed the same way in the same run.
-Bit-exactness: the first 64K rows of every output against the CPU reference (kvstore.quant on CPU).
+Bit-exactness: the first 64K rows of every output against the CPU reference (kvstore.format.quant on CPU).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.common import markdown_table
-from kvstore import quant
 from kvstore.cuda import codecs
 from kvstore.cuda.codecs import KernelConfig
+from kvstore.format import quant
 
 ROWS, DIM = 1 << 20, 512
 CHECK_ROWS = 1 << 16
@@ -128,14 +128,14 @@ def run(rows: int = ROWS, device: str = "cuda") -> tuple[str, dict]:
         r["met"] = r["ratio"] >= TARGET
     table = markdown_table(
         ["format", "direction", "GB/s effective (read+written)", "device copy GB/s", "ratio", "target",
-         "status", "bit-exact vs CPU", "via kvstore.quant (+ NaN check)", "best launch of the sweep"],
+         "status", "bit-exact vs CPU", "via kvstore.format.quant (+ NaN check)", "best launch of the sweep"],
         [[r["format"], r["direction"], f"{r['gbps']:.0f}", f"{ceiling:.0f}", f"{r['ratio']:.2f}", f">= {TARGET}",
           "met" if r["met"] else "NOT met", "yes" if r["bit_exact"] else "NO", f"{r['api_gbps']:.0f} GB/s",
           f"{r['best_kernel_gbps']:.0f} GB/s ({r['best_config']})"] for r in results])
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (interpreter smoke run)"
     text = (f"### FP4/FP8 codec kernels (Triton), bf16 [{rows:,}, {DIM}] on {name}\n\n"
-            f"Each kernel at the launch `kvstore.quant` uses ({KernelConfig()}), median of 25 calls; the "
-            f"`kvstore.quant` column adds what a caller pays per call (allocation, and for quantize the one "
+            f"Each kernel at the launch `kvstore.format.quant` uses ({KernelConfig()}), median of 25 calls; the "
+            f"`kvstore.format.quant` column adds what a caller pays per call (allocation, and for quantize the one "
             f"host sync of the NaN/Inf flag). Ceiling: a {x.numel() * 2 / 2**30:.1f} GiB `copy_` in the same "
             f"run. Bit-exact: the first {CHECK_ROWS:,} rows, every launch shape, against the CPU path.\n\n{table}\n")
     return text, {"device": name, "shape": [rows, DIM], "dtype": "bfloat16", "copy_gbps": ceiling,

@@ -130,8 +130,8 @@ def _daemon(data_dir: Path, hbm_bytes: int) -> Iterator[str]:
 def _random_chunks(lay: Any, n: int, tokens: int = 256) -> tuple[list[bytes], list[bytes], np.ndarray]:
     """Valid chunks of ``lay`` with random codes and scales (the codec's output is not the point
     here, the bytes moved are; quantizing 280 chunks would cost the run more than the copies)."""
-    from kvstore import chunk
-    from kvstore.keys import chain_keys
+    from kvstore.format import chunk
+    from kvstore.format.keys import chain_keys
 
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 129_280, n * tokens).astype(np.uint32)
@@ -148,11 +148,11 @@ def _random_chunks(lay: Any, n: int, tokens: int = 256) -> tuple[list[bytes], li
 
 def handoff(n: int = SETS[0]) -> dict[str, Any]:
     """A session of ``n`` chunks loaded into this process's GPU memory: IPC vs the host path."""
-    from kvstore import chunk
     from kvstore.client import Client
-    from kvstore.cuda.device_load import HOST, DeviceLoader, loader_for
-    from kvstore.layout import get_layout
-    from kvstore.manifest import Manifest
+    from kvstore.client.device_load import HOST, DeviceLoader, loader_for
+    from kvstore.format import chunk
+    from kvstore.format.layout import get_layout
+    from kvstore.format.manifest import Manifest
 
     lay = get_layout("deepseek-v4.1-flash")
     blobs, keys, ids = _random_chunks(lay, n)

@@ -9,7 +9,7 @@
   eager, graphed (exact, and with one-row projections unpadded), and graphed after torch.compile (last: it
   compiles for about a minute), with where a graphed step's GPU time goes (profiler).
 - deepseek-v4.1-flash, 128K tokens (~117 MB of FP4 global KV): pinned host -> HBM and dequantize
-  (kvstore.quant on CUDA tensors), sequential and with copies overlapping dequantization, against the
+  (kvstore.format.quant on CUDA tensors), sequential and with copies overlapping dequantization, against the
   pinned H2D bandwidth of one buffer of the same size measured in the same run.
 """
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from benchmarks.common import markdown_table
-from kvstore import quant
-from kvstore.layout import EntryFormat, get_layout
+from kvstore.format import quant
+from kvstore.format.layout import EntryFormat, get_layout
 from replay.cache import SessionState
 from replay.fast_decode import FastDecodeConfig, FastDecoder
 from replay.model import Transformer

@@ -33,7 +33,7 @@ from typing import Protocol
 from benchmarks.reliability.launcher import ExecLauncher, describe_status, is_zombie_or_gone, start
 from benchmarks.reliability.workload import CHUNK_TOKENS, Version, version
 from kvstore.client import Client
-from kvstore.manifest import Manifest
+from kvstore.format.manifest import Manifest
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).resolve().with_name("hostile_client.py")

@@ -31,7 +31,7 @@ from typing import Any
 
 import grpc
 
-from kvstore import localrpc, shm
+from kvstore.transport import local_channel, shm
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -45,7 +45,7 @@ Outcome = list[str]
 class Hostile:
     spec: dict[str, Any]
     grpc_stub: pb_grpc.KVStoreStub
-    local: localrpc.LocalChannel
+    local: local_channel.LocalChannel
     shm_dir: Path
 
     @property
@@ -61,7 +61,7 @@ class Hostile:
         return outcome(lambda: (stub or self.grpc_stub).AttachArena(req, timeout=30, metadata=self.metadata).arena_id)
 
     def attach_fds(self, fds: list[int], size: int, nonce: bytes) -> Outcome:
-        call = self.local.unary_with_fds(localrpc.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
+        call = self.local.unary_with_fds(local_channel.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
                                          pb.AttachArenaResponse.FromString)
         req = pb.AttachArenaRequest(size=size, nonce=nonce)
         return outcome(lambda: call(req, fds, timeout=30, metadata=self.metadata).arena_id)
@@ -294,7 +294,7 @@ def not_memfds(h: Hostile) -> dict[str, Outcome]:
     a, nonce = memfd(SIZE)
     out["two fds"] = h.attach_fds([os.dup(a), os.dup(a)], SIZE, nonce)
     out["memfd and a path"] = outcome(lambda: h.local.unary_with_fds(
-        localrpc.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString, pb.AttachArenaResponse.FromString)(
+        local_channel.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString, pb.AttachArenaResponse.FromString)(
         pb.AttachArenaRequest(path=arena.path, size=SIZE, nonce=nonce), [os.dup(a)], timeout=30,
         metadata=h.metadata))
     out["wrong size"] = h.attach_fds([os.dup(a)], 2 * SIZE, nonce)
@@ -341,7 +341,7 @@ def connected(spec: dict[str, Any]) -> Iterator[Hostile]:
         stub = pb_grpc.KVStoreStub(channel)
         info = stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=30,
                                   metadata=(("authorization", f"Bearer {spec['token']}"),))
-        local = localrpc.LocalChannel(info.local_socket)
+        local = local_channel.LocalChannel(info.local_socket)
         try:
             yield Hostile(spec, stub, local, Path(info.shm_dir))
         finally:

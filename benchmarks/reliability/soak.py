@@ -34,7 +34,7 @@ import numpy as np
 from benchmarks.reliability.launcher import ExecLauncher, describe_status, is_zombie_or_gone, start
 from benchmarks.reliability.workload import CHUNK_TOKENS, Version, version
 from kvstore.client import Client, ClientConfig
-from kvstore.keys import ROOT
+from kvstore.format.keys import ROOT
 
 RPCS = ("SaveChunks", "CommitSession", "LoadSession", "Lookup", "Stats")
 MIX = (("save", 0.3), ("load", 0.35), ("lookup", 0.25), ("stats", 0.1))

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore import chunk
-from kvstore.keys import ROOT, chain_keys
-from kvstore.layout import Layout, get_layout
-from kvstore.manifest import Manifest
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chain_keys
+from kvstore.format.layout import Layout, get_layout
+from kvstore.format.manifest import Manifest
 
 LAYOUT = "tiny-16"
 CHUNK_TOKENS = 64  # tiny-16: ~14 KB chunks, several LMDB pages each

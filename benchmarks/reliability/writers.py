@@ -22,7 +22,7 @@ import grpc
 from benchmarks.reliability.oracle import ABSENT, CheckReport, Oracle
 from kvstore.client import Client
 from kvstore.errors import KvstoreError, NotFound
-from kvstore.keys import ROOT
+from kvstore.format.keys import ROOT
 
 Ref = tuple[str, str]
 OPS = ("commit", "delete", "evict", "read")

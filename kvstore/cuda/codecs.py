@@ -1,7 +1,7 @@
 """Python side of the Triton codecs: allocation, launch, and the one NaN/Inf check per call.
 
-``kvstore.quant`` sends CUDA tensors here when :func:`available`. Triton is imported only when a
-kernel is launched, so this module (and ``kvstore.quant``) imports on machines without it. Inputs
+``kvstore.format.quant`` sends CUDA tensors here when :func:`available`. Triton is imported only when a
+kernel is launched, so this module (and ``kvstore.format.quant``) imports on machines without it. Inputs
 of any leading shape are flattened to blocks; each program handles ``KernelConfig.blocks`` blocks.
 
 The NaN/Inf check costs one host sync per call, not per block: every program that sees a

@@ -1,4 +1,4 @@
-"""Triton kernels for the block codecs of ``kvstore.quant``, bit-exact with its CPU reference.
+"""Triton kernels for the block codecs of ``kvstore.format.quant``, bit-exact with its CPU reference.
 
 Imports triton at module level: load it only through ``kvstore.cuda.codecs``, which does so lazily.
 

@@ -30,9 +30,9 @@ import stat
 import struct
 from pathlib import Path
 
-from kvstore import shm
 from kvstore.errors import FailedPrecondition, InvalidArgument
-from kvstore.framing import Blob
+from kvstore.transport import shm
+from kvstore.transport.framing import Blob
 
 _SHM_NAME = re.compile(r"kvstore-cli-[0-9a-f]{32}")
 TMPFS_MAGIC = 0x01021994  # statfs.f_type of tmpfs and of the internal mount memfds live on

@@ -14,8 +14,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvstore import shm, transport
 from kvstore.errors import InvalidArgument
+from kvstore.transport import shm
+from kvstore.transport.carrier import UNKNOWN_ARENA
 
 # A bound on mappings (each arena is one mmap in the daemon), not on memory: the pages belong to the
 # client's shm file either way. Above the clients one token typically runs on a host (a soak of 64
@@ -55,7 +56,7 @@ class Arenas:
         entry = self._by_id.get(arena_id)
         if entry is None or entry.owner != owner:
             # the id is not echoed: the answer is the same text for every id that is not the caller's
-            raise InvalidArgument(f"{transport.UNKNOWN_ARENA}: attach it (again) with AttachArena")
+            raise InvalidArgument(f"{UNKNOWN_ARENA}: attach it (again) with AttachArena")
         self._by_id.move_to_end(arena_id)
         entry.used = self.clock()
         return entry.arena

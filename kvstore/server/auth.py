@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from kvstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
-from kvstore.manifest import check_namespace
+from kvstore.format.manifest import check_namespace
 from kvstore.server.startup import CannotStart
 
 ADMIN = "*"

@@ -1,4 +1,4 @@
-"""The daemon's side of the carriers (kvstore/transport.py): the carrier of each call, built from
+"""The daemon's side of the carriers (kvstore/transport/carrier.py): the carrier of each call, built from
 the arena id it names (the caller's own, from the pool in arenas.py, or none: the stream), the
 arenas clients attach, and counts of how each call's chunks travelled (Stats: TransportStats)."""
 
@@ -8,12 +8,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvstore import shm, transport
 from kvstore.errors import InvalidArgument
 from kvstore.server import arena_attach
 from kvstore.server.arenas import Arenas
 from kvstore.server.local import passed_fds
 from kvstore.server.offload import offload
+from kvstore.transport import shm
+from kvstore.transport.carrier import ARENA, STREAM, ArenaCarrier, Carrier, StreamCarrier
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -36,19 +37,19 @@ class Carriers:
 
     @property
     def offered(self) -> list[str]:
-        return [transport.STREAM, transport.ARENA] if self.shm_dir is not None else [transport.STREAM]
+        return [STREAM, ARENA] if self.shm_dir is not None else [STREAM]
 
-    def for_call(self, owner: str, arena_id: str) -> transport.Carrier:
+    def for_call(self, owner: str, arena_id: str) -> Carrier:
         """The carrier a call asked for: ``owner``'s arena ``arena_id``, or the stream. Another
         identity's arena id is as unknown as a made-up one (arenas.py)."""
         if not arena_id:
-            return transport.StreamCarrier(self.message_bytes)
-        return transport.ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)
+            return StreamCarrier(self.message_bytes)
+        return ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)
 
-    def count(self, carrier: transport.Carrier, streamed: bool = False) -> None:
+    def count(self, carrier: Carrier, streamed: bool = False) -> None:
         """After a call: which way its chunks went (``streamed``: a save's data part was non-empty)."""
         c = self._counts
-        if isinstance(carrier, transport.ArenaCarrier):
+        if isinstance(carrier, ArenaCarrier):
             c.arena_calls += 1
             c.overflow_calls += carrier.overflowed or streamed
         else:

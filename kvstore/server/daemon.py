@@ -16,7 +16,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from kvstore import framing, shm
 from kvstore.server.auth import Auth
 from kvstore.server.config import ConfigError, DaemonConfig, setting
 from kvstore.server.handlers import add_service, methods
@@ -30,6 +29,7 @@ from kvstore.server.service import KVStoreService
 from kvstore.server.startup import SERVER_OPTIONS, bind, data_dir_lock
 from kvstore.server.stats_pb import prefetch_to_pb
 from kvstore.store import SessionStore, open_store
+from kvstore.transport import framing, shm
 from kvstore.v1 import kvstore_pb2
 
 log = logging.getLogger("kvstore.server")

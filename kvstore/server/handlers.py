@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from kvstore.pbwire import Encoded
+from kvstore.transport.fastpb import Encoded
 from kvstore.v1 import kvstore_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
@@ -42,7 +42,7 @@ _KINDS = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): gr
 
 
 def _serializer(cls: Any) -> Callable[[Any], bytes]:
-    """``cls.SerializeToString``, and an answer the servicer encoded itself (kvstore/pbwire.py) as it is."""
+    """``cls.SerializeToString``, and an answer the servicer encoded itself (kvstore/transport/fastpb.py) as it is."""
     serialize = cls.SerializeToString
 
     def to_bytes(msg: Any) -> bytes:

@@ -1,13 +1,13 @@
 """The daemon's local socket: every KVStore method, for same-host clients of the daemon's own user.
 
 The same handlers as the gRPC listener (handlers.methods), the same messages, status codes and
-metadata (auth is unchanged), framed as kvstore/localrpc.py describes. What it saves is gRPC's
+metadata (auth is unchanged), framed as kvstore/transport/local_channel.py describes. What it saves is gRPC's
 per-call cost on one host (HTTP/2 framing, completion-queue thread hops: ~0.5-0.8 ms a call), which
 dominates a small arena load or save. Each connection has its own thread, which runs the handlers
 with blocking store calls inline and drives them without an event loop (server/offload.py): a call
 wakes one daemon thread and, with its answer, the client; nothing else. The socket file is mode
 0600 in the daemon's shm directory and every connection's peer is checked (SO_PEERCRED) to run as
-the daemon's uid, the same rule the arenas follow (kvstore/shm.py).
+the daemon's uid, the same rule the arenas follow (kvstore/transport/shm.py).
 """
 
 from __future__ import annotations
@@ -28,11 +28,11 @@ from typing import Any
 
 import grpc
 
-from kvstore import localrpc
-from kvstore.localrpc import CALL, END, HEADER, MSG, STATUS, frame
 from kvstore.server.handlers import Method
 from kvstore.server.offload import INLINE, Turns, given_up, iterate_inline, run_inline
 from kvstore.server.status import capped
+from kvstore.transport import local_channel
+from kvstore.transport.local_channel import CALL, END, HEADER, MSG, STATUS, frame
 
 log = logging.getLogger("kvstore.server")
 READ_BUFFER = 1 << 16  # a connection's read buffer: a call's small frames in one recv
@@ -177,7 +177,7 @@ class _Stream:
                 return None
             raise _Protocol("the connection ended inside a frame")
         length, kind = HEADER.unpack_from(self.buf, self.start)
-        if not 1 <= length <= localrpc.MAX_FRAME:
+        if not 1 <= length <= local_channel.MAX_FRAME:
             raise _Protocol(f"a frame of {length} bytes")
         self.start += HEADER.size
         body = self._read(length - 1)
@@ -281,7 +281,7 @@ class LocalServer:
                 kind, body = got
                 if kind != CALL:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
-                path, metadata = localrpc.parse_call(bytes(body))
+                path, metadata = local_channel.parse_call(bytes(body))
                 requests = stream.requests()
                 ctx = LocalContext(metadata, stream.take_fds())
                 try:

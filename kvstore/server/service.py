@@ -17,11 +17,11 @@ from typing import Any
 
 import grpc
 
-from kvstore import __version__, chunk, convert, framing, page, pbwire, shm, transport
+from kvstore import __version__
 from kvstore.errors import InvalidArgument
-from kvstore.framing import Blob
-from kvstore.layout import PRESETS
-from kvstore.manifest import Manifest, check_namespace
+from kvstore.format import chunk, page
+from kvstore.format.layout import PRESETS
+from kvstore.format.manifest import Manifest, check_namespace
 from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
@@ -31,6 +31,9 @@ from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb
 from kvstore.server.status import client_bytes, parsed, rpc
 from kvstore.store import SessionStore, store_stats
 from kvstore.store.prefetch import Prefetcher
+from kvstore.transport import convert, fastpb, framing, shm
+from kvstore.transport.carrier import Carrier, Piece, Receiver
+from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -65,12 +68,12 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         self.auth.check(context.invocation_metadata(), namespace)
         return namespace
 
-    def _carrier(self, context: grpc.aio.ServicerContext, arena_id: str) -> transport.Carrier:
+    def _carrier(self, context: grpc.aio.ServicerContext, arena_id: str) -> Carrier:
         """The caller's carrier: its own arena, or the stream."""
         return self.carriers.for_call(self.auth.identity(context.invocation_metadata()) if arena_id else "", arena_id)
 
-    async def _send(self, carrier: transport.Carrier, namespace: str, keys: list[bytes]
-                    ) -> AsyncIterator[transport.Piece]:
+    async def _send(self, carrier: Carrier, namespace: str, keys: list[bytes]
+                    ) -> AsyncIterator[Piece]:
         """Stream the verified chunks as they are read, a few messages per worker-thread hop (the
         arena part is written in the hop that reads it, while the chunk is still in cache)."""
         hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
@@ -124,7 +127,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 return False
         return True
 
-    def _store_turn(self, header: pb.SaveHeader, receiver: transport.Receiver, streamed: list[Blob],
+    def _store_turn(self, header: pb.SaveHeader, receiver: Receiver, streamed: list[Blob],
                     commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
         """In one worker-thread hop: the arena part of the chunks copied out (it comes first), then
         the chunks stored and, for a turn, its manifest committed in the same durable transaction."""
@@ -154,8 +157,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def SaveChunks(self, requests: AsyncIterator[pb.SaveChunksRequest],
                          context: grpc.aio.ServicerContext) -> pb.SaveChunksResponse:
         header: pb.SaveHeader | None = None
-        carrier: transport.Carrier | None = None
-        receiver: transport.Receiver | None = None
+        carrier: Carrier | None = None
+        receiver: Receiver | None = None
         blobs: list[Blob] = []
         streamed = False
         async for req in requests:
@@ -166,7 +169,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 header = req.header
                 self._check_header(context, header)
                 carrier = self._carrier(context, header.arena_id)
-                receiver = transport.Receiver(carrier if header.arena_id else None, copy=True,  # type: ignore[arg-type]
+                receiver = Receiver(carrier if header.arena_id else None, copy=True,  # type: ignore[arg-type]
                                               max_blob=self._max_blob(bytes(header.layout_id)))
             elif req.HasField("header"):
                 raise InvalidArgument("only the first SaveChunks message may carry a header")
@@ -216,7 +219,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             raise InvalidArgument("chunk keys must be 16 bytes")
         carrier = self._carrier(context, request.arena_id)
         async for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
-            yield piece.message() if piece.handle is not None else pbwire.Encoded(b"".join(piece.encoded()))
+            yield piece.message() if piece.handle is not None else fastpb.Encoded(b"".join(piece.encoded()))
 
     @rpc
     async def LoadSession(self, request: pb.LoadSessionRequest, context: Any) -> AsyncIterator[pb.LoadSessionResponse]:
@@ -230,7 +233,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
                 piece.into(r.chunks)
                 yield r
             else:
-                yield pbwire.load_session_message(session.SerializeToString() if session is not None else None,
+                yield fastpb.load_session_message(session.SerializeToString() if session is not None else None,
                                                   piece.encoded())
             session = None
         if session is not None:
@@ -373,9 +376,9 @@ class KVStoreService(pb_grpc.KVStoreServicer):
         return pb.DetachArenaResponse()
 
 
-def _take(pieces: Iterator[transport.Piece], n: int) -> tuple[list[transport.Piece], bool]:
+def _take(pieces: Iterator[Piece], n: int) -> tuple[list[Piece], bool]:
     """Up to ``n`` pieces, and whether there may be more (no extra hop just to learn the end)."""
-    out: list[transport.Piece] = []
+    out: list[Piece] = []
     for m in pieces:
         out.append(m)
         if len(out) == n:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvstore.manifest import Manifest, Retention
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.pages import compressible_offset

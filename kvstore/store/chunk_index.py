@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kvstore import chunk
-from kvstore.keys import ROOT, chunk_key_raw
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chunk_key_raw
 from kvstore.tiers.base import Stored
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class ChunkInfo:
     layout_id: bytes
     parent: bytes  # the previous chunk's key; ROOT for a sequence's first chunk
     index: int  # position in its sequence: the chunk holds tokens [index * C, (index + 1) * C)
-    #: An engine page blob (``kvstore/page.py``) rather than a chunk: no place in a chain (its key
+    #: An engine page blob (``kvstore/format/page.py``) rather than a chunk: no place in a chain (its key
     #: is the engine's chained block hash), index -1 and parent ROOT.
     page: bool = False
 

@@ -8,8 +8,8 @@ import logging
 import threading
 
 from kvstore.errors import InvalidArgument
-from kvstore.layout import Layout, layout_by_id
-from kvstore.page_layout import PageLayout, PageLayoutError
+from kvstore.format.layout import Layout, layout_by_id
+from kvstore.format.page_layout import PageLayout, PageLayoutError
 from kvstore.store.tiered import TieredStore
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""What a store checks of engine page blobs (``kvstore/page.py``), beside the chunk checks of
+"""What a store checks of engine page blobs (``kvstore/format/page.py``), beside the chunk checks of
 ``validate.py`` and ``chunk_index.py``: pure functions, no store state.
 
 A page session's manifest names its blocks' keys (every group's, in the engine's order) with
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvstore import chunk, page
 from kvstore.errors import InvalidArgument
-from kvstore.manifest import Manifest
-from kvstore.page_layout import PageLayout
+from kvstore.format import chunk, page
+from kvstore.format.manifest import Manifest
+from kvstore.format.page_layout import PageLayout
 from kvstore.tiers.base import Stored
 
 

@@ -28,8 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from kvstore.keys import ROOT, chain_keys
-from kvstore.manifest import (
+from kvstore.format.keys import ROOT, chain_keys
+from kvstore.format.manifest import (
     KEY_PREFIX,
     Manifest,
     ManifestError,
@@ -40,7 +40,7 @@ from kvstore.manifest import (
     is_legacy_manifest,
     manifest_key,
 )
-from kvstore.page_layout import PageLayout
+from kvstore.format.page_layout import PageLayout
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.chunk_index import ChunkIndex, ChunkInfo, chunk_matches
 from kvstore.store.config import StoreConfig

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import FailedPrecondition, KvstoreError, Unavailable
-from kvstore.manifest import Manifest, ManifestError
+from kvstore.format.manifest import Manifest, ManifestError
 from kvstore.tiers.base import TierError
 
 if TYPE_CHECKING:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvstore import chunk, page
-from kvstore.layout import Layout
-from kvstore.page_layout import PageLayout
+from kvstore.format import chunk, page
+from kvstore.format.layout import Layout
+from kvstore.format.page_layout import PageLayout
 from kvstore.store.counters import HitCounters
 from kvstore.store.layouts import AnyLayout
 from kvstore.store.sessions import SessionStore

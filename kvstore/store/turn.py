@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvstore.manifest import Manifest
+from kvstore.format.manifest import Manifest
 from kvstore.results import SaveResult
 
 #: What a committed turn gives its caller: the manifest as committed, and its chunks' keys.

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from kvstore import chunk
 from kvstore.errors import InvalidArgument
-from kvstore.keys import ROOT, chunk_key_raw
-from kvstore.layout import Layout, layout_by_id
-from kvstore.manifest import LAST_TOKEN_IDS, Manifest
+from kvstore.format import chunk
+from kvstore.format.keys import ROOT, chunk_key_raw
+from kvstore.format.layout import Layout, layout_by_id
+from kvstore.format.manifest import LAST_TOKEN_IDS, Manifest
 
 U32 = 1 << 32
 

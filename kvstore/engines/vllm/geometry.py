@@ -26,7 +26,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvstore.page_layout import INTERLEAVED, SPLIT, GroupSpec, PageLayout, PageSpec
+from kvstore.format.page_layout import INTERLEAVED, SPLIT, GroupSpec, PageLayout, PageSpec
 
 #: main record by (cache dtype, V4.1 MXFP8 record): (data, scale, arrangement, page alignment)
 MAIN_RECORDS = {

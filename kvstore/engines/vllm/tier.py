@@ -10,7 +10,7 @@ Loaded by vLLM from its tier config, no vLLM patch::
 vLLM keeps only the prefix-cacheable groups in its CPU primary tier (for DeepSeek-V4.1: the
 compressed main KV and indexer K of the kv-source layers; the SWA window is never offloaded and
 vLLM replays the last 128 tokens itself), and hands this tier byte blocks of that primary, one per
-``OffloadKey`` (block hash + group). Each becomes one page blob (``kvstore/page.py``) under a key
+``OffloadKey`` (block hash + group). Each becomes one page blob (``kvstore/format/page.py``) under a key
 that hashes the tenant's namespace, the engine's page layout (its fingerprint: model, cache dtypes,
 block size, parallelism) and the block hash, so blocks are never served across tenants or engine
 configurations. Everything the scheduler calls is non-blocking:
@@ -71,12 +71,12 @@ from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
 
-from kvstore import page
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import EngineGroup, page_layout
 from kvstore.errors import FailedPrecondition, KvstoreError, NotFound, Unavailable
-from kvstore.manifest import Manifest, Retention
-from kvstore.page_layout import GroupSpec, PageLayout
+from kvstore.format import page
+from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.page_layout import GroupSpec, PageLayout
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec

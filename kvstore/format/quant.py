@@ -6,7 +6,7 @@
 
 Codes are packed two per byte, even element in the low nibble. Every function takes tensors of any
 leading shape (bf16/fp16/fp32, CPU or CUDA). Contiguous CPU bf16/fp32 input goes through the fused
-C kernel (``kvstore._fp4``) when it was built; CUDA tensors through the Triton kernels of
+C kernel (``kvstore.format._fp4``) when it was built; CUDA tensors through the Triton kernels of
 ``kvstore.cuda.codecs`` when triton is installed; everything else through the vectorized torch path.
 All are bit-exact with each other and with ml_dtypes (tests/test_quant.py, tests/test_cuda_codecs.py).
 """
@@ -18,7 +18,7 @@ from types import ModuleType
 import torch
 
 try:  # the fused kernel is optional: built by `pip install`, absent on exotic platforms
-    from kvstore import _fp4
+    import kvstore.format._fp4 as _fp4
 except ImportError:  # pragma: no cover - exercised only where the C build failed
     _fp4 = None
 

@@ -4,8 +4,8 @@ A carrier sends a batch of (index, blob) pairs as ``Piece``s, one per ``ChunkDat
 ``Receiver`` turns those messages back into pairs. Two carriers exist, used the same way by the sync client, the async
 client and the servicer:
 
-- ``StreamCarrier``: the blobs back to back in the messages' ``data`` (kvstore.framing).
-- ``ArenaCarrier`` (same host): the blobs are copied into an arena both sides share (kvstore.shm;
+- ``StreamCarrier``: the blobs back to back in the messages' ``data`` (kvstore.transport.framing).
+- ``ArenaCarrier`` (same host): the blobs are copied into an arena both sides share (kvstore.transport.shm;
   the daemon maps only a sealed memfd, and reaches a file named by path with pread/pwrite:
   server/arena_attach.py); one message names their offsets. A batch larger than the arena overflows: what
   fits goes in the arena, the rest on the stream, in the same answer.
@@ -23,9 +23,9 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
-from kvstore import framing, pbwire, shm
 from kvstore.errors import InvalidArgument
-from kvstore.framing import Blob
+from kvstore.transport import fastpb, framing, shm
+from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
 # the start of the daemon's answer to an arena id it does not know, or that another identity
@@ -48,8 +48,8 @@ class Piece(NamedTuple):
         return b"".join(self.parts)
 
     def encoded(self) -> list[Blob]:
-        """A stream piece as the pieces of a serialized ChunkData (kvstore/pbwire.py)."""
-        return pbwire.chunk_data(self.parts, self.indices)
+        """A stream piece as the pieces of a serialized ChunkData (kvstore/transport/fastpb.py)."""
+        return fastpb.chunk_data(self.parts, self.indices)
 
     def into(self, msg: pb.ChunkData) -> pb.ChunkData:
         """Fill ``msg``: a fresh ChunkData or the field of an outer message. (Building the outer
@@ -155,7 +155,7 @@ class Receiver:
         self.assembler = framing.BlobAssembler() if max_blob is None else framing.BlobAssembler(max_blob)
         self.pending: list[int] = []
 
-    def feed(self, msg: pb.ChunkData | pbwire.StreamChunks) -> list[tuple[int, Blob]]:
+    def feed(self, msg: pb.ChunkData | fastpb.StreamChunks) -> list[tuple[int, Blob]]:
         if isinstance(msg, pb.ChunkData) and msg.HasField("shm"):
             h = msg.shm
             if self.arena is None or h.arena_id != self.arena.arena_id:

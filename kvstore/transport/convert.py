@@ -3,9 +3,9 @@ the daemon-only stats translation is kvstore/server/stats_pb.py)."""
 
 from __future__ import annotations
 
-from kvstore import chunk
-from kvstore.layout import Layout, layout_by_id
-from kvstore.manifest import Manifest, Retention
+from kvstore.format import chunk
+from kvstore.format.layout import Layout, layout_by_id
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.v1 import kvstore_pb2 as pb
 
 

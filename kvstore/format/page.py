@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 import xxhash
 
-from kvstore.page_layout import INTERLEAVED, GroupSpec, PageLayout
+from kvstore.format.page_layout import INTERLEAVED, GroupSpec, PageLayout
 
 MAGIC = b"KVPG"
 VERSION = 1

@@ -1,4 +1,4 @@
-"""The asyncio twin of ``kvstore.localrpc.LocalChannel``: grpc.aio.Channel's call surface over the
+"""The asyncio twin of ``kvstore.transport.local_channel.LocalChannel``: grpc.aio.Channel's call surface over the
 daemon's local socket (docs/LOCAL.md), for ``AsyncClient``. Same framing, same rules: a call holds one
 connection from a pool for its whole exchange and reads its answer whole."""
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from kvstore.localrpc import (
+from kvstore.transport.local_channel import (
     END,
     HEADER,
     MAX_FRAME,

@@ -14,8 +14,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from kvstore import convert, framing, shm, transport
-from kvstore.client_config import ClientConfig, default_address
+from kvstore.client.config import ClientConfig, default_address
 from kvstore.defaults import DEFAULT_PORT
 from kvstore.errors import (
     FailedPrecondition,
@@ -27,9 +26,11 @@ from kvstore.errors import (
     Unauthenticated,
     Unavailable,
 )
-from kvstore.keys import ROOT
-from kvstore.manifest import Manifest
+from kvstore.format.keys import ROOT
+from kvstore.format.manifest import Manifest
 from kvstore.results import LookupResult, SaveResult
+from kvstore.transport import convert, framing, shm
+from kvstore.transport.carrier import UNKNOWN_ARENA, Piece, StreamCarrier, same_host_dir
 from kvstore.v1 import kvstore_pb2 as pb
 
 ARENA_REATTACH_S = 240.0  # below the daemon's idle limit for arenas (server/arenas.py)
@@ -64,7 +65,7 @@ def domain_error(e: grpc.RpcError) -> Exception:
 def unknown_arena(e: grpc.RpcError) -> bool:
     """The daemon does not know the arena we named: it restarted, or unmapped it when idle."""
     return (e.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-            and (e.details() or "").startswith(transport.UNKNOWN_ARENA))  # type: ignore[attr-defined]
+            and (e.details() or "").startswith(UNKNOWN_ARENA))  # type: ignore[attr-defined]
 
 
 def retryable(e: grpc.RpcError) -> bool:
@@ -182,12 +183,12 @@ class Connection:
     arena_dir: Path | None  # create an arena here and attach it; None = the stream
     message_bytes: int
 
-    def stream(self) -> transport.StreamCarrier:
-        return transport.StreamCarrier(self.message_bytes)
+    def stream(self) -> StreamCarrier:
+        return StreamCarrier(self.message_bytes)
 
 
 def connection(info: pb.ServerInfo, cfg: ClientConfig) -> Connection:
-    d = transport.same_host_dir(info.host_id, info.shm_dir) if cfg.shared_memory and cfg.arena_bytes > 0 else None
+    d = same_host_dir(info.host_id, info.shm_dir) if cfg.shared_memory and cfg.arena_bytes > 0 else None
     return Connection(info, d, min(framing.DEFAULT_MESSAGE_BYTES, info.max_message_bytes // 2))
 
 
@@ -210,7 +211,7 @@ def turn_header(manifest: Manifest, new_chunks: int) -> pb.SaveHeader:
     return h
 
 
-def save_requests(header: pb.SaveHeader, pieces: Iterator[transport.Piece]) -> Iterator[pb.SaveChunksRequest]:
+def save_requests(header: pb.SaveHeader, pieces: Iterator[Piece]) -> Iterator[pb.SaveChunksRequest]:
     """The header (naming the arena part of the batch, if any), then the streamed part."""
     h = pb.SaveHeader()
     h.CopyFrom(header)

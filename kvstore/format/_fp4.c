@@ -1,4 +1,4 @@
-/* Fused CPU kernels for the FP4 (E2M1) block formats of kvstore.quant.
+/* Fused CPU kernels for the FP4 (E2M1) block formats of kvstore.format.quant.
  *
  * One pass over the input per block: amax, scale, true division, E2M1 round-to-nearest-even,
  * nibble packing. Bit-exact with the torch reference path in quant.py (both are tested against

@@ -13,7 +13,7 @@ same protobuf messages, the same status codes and metadata, framed simply (docs/
              STATUS body = u8 grpc status code | utf-8 details
 
 A call may pass fds beside its first byte (SCM_RIGHTS): AttachArena hands the daemon the sealed memfd
-of the caller's arena that way (kvstore/shm.py).
+of the caller's arena that way (kvstore/transport/shm.py).
 
 ``LocalChannel`` hands out the callables ``KVStoreStub`` asks a channel for, so the client keeps one
 code path whichever way its calls go. A call holds one socket for its whole exchange (a pool serves

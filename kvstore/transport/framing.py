@@ -10,8 +10,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable, Iterator
 
-from kvstore import chunk
 from kvstore.errors import InvalidArgument
+from kvstore.format import chunk
 
 # Chunk data per stream message. Measured (benchmarks/results/daemon.md, "aio proto" ceilings): a
 # grpc.aio server streaming protobuf messages is fastest at 512 KiB and loses half its speed at
@@ -20,7 +20,7 @@ from kvstore.errors import InvalidArgument
 DEFAULT_MESSAGE_BYTES = 512 << 10
 MAX_MESSAGE_BYTES = 16 << 20  # the most either side accepts (a manifest of a very long session)
 _TOTAL = struct.Struct("<I")
-_MAGICS = (chunk.MAGIC, b"KVPG")  # kvstore/page.py's MAGIC (not imported: page.py pulls in numpy)
+_MAGICS = (chunk.MAGIC, b"KVPG")  # kvstore/format/page.py's MAGIC (not imported: page.py pulls in numpy)
 
 Blob = bytes | memoryview
 

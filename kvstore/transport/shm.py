@@ -10,7 +10,7 @@ is 64 MiB) does not constrain it. ``Arena.create`` makes a file in ``/dev/shm`` 
 daemons reached without the local socket; the daemon never maps such a file (its owner could
 truncate it under the mapping: server/arena_attach.py).
 
-``ArenaMemory`` is what the carriers (kvstore/transport.py) use of an arena, whichever side holds
+``ArenaMemory`` is what the carriers (kvstore/transport/carrier.py) use of an arena, whichever side holds
 it: write blobs at offsets, read them back, release it.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvstore.framing import Blob
+from kvstore.transport.framing import Blob
 
 NONCE_BYTES = 16
 MAX_BYTES = 4 << 30

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
-from kvstore.keys import KEY_BYTES, token_bytes
-from kvstore.layout import Layout
+from kvstore.format.keys import KEY_BYTES, token_bytes
+from kvstore.format.layout import Layout
 
 if TYPE_CHECKING:
     import torch

@@ -1,8 +1,8 @@
-"""Blocking Python client for the kvstore daemon; ``kvstore.aio_client.AsyncClient`` is its asyncio
-twin. Both build requests and parse answers with ``kvstore.wire``.
+"""Blocking Python client for the kvstore daemon; ``kvstore.client.aio.AsyncClient`` is its asyncio
+twin. Both build requests and parse answers with ``kvstore.client.messages``.
 
 Unary calls retry with exponential backoff on UNAVAILABLE and carry a deadline. Chunk data moves
-through one carrier (kvstore/transport.py), chosen once, when the client connects (its first
+through one carrier (kvstore/transport/carrier.py), chosen once, when the client connects (its first
 ``info``, save or load): an arena shared with the daemon when it runs on this host and agrees to
 map it, else the gRPC stream. A batch larger than the arena overflows to the stream for that call.
 """
@@ -17,20 +17,18 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstore import convert, localrpc, pbwire, shm, transport, wire
-from kvstore.client_config import ClientConfig, ClientTls, default_address
-from kvstore.defaults import DEFAULT_ADDRESS
-from kvstore.errors import InvalidArgument, KvstoreError, Unauthenticated
-from kvstore.framing import Blob
-from kvstore.manifest import Manifest, Retention
+from kvstore.client import messages
+from kvstore.client.config import ClientConfig
+from kvstore.client.messages import SavedSession
+from kvstore.errors import InvalidArgument, KvstoreError
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
+from kvstore.transport import convert, fastpb, local_channel, shm
+from kvstore.transport.carrier import ARENA, ArenaCarrier, Carrier, Receiver
+from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
-from kvstore.wire import SavedSession
 
-# the public names other code imports from here (kept when they moved to client-safe modules)
-__all__ = ["DEFAULT_ADDRESS", "Client", "ClientConfig", "ClientTls", "SavedSession", "Unauthenticated",
-           "default_address"]
 T = TypeVar("T")
 
 
@@ -43,18 +41,18 @@ class Client:
     with FailedPrecondition, the stored version intact (load it again and retry)."""
 
     def __init__(self, config: ClientConfig | str | None = None, **kwargs: Any) -> None:
-        self.config = wire.client_config(config, kwargs)
-        self.address = wire.target(self.config.address)
-        self._versions = wire.Versions()
-        self._metadata = wire.metadata(self.config)
-        opts = wire.channel_options(self.config)
+        self.config = messages.client_config(config, kwargs)
+        self.address = messages.target(self.config.address)
+        self._versions = messages.Versions()
+        self._metadata = messages.metadata(self.config)
+        opts = messages.channel_options(self.config)
         self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
                          else grpc.insecure_channel(self.address, opts))
-        self._local: localrpc.LocalChannel | None = None
-        self._device_loaders: dict[Any, Any] = {}  # device -> kvstore.cuda.device_load.DeviceLoader
+        self._local: local_channel.LocalChannel | None = None
+        self._device_loaders: dict[Any, Any] = {}  # device -> kvstore.client.device_load.DeviceLoader
         self._bind(self._channel)
-        self._conn: wire.Connection | None = None
-        self._carrier: transport.Carrier | None = None
+        self._conn: messages.Connection | None = None
+        self._carrier: Carrier | None = None
         self._used = 0.0  # when the arena last carried a batch
         self._lock = threading.Lock()  # one batch in the arena at a time
         self._connecting = threading.Lock()  # one connect or re-attach at a time
@@ -65,13 +63,13 @@ class Client:
     def _bind(self, channel: Any) -> None:
         """Make the KVStore calls over ``channel``: the gRPC channel, or the daemon's local socket."""
         self._stub = pb_grpc.KVStoreStub(channel)
-        # the loads, read without copying their chunk bytes (kvstore/pbwire.py)
+        # the loads, read without copying their chunk bytes (kvstore/transport/fastpb.py)
         self._load_chunks = channel.unary_stream(
             "/kvstore.v1.KVStore/LoadChunks", request_serializer=pb.LoadChunksRequest.SerializeToString,
-            response_deserializer=pbwire.parse_chunk_data, _registered_method=True)
+            response_deserializer=fastpb.parse_chunk_data, _registered_method=True)
         self._load_session = channel.unary_stream(
             "/kvstore.v1.KVStore/LoadSession", request_serializer=pb.LoadSessionRequest.SerializeToString,
-            response_deserializer=pbwire.parse_load_session, _registered_method=True)
+            response_deserializer=fastpb.parse_load_session, _registered_method=True)
 
     def close(self) -> None:
         """Detach the device buffers and the arena (best effort: the daemon unmaps an arena after 300 s
@@ -81,7 +79,7 @@ class Client:
         if self._carrier is not None and self._carrier.arena_id:
             with self._lock, contextlib.suppress(grpc.RpcError):
                 self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
-                                       timeout=wire.DETACH_TIMEOUT_S, metadata=self._metadata)
+                                       timeout=messages.DETACH_TIMEOUT_S, metadata=self._metadata)
         self._drop_arena()
         if self._local is not None:
             self._local.close()
@@ -94,31 +92,31 @@ class Client:
         self.close()
 
     # -- connecting: the carrier, chosen once ---------------------------------------------------------
-    def connect(self) -> transport.Carrier:
+    def connect(self) -> Carrier:
         """Ask the daemon what it is and pick the carrier (once; later calls return it)."""
         with self._connecting:
             if self._carrier is None:
-                conn = wire.connection(self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()), self.config)
+                conn = messages.connection(self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()), self.config)
                 self._conn = conn
                 self._carrier = self._attach(conn)
             return self._carrier
 
     @property
-    def carrier(self) -> transport.Carrier:
+    def carrier(self) -> Carrier:
         return self.connect()
 
     @property
     def uses_shared_memory(self) -> bool:
-        return self.connect().name == transport.ARENA
+        return self.connect().name == ARENA
 
-    def _attach(self, conn: wire.Connection) -> transport.Carrier:
+    def _attach(self, conn: messages.Connection) -> Carrier:
         """Same host, and the daemon's local socket answers from here: a fresh sealed arena handed to
-        the daemon over that socket, and every call made over it from now on (kvstore/localrpc.py).
+        the daemon over that socket, and every call made over it from now on (kvstore/transport/local_channel.py).
         Otherwise, or if the daemon refuses the arena or the memory for it is not there: the stream,
         over gRPC."""
         path = conn.info.local_socket if conn.arena_dir is not None else ""
         local = (self._local if self._local is not None and self._local.path == path
-                 else localrpc.reachable(path) if path else None)
+                 else local_channel.reachable(path) if path else None)
         try:
             carrier = self._attach_sealed(local, conn) if local is not None else None
         except BaseException:
@@ -136,17 +134,17 @@ class Client:
             self._bind(local)
         return carrier
 
-    def _attach_sealed(self, local: localrpc.LocalChannel, conn: wire.Connection) -> transport.Carrier | None:
-        """A sealed memfd arena (kvstore/shm.py), its fd passed with AttachArena; None if the memory is
+    def _attach_sealed(self, local: local_channel.LocalChannel, conn: messages.Connection) -> Carrier | None:
+        """A sealed memfd arena (kvstore/transport/shm.py), its fd passed with AttachArena; None if the memory is
         not there or the daemon refuses it. Other failures (the daemon is down) raise."""
         try:
             arena = shm.Arena.create_sealed(self.config.arena_bytes)
         except OSError:
             return None
-        attach = local.unary_with_fds(localrpc.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
+        attach = local.unary_with_fds(local_channel.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
                                       pb.AttachArenaResponse.FromString)
         try:
-            r = self._call(lambda req, **kw: attach(req, [arena.fd], **kw), wire.attach_request(arena))
+            r = self._call(lambda req, **kw: attach(req, [arena.fd], **kw), messages.attach_request(arena))
         except InvalidArgument:
             arena.close()
             return None
@@ -155,7 +153,7 @@ class Client:
             raise
         arena.release_fd()  # the daemon holds its own; the mapping keeps the memory
         self._used = time.monotonic()
-        return transport.ArenaCarrier(arena, r.arena_id, conn.message_bytes)
+        return ArenaCarrier(arena, r.arena_id, conn.message_bytes)
 
     def _on_grpc(self) -> None:
         """Calls over gRPC again (a daemon that no longer takes our arena)."""
@@ -165,10 +163,10 @@ class Client:
             self._bind(self._channel)
 
     def _drop_arena(self) -> None:
-        if isinstance(self._carrier, transport.ArenaCarrier):
+        if isinstance(self._carrier, ArenaCarrier):
             self._carrier.arena.close()
 
-    def _reattach(self) -> transport.Carrier:
+    def _reattach(self) -> Carrier:
         """The daemon forgot our arena (it restarted, or unmapped it when idle): a new one. If that
         fails (the daemon is down again), the client is left unconnected, never holding a closed
         arena: its next call connects afresh, by the same rule."""
@@ -180,12 +178,12 @@ class Client:
             return self._carrier
 
     @contextlib.contextmanager
-    def _batch(self) -> Iterator[transport.Carrier]:
+    def _batch(self) -> Iterator[Carrier]:
         """The carrier for one batch, held for it: an arena carries one batch at a time (threads
         sharing this client wait), and is re-attached here, not under another thread's batch."""
         with self._lock if self.connect().arena_id else contextlib.nullcontext():
             carrier = self.connect()
-            if carrier.arena_id and time.monotonic() - self._used > wire.ARENA_REATTACH_S:
+            if carrier.arena_id and time.monotonic() - self._used > messages.ARENA_REATTACH_S:
                 carrier = self._reattach()  # the daemon unmaps arenas idle for 300 s
             self._used = time.monotonic()
             yield carrier
@@ -196,9 +194,9 @@ class Client:
             try:
                 return fn(request, timeout=self.config.timeout_s, metadata=self._metadata)
             except grpc.RpcError as e:
-                if not wire.retryable(e) or attempt == self.config.retries:
-                    raise wire.domain_error(e) from None
-                time.sleep(wire.backoff(self.config, attempt))
+                if not messages.retryable(e) or attempt == self.config.retries:
+                    raise messages.domain_error(e) from None
+                time.sleep(messages.backoff(self.config, attempt))
         raise AssertionError("unreachable")
 
     def info(self) -> pb.ServerInfo:
@@ -222,19 +220,19 @@ class Client:
         with self._batch() as carrier:
             for attempt in range(2):
                 try:
-                    return self._stub.SaveChunks(wire.save_requests(header, carrier.send(enumerate(blobs))),
+                    return self._stub.SaveChunks(messages.save_requests(header, carrier.send(enumerate(blobs))),
                                                  timeout=self.config.timeout_s, metadata=self._metadata)
                 except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and wire.unknown_arena(e):
+                    if attempt == 0 and carrier.arena_id and messages.unknown_arena(e):
                         carrier = self._reattach()
                         continue
-                    raise wire.domain_error(e) from None
+                    raise messages.domain_error(e) from None
         raise AssertionError("unreachable")
 
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
                     blobs: Iterable[Blob]) -> SaveResult:
         """Store consecutive complete chunks of one sequence; their keys, and how many were new."""
-        return wire.save_result(self._save(wire.save_header(namespace, layout_id, parent, first_index), blobs))
+        return messages.save_result(self._save(messages.save_header(namespace, layout_id, parent, first_index), blobs))
 
     def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None) -> SavedSession:
         """Save a turn in one call: ``new_blobs`` are the manifest's last ``len(new_blobs)`` chunks;
@@ -243,12 +241,12 @@ class Client:
         one replaces (default: the one this client last saved or loaded; 0 = replace whatever is
         stored); FailedPrecondition if the session has changed since."""
         m = self._versions.based(manifest, base)
-        saved = wire.saved_session(self._save(wire.turn_header(m, len(new_blobs)), new_blobs))
+        saved = messages.saved_session(self._save(messages.turn_header(m, len(new_blobs)), new_blobs))
         self._versions.saw(saved.manifest)
         return saved
 
-    def _open(self, rpc: Callable[..., Any], build: Callable[[transport.Carrier], Any],
-              chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], zero_copy: bool,
+    def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any],
+              chunks_of: Callable[[Any], pb.ChunkData | fastpb.StreamChunks | None], zero_copy: bool,
               expected: Callable[[Any], int]) -> tuple[Any, Iterator[tuple[int, Blob]]]:
         """Start a load: its first message, and the (index, blob) pairs of the whole answer. The arena
         part of an answer always comes first, so the arena is held only until it has been read.
@@ -260,10 +258,10 @@ class Client:
                     stream = rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata)
                     first = next(stream, None)
                 except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and wire.unknown_arena(e):
+                    if attempt == 0 and carrier.arena_id and messages.unknown_arena(e):
                         carrier = self._reattach()
                         continue
-                    raise wire.domain_error(e) from None
+                    raise messages.domain_error(e) from None
                 c = chunks_of(first) if first is not None else None
                 n = expected(first) if first is not None else 0
                 return first, _pairs(receiver.feed(c) if c is not None else [], stream, receiver, chunks_of, n,
@@ -298,16 +296,17 @@ class Client:
         """The manifest and (chunk index, uint8 tensor on ``device``) per chunk the store still has
         (default device: the current CUDA one). On the same host and GPU as a daemon with an HBM
         tier, copied device to device through CUDA IPC, with no host round trip; otherwise loaded
-        through the host path (kvstore/cuda/device_load.py; its ``loader_for(client, device)``
+        through the host path (kvstore/client/device_load.py; its ``loader_for(client, device)``
         says which path and why). The tensors are views of a reused buffer, valid until the next
         such load: clone what you keep."""
-        from kvstore.cuda.device_load import loader_for
+        from kvstore.client.device_load import loader_for
 
         return loader_for(self, device).load(namespace, session_id)
 
     # -- sessions -------------------------------------------------------------------------------------
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
-        return wire.lookup_result(self._call(self._stub.Lookup, wire.lookup_request(namespace, layout_id, token_ids)))
+        request = messages.lookup_request(namespace, layout_id, token_ids)
+        return messages.lookup_result(self._call(self._stub.Lookup, request))
 
     def commit(self, manifest: Manifest, base: int | None = None) -> Manifest:
         """Publish a session version whose chunks are all stored; ``base`` as in :meth:`save_session`."""
@@ -316,7 +315,7 @@ class Client:
 
     def get_session(self, namespace: str, session_id: str) -> tuple[Manifest, dict[str, int]]:
         r = self._call(self._stub.GetSession, pb.GetSessionRequest(namespace=namespace, session_id=session_id))
-        return self._versions.saw(convert.session_from_pb(r.session)), wire.tier_counts(r.tiers)
+        return self._versions.saw(convert.session_from_pb(r.session)), messages.tier_counts(r.tiers)
 
     def list_sessions(self, namespace: str = "") -> list[pb.SessionSummary]:
         return list(self._call(self._stub.ListSessions, pb.ListSessionsRequest(namespace=namespace)).sessions)
@@ -342,7 +341,7 @@ class Client:
     def prefetch_session(self, namespace: str, session_id: str) -> pb.PrefetchSessionResponse:
         """Ask the daemon to promote a session's chunks to its fastest tier in the background, ahead
         of a resume; answers at once (chunks queued, already fast, coalesced or dropped)."""
-        return self._call(self._stub.PrefetchSession, wire.prefetch_request(namespace, session_id))
+        return self._call(self._stub.PrefetchSession, messages.prefetch_request(namespace, session_id))
 
     def prefetch(self, namespace: str, session_id: str) -> int:
         """``prefetch_session``; how many chunks were queued for promotion."""
@@ -362,7 +361,7 @@ class Client:
 
     # -- engines: page layouts and blocks looked up by key (docs/FORMAT.md, "Engine pages") ------------
     def register_layout(self, definition: bytes) -> bytes:
-        """Register an engine page layout (``kvstore.page_layout.PageLayout.definition()``); its id."""
+        """Register an engine page layout (``kvstore.format.page_layout.PageLayout.definition()``); its id."""
         return bytes(self._call(self._stub.RegisterLayout, pb.RegisterLayoutRequest(definition=definition)).layout_id)
 
     def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
@@ -371,8 +370,8 @@ class Client:
         return [t or None for t in r.tiers]
 
 
-def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: transport.Receiver,
-           chunks_of: Callable[[Any], pb.ChunkData | pbwire.StreamChunks | None], expected: int, tails: set[Any]
+def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: Receiver,
+           chunks_of: Callable[[Any], pb.ChunkData | fastpb.StreamChunks | None], expected: int, tails: set[Any]
            ) -> Iterator[tuple[int, Blob]]:
     """The answer's pairs. Once all ``expected`` blobs are in (each index comes at most once), the
     answer is complete: its trailing status is not waited for (~0.5 ms, benchmarks/profile_load.py);
@@ -399,5 +398,5 @@ def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: transport.Receiv
             if c is not None:
                 yield from receiver.feed(c)
     except grpc.RpcError as e:
-        raise wire.domain_error(e) from None
+        raise messages.domain_error(e) from None
     receiver.finish()

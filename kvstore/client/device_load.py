@@ -15,10 +15,10 @@ import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
 
-from kvstore import convert, shm
 from kvstore.cuda.ipc import DeviceBuffer, IpcUnavailable
 from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError
-from kvstore.manifest import Manifest
+from kvstore.format.manifest import Manifest
+from kvstore.transport import convert, shm
 from kvstore.v1 import kvstore_pb2 as pb
 
 if TYPE_CHECKING:

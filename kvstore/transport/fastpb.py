@@ -22,7 +22,7 @@ from typing import NamedTuple
 from google.protobuf.message import Message
 
 from kvstore.errors import InvalidArgument
-from kvstore.framing import Blob
+from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
 # tags: (field number << 3) | wire type 2 (length-delimited)
