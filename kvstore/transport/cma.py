@@ -1,0 +1,83 @@
+"""Cross-memory writes: the daemon copies chunk bytes straight into a same-host client's own buffer.
+
+A load into the caller's memory (``Client.load_session_into``) names a destination in the client's
+address space (an address and a length: a numpy array, a pinned torch tensor, an engine's KV view).
+Over the local socket the daemon learns the caller's pid from the kernel (SO_PEERCRED), never from the
+request, and copies each verified chunk from where the tier holds it (the host tier's bytes, LMDB's
+map) into that destination with ``process_vm_writev(2)``: one copy from the tier, no shared mapping, no
+arena to size. A client can only make the daemon write into its own process, within the ranges it
+named (the kernel refuses addresses the process has not mapped writable: EFAULT, a failed call, no
+partial write is acknowledged).
+
+The kernel allows it when the daemon may ptrace the client: same uid and, under Yama's
+``ptrace_scope`` 1, only if the client named the daemon its ptracer (``allow_writes_from``). Where it is
+refused (another uid, Yama 2+, a seccomp filter, a kernel without CMA) the write fails with EPERM or
+ENOSYS before any byte moves: the daemon answers FAILED_PRECONDITION with the reason, and the client
+remembers it and loads through its arena instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+#: iovecs per process_vm_writev call (the kernel's UIO_MAXIOV)
+MAX_IOV = 1024
+PR_SET_PTRACER = 0x59616D61
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_writev = getattr(_libc, "process_vm_writev", None)
+if _writev is not None:
+    _writev.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
+                        ctypes.c_ulong]
+    _writev.restype = ctypes.c_ssize_t
+
+
+class CrossMemoryError(OSError):
+    """A cross-memory write failed: refused (EPERM, ENOSYS) or a destination not mapped writable (EFAULT)."""
+
+
+def address_of(buf: memoryview | bytes | bytearray | np.ndarray) -> int:
+    """The address of a contiguous buffer's first byte (read-only buffers too)."""
+    return int(np.frombuffer(buf, np.uint8).ctypes.data) if not isinstance(buf, np.ndarray) else int(buf.ctypes.data)
+
+
+def allow_writes_from(pid: int) -> None:
+    """Let ``pid`` (the daemon) write into this process under Yama ptrace_scope 1; harmless elsewhere."""
+    _libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+
+
+def write(pid: int, sources: Sequence[tuple[int, int]], dest: int, dest_len: int, offsets: Sequence[int]) -> None:
+    """Copy each (address, length) of ``sources`` (in this process) to ``dest + offsets[i]`` in process
+    ``pid``. Every piece must lie inside [dest, dest + dest_len): checked here before any byte moves.
+    One system call per ``MAX_IOV`` pieces; raises CrossMemoryError unless every byte was written."""
+    if _writev is None:
+        raise CrossMemoryError(errno.ENOSYS, "process_vm_writev is not available")
+    n = len(sources)
+    if n != len(offsets):
+        raise ValueError("one offset per source")
+    if n == 0:
+        return
+    table = np.empty((n, 2, 2), np.uint64)  # per piece: local iovec (base, len), remote iovec (base, len)
+    src = np.asarray(sources, np.uint64).reshape(n, 2)
+    off = np.asarray(offsets, np.uint64)
+    if int((off + src[:, 1]).max()) > dest_len:
+        raise ValueError(f"a piece ends past the destination's {dest_len} bytes")
+    table[:, 0] = src
+    table[:, 1, 0] = off + np.uint64(dest)
+    table[:, 1, 1] = src[:, 1]
+    local = np.ascontiguousarray(table[:, 0])
+    remote = np.ascontiguousarray(table[:, 1])
+    for start in range(0, n, MAX_IOV):
+        stop = min(n, start + MAX_IOV)
+        want = int(src[start:stop, 1].sum())
+        got = _writev(pid, local[start:].ctypes.data, stop - start, remote[start:].ctypes.data, stop - start, 0)
+        if got != want:
+            err = ctypes.get_errno() if got < 0 else errno.EFAULT
+            raise CrossMemoryError(err, f"process_vm_writev into pid {pid}: {os.strerror(err)} "
+                                        f"({max(got, 0)} of {want} bytes written)")
+
