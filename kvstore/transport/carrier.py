@@ -10,6 +10,10 @@ client and the servicer:
   server/arena_attach.py); one message names their offsets. A batch larger than the arena overflows: what
   fits goes in the arena, the rest on the stream, in the same answer.
 
+- ``CallerMemoryCarrier`` (same host, a load over the local socket that names ``CallerMemory``): the
+  daemon writes the blobs straight into the caller's own buffer (kvstore.transport.cma); one message
+  names their offsets there. Nothing overflows: a blob that does not fit fails the call.
+
 A client picks its carrier once, when it connects: same host and an arena the daemon accepted
 -> arena; anything else -> stream. The daemon builds a carrier per call from
 what the call names: an arena id (the caller's own, see server/arenas.py) or none.
@@ -23,15 +27,15 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
-from kvstore.errors import InvalidArgument
-from kvstore.transport import fastpb, framing, shm
+from kvstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from kvstore.transport import cma, fastpb, framing, shm
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
 # the start of the daemon's answer to an arena id it does not know, or that another identity
 # attached: a client that sees it attaches a fresh arena (the daemon restarted, or dropped it)
 UNKNOWN_ARENA = "unknown arena"
-STREAM, ARENA = "stream", "arena"
+STREAM, ARENA, CALLER_MEMORY = "stream", "arena", "caller memory"
 
 
 class Piece(NamedTuple):
@@ -141,6 +145,51 @@ class ArenaCarrier(Carrier):
         return Receiver(self, copy)
 
 
+class CallerMemoryCarrier(Carrier):
+    """Daemon side of a load into the caller's memory: blobs written back to back from the start of
+    [address, address + size) of process ``pid`` (the local socket's peer, never a pid a request
+    names), ``cma.MAX_IOV`` blobs a system call, each while the tier's bytes are still in hand."""
+
+    name = CALLER_MEMORY
+
+    def __init__(self, pid: int, address: int, size: int) -> None:
+        super().__init__()
+        self.pid, self.address, self.size = pid, address, size
+
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
+        handle = pb.ShmHandle(caller_memory=True)
+        held: list[Blob] = []  # the blobs of the batch being written: alive until it is
+        sources: list[tuple[int, int]] = []
+        offsets: list[int] = []
+        off = 0
+        for i, blob in items:
+            n = len(blob)
+            if off + n > self.size:
+                raise ResourceExhausted(f"the destination holds {self.size} bytes; this load needs more than "
+                                        f"{off + n} (chunk {i} does not fit)")
+            held.append(blob)
+            sources.append((cma.address_of(blob), n))
+            offsets.append(off)
+            handle.indices.append(i)
+            handle.offsets.append(off)
+            handle.sizes.append(n)
+            off += n
+            if len(held) == cma.MAX_IOV:
+                self._write(sources, offsets)
+                held, sources, offsets = [], [], []
+        self._write(sources, offsets)
+        if handle.indices:
+            handle.size = off
+            yield Piece(handle=handle)
+
+    def _write(self, sources: list[tuple[int, int]], offsets: list[int]) -> None:
+        try:
+            cma.write(self.pid, sources, self.address, self.size, offsets)
+        except cma.CrossMemoryError as e:
+            raise FailedPrecondition(f"cannot write into the caller's memory: {e.strerror}; load through the "
+                                     f"arena or the stream instead") from e
+
+
 def _chain(first: tuple[int, Blob], rest: Iterator[tuple[int, Blob]]) -> Iterator[tuple[int, Blob]]:
     yield first
     yield from rest
@@ -149,15 +198,19 @@ def _chain(first: tuple[int, Blob], rest: Iterator[tuple[int, Blob]]) -> Iterato
 class Receiver:
     """Turns the ChunkData messages of one batch into (index, blob) pairs, whichever way each came."""
 
-    def __init__(self, arena: ArenaCarrier | None, copy: bool, max_blob: int | None = None) -> None:
+    def __init__(self, arena: ArenaCarrier | None, copy: bool, max_blob: int | None = None,
+                 into: memoryview | None = None) -> None:
         self.arena = arena
         self.copy = copy
+        self.into = into  # a load into the caller's memory: the blobs are views of it
         self.assembler = framing.BlobAssembler() if max_blob is None else framing.BlobAssembler(max_blob)
         self.pending: list[int] = []
 
     def feed(self, msg: pb.ChunkData | fastpb.StreamChunks) -> list[tuple[int, Blob]]:
         if isinstance(msg, pb.ChunkData) and msg.HasField("shm"):
             h = msg.shm
+            if h.caller_memory:
+                return self._placed(h)
             if self.arena is None or h.arena_id != self.arena.arena_id:
                 raise InvalidArgument("the answer names an arena this call did not")
             arena = self.arena.arena
@@ -174,6 +227,15 @@ class Receiver:
         out = list(zip(self.pending[: len(blobs)], blobs))
         del self.pending[: len(blobs)]
         return out
+
+    def _placed(self, h: pb.ShmHandle) -> list[tuple[int, Blob]]:
+        """The blobs the daemon wrote into the caller's memory, as views of it."""
+        into = self.into
+        if into is None:
+            raise InvalidArgument("the answer names the caller's memory, which this call did not")
+        if any(o + n > len(into) for o, n in zip(h.offsets, h.sizes)):
+            raise InvalidArgument("the answer names bytes beyond the destination")
+        return [(i, into[o : o + n]) for i, o, n in zip(h.indices, h.offsets, h.sizes)]
 
     def arena_prefix(self, size: int) -> list[Blob]:
         """A save's arena part, the first ``size`` bytes of the arena: copied out before anything

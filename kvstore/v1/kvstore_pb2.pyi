@@ -201,14 +201,24 @@ class SaveChunksResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
 
 class LoadChunksRequest(_message.Message):
-    __slots__ = ("namespace", "keys", "arena_id")
+    __slots__ = ("namespace", "keys", "arena_id", "into")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
+    INTO_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     arena_id: str
-    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., arena_id: _Optional[str] = ...) -> None: ...
+    into: CallerMemory
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., arena_id: _Optional[str] = ..., into: _Optional[_Union[CallerMemory, _Mapping]] = ...) -> None: ...
+
+class CallerMemory(_message.Message):
+    __slots__ = ("address", "size")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    address: int
+    size: int
+    def __init__(self, address: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class ChunkData(_message.Message):
     __slots__ = ("data", "indices", "shm")
@@ -221,18 +231,20 @@ class ChunkData(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., indices: _Optional[_Iterable[int]] = ..., shm: _Optional[_Union[ShmHandle, _Mapping]] = ...) -> None: ...
 
 class ShmHandle(_message.Message):
-    __slots__ = ("size", "indices", "offsets", "sizes", "arena_id")
+    __slots__ = ("size", "indices", "offsets", "sizes", "arena_id", "caller_memory")
     SIZE_FIELD_NUMBER: _ClassVar[int]
     INDICES_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
+    CALLER_MEMORY_FIELD_NUMBER: _ClassVar[int]
     size: int
     indices: _containers.RepeatedScalarFieldContainer[int]
     offsets: _containers.RepeatedScalarFieldContainer[int]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     arena_id: str
-    def __init__(self, size: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., arena_id: _Optional[str] = ...) -> None: ...
+    caller_memory: bool
+    def __init__(self, size: _Optional[int] = ..., indices: _Optional[_Iterable[int]] = ..., offsets: _Optional[_Iterable[int]] = ..., sizes: _Optional[_Iterable[int]] = ..., arena_id: _Optional[str] = ..., caller_memory: _Optional[bool] = ...) -> None: ...
 
 class Retention(_message.Message):
     __slots__ = ("pinned", "ttl_s")
@@ -282,14 +294,16 @@ class Session(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., layout_name: _Optional[str] = ..., token_count: _Optional[int] = ..., chunk_tokens: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., tail: _Optional[bytes] = ..., last_token_ids: _Optional[_Iterable[int]] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., retention: _Optional[_Union[Retention, _Mapping]] = ..., metadata: _Optional[_Mapping[str, str]] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class LoadSessionRequest(_message.Message):
-    __slots__ = ("namespace", "session_id", "arena_id")
+    __slots__ = ("namespace", "session_id", "arena_id", "into")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
+    INTO_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     session_id: str
     arena_id: str
-    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., arena_id: _Optional[str] = ...) -> None: ...
+    into: CallerMemory
+    def __init__(self, namespace: _Optional[str] = ..., session_id: _Optional[str] = ..., arena_id: _Optional[str] = ..., into: _Optional[_Union[CallerMemory, _Mapping]] = ...) -> None: ...
 
 class LoadSessionResponse(_message.Message):
     __slots__ = ("session", "chunks")
