@@ -9,7 +9,8 @@ A load's iterator becomes an async iterator that pulls its pairs in the worker, 
 Tasks sharing one ``AsyncClient`` share its ``Client``, which is thread-safe: its arena carries one
 batch at a time (a task waits for it in its worker, not on the loop). Blobs are copies unless a
 load asks for ``zero_copy``, whose views are valid only until this client's next batch, whichever
-task makes it.
+task makes it. A task cancelled during a call stops waiting for it; its worker finishes the call
+(a save may still commit, as one the daemon has received may whenever its caller goes away).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class AsyncClient:
         self.address = self.client.address
         # its own workers: a caller's default executor is not filled with calls waiting on the daemon
         self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="kvstore-aio")
+        self._closed = False
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.wrap_future(self._pool.submit(fn, *args))
@@ -75,7 +77,10 @@ class AsyncClient:
                     pull.add_done_callback(lambda _: close())
 
     async def close(self) -> None:
-        """As :meth:`Client.close`; then the workers go."""
+        """As :meth:`Client.close`; then the workers go. Closing twice is closing once."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             await self._run(self.client.close)
         finally:

@@ -111,15 +111,13 @@ class Client:
 
     @property
     def carrier_chosen(self) -> Carrier | None:
-        """The carrier if the client has connected, else None: never connects (what code on an event
-        loop may ask without waiting on the daemon)."""
+        """The carrier if the client has connected, else None: never connects (nor waits)."""
         return self._carrier
 
     def _attach(self, conn: rq.Connection) -> Carrier:
-        """Same host, and the daemon's local socket answers from here: a fresh sealed arena handed to
-        the daemon over that socket, and every call made over it from now on (kvstore/transport/local_channel.py).
-        Otherwise, or if the daemon refuses the arena or the memory for it is not there: the stream,
-        over gRPC."""
+        """Same host, and the daemon's local socket answers from here: a fresh sealed arena handed to the
+        daemon over that socket, and every call made over it from now on (kvstore/transport/local_channel.py).
+        Otherwise, or if the daemon refuses the arena or the memory for it is not there: the stream, over gRPC."""
         path = conn.info.local_socket if conn.arena_dir is not None else ""
         local = (self._local if self._local is not None and self._local.path == path
                  else local_channel.reachable(path) if path else None)
@@ -311,8 +309,9 @@ class Client:
         """The loader :meth:`load_session_to_device` uses for ``device``, made once and closed with this
         client: its ``path`` (IPC or HOST) and, for HOST, the ``reason``."""
         dev = device_of(device)
+        loader = self._device_loaders.get(dev)
         # setdefault: threads asking at once get one loader (a loader attaches nothing before its first load)
-        return self._device_loaders.setdefault(dev, DeviceLoader(self, dev))
+        return loader if loader is not None else self._device_loaders.setdefault(dev, DeviceLoader(self, dev))
 
     # -- device buffers: the same-GPU handoff's calls, driven by kvstore/client/device_load.py ----------
     def attach_device_buffer(self, handle: pb.DeviceBufferHandle) -> str:
