@@ -41,7 +41,8 @@ PULL_BYTES = 4 << 20
 
 class AsyncClient:
     """``AsyncClient(...)`` takes what ``Client(...)`` takes; ``async with`` closes it. ``client``:
-    the blocking Client it drives (one may also be passed in as ``AsyncClient(client=...)``)."""
+    the blocking Client it drives, which may be passed in (``AsyncClient(client=...)``: one Client
+    under both faces, its session versions shared); closing the AsyncClient closes that Client."""
 
     def __init__(self, config: ClientConfig | str | None = None, *, client: Client | None = None,
                  **kwargs: Any) -> None:

@@ -162,4 +162,3 @@ class DeviceLoader:
     def close(self) -> None:
         with self._lock:
             self._detach()
-

@@ -397,4 +397,3 @@ class Client:
         """For each key, the fastest tier holding a copy ``namespace`` saved, or None (one call)."""
         r = self._call(self._stub.LookupKeys, pb.LookupKeysRequest(namespace=namespace, keys=list(keys)))
         return [t or None for t in r.tiers]
-
