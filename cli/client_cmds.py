@@ -179,14 +179,15 @@ def health_report(client: Client) -> dict[str, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from kvstore.client import messages
+    from kvstore.client.config import channel_options, metadata
+    from kvstore.client.requests import domain_error
     from kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 
     cfg = client.config
-    opts = messages.channel_options(cfg)
+    opts = channel_options(cfg)
     channel = (grpc.secure_channel(client.address, cfg.tls.credentials(), opts) if cfg.tls
                else grpc.insecure_channel(client.address, opts))
-    call = {"timeout": cfg.timeout_s, "metadata": messages.metadata(cfg)}
+    call = {"timeout": cfg.timeout_s, "metadata": metadata(cfg)}
     stub = health_pb2_grpc.HealthStub(channel)
 
     def check(service: str) -> str:
@@ -195,7 +196,7 @@ def health_report(client: Client) -> dict[str, str]:
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:  # type: ignore[attr-defined]  # a daemon without per-part statuses
                 return "UNKNOWN"
-            raise messages.domain_error(e) from None
+            raise domain_error(e) from None
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
     try:
@@ -204,7 +205,7 @@ def health_report(client: Client) -> dict[str, str]:
             tiers = list(kvstore_pb2_grpc.KVStoreStub(channel).GetServerInfo(kvstore_pb2.GetServerInfoRequest(),
                                                                              **call).tiers)
         except grpc.RpcError as e:
-            raise messages.domain_error(e) from None
+            raise domain_error(e) from None
         for service in (SERVICE, *(TIER_HEALTH + t for t in tiers)):
             report[service] = check(service)
         return report

@@ -29,7 +29,8 @@ _MOVED = {
     "kvstore.localrpc": "kvstore.transport.local_channel",
     "kvstore.aio_client": "kvstore.client.aio",
     "kvstore.client_config": "kvstore.client.config",
-    "kvstore.wire": "kvstore.client.messages",
+    "kvstore.wire": "kvstore.client.requests",
+    "kvstore.client.messages": "kvstore.client.requests",
     "kvstore.cuda.device_load": "kvstore.client.device_load",
 }
 
@@ -53,12 +54,8 @@ if not any(isinstance(f, _MovedModules) for f in sys.meta_path):
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Client", "ClientConfig"):
+    if name in ("AsyncClient", "Client", "ClientConfig"):
         from kvstore import client
 
         return getattr(client, name)
-    if name == "AsyncClient":
-        from kvstore.client.aio import AsyncClient
-
-        return AsyncClient
     raise AttributeError(f"module 'kvstore' has no attribute {name!r}")

@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvstore.client import Client
-from kvstore.client.device_load import HOST, IPC, loader_for
-from kvstore.cuda import device_load
+from kvstore.client import Client, device_load
+from kvstore.client.device_load import HOST, IPC
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvstore.format import chunk
 from kvstore.server.device_arenas import MAX_PER_OWNER, DeviceArenas
@@ -52,7 +51,7 @@ def test_host_path_when_the_device_is_not_cuda(tmp_path: Path) -> None:
         manifest, chunks = c.load_session_to_device(s.namespace, s.session_id, device="cpu")
         assert manifest.chunk_keys == s.manifest.chunk_keys
         _check(chunks, s.blobs, torch.device("cpu"))
-        loader = loader_for(c, "cpu")
+        loader = c.device_loader("cpu")
         assert loader.path == HOST and loader.reason == "no CUDA device here"
 
 
@@ -64,7 +63,7 @@ def test_host_path_when_the_daemon_has_no_hbm_tier(tmp_path: Path) -> None:
         save_session(c, s)
         _, chunks = c.load_session_to_device(s.namespace, s.session_id, device=dev)
         _check(chunks, s.blobs, dev)
-        assert loader_for(c, dev).path == HOST and loader_for(c, dev).reason == "the daemon has no HBM tier"
+        assert c.device_loader(dev).path == HOST and c.device_loader(dev).reason == "the daemon has no HBM tier"
 
 
 def test_ipc_handoff_between_two_processes(hbm_daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,7 +77,7 @@ def test_ipc_handoff_between_two_processes(hbm_daemon: Daemon, monkeypatch: pyte
         manifest, chunks = c.load_session_to_device(s.namespace, s.session_id, device=dev)
         assert manifest.chunk_keys == s.manifest.chunk_keys
         _check(chunks, s.blobs, dev)
-        loader = loader_for(c, dev)
+        loader = c.device_loader(dev)
         print(f"same-GPU handoff path: {loader.path} {loader.reason}")
         if loader.path != IPC:  # the fallback delivered; say plainly that IPC was not exercised
             assert loader.reason
@@ -94,10 +93,9 @@ def test_attach_refuses_another_gpu_and_unknown_buffers(hbm_daemon: Daemon) -> N
         forged = pb.DeviceBufferHandle(gpu_uuid="GPU-00000000-0000-0000-0000-000000000000", handle=bytes(64),
                                        storage_bytes=4096, size=4096)
         with pytest.raises(FailedPrecondition, match="host path"):
-            c._call(c._stub.AttachDeviceBuffer, pb.AttachDeviceBufferRequest(buffer=forged))
-        req = pb.LoadSessionToDeviceRequest(namespace="ns", session_id="s1", buffer_id="made-up")
+            c.attach_device_buffer(forged)
         with pytest.raises(InvalidArgument, match="unknown device buffer"):
-            c._call(c._stub.LoadSessionToDevice, req)
+            c.load_session_into_device_buffer("ns", "s1", "made-up")
 
 
 class _CpuHbm(HostTier):

@@ -150,7 +150,7 @@ def test_the_async_client_takes_the_local_socket_too(daemon: Daemon, ns: str) ->
     async def run() -> dict[int, bytes]:
         async with AsyncClient(address=daemon.address, arena_bytes=4 << 20) as c:
             await c.save_session(s.manifest, s.blobs)
-            assert c._local is not None and c.uses_shared_memory
+            assert c.client._local is not None and c.uses_shared_memory
             _, chunks = await c.load_session(ns, "s1")
             with pytest.raises(NotFound):
                 await c.get_session(ns, "missing")

@@ -5,10 +5,11 @@ A reader with its own Client once failed with ``OSError: [Errno 9] Bad file desc
 daemon was up. The cause: a call whose pooled local socket broke as it was written (the daemon
 died between the pool's liveness check and the write) tried a fresh socket, which failed too (no
 daemon), and the channel then put the *closed* first socket back in its pool; the next call took it
-and its liveness check raised EBADF, outside any handler. The first two tests recreate that state
+and its liveness check raised EBADF, outside any handler. The first test recreates that state
 with a real Unix socket whose far end is shut for reading (as a dying daemon's is) and no daemon to
-reconnect to; the last one runs the clients of the report (a reader, a writer, an evictor, and an
-async reader, each with its own client, in one process) across 20 real kills.
+reconnect to (the one local channel: AsyncClient calls through its Client's); the last one runs
+the clients of the report (a reader, a writer, an evictor, and an async reader, each with its own
+client, in one process) across 20 real kills.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from kvstore.client import Client
 from kvstore.client.aio import AsyncClient
 from kvstore.errors import KvstoreError
 from kvstore.transport import local_channel
-from kvstore.transport.local_channel_aio import AsyncLocalChannel
 from kvstore.v1 import kvstore_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -98,25 +98,6 @@ def test_a_failed_reconnect_leaves_no_closed_socket_in_the_pool(sock_path: Path)
     served.join(10)
     dead.close()
     channel.close()
-
-
-def test_the_async_channel_too(sock_path: Path) -> None:
-    async def go() -> None:
-        peer = Peer(sock_path)
-        channel = AsyncLocalChannel(str(sock_path))
-        await channel.probe()
-        dead = peer.dying()
-        call = channel.unary_unary(INFO, pb.GetServerInfoRequest.SerializeToString, pb.ServerInfo.FromString)
-        with pytest.raises(grpc.RpcError) as e:
-            await call(pb.GetServerInfoRequest(), timeout=10)
-        assert e.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
-        served = Peer.serving(sock_path)
-        assert (await call(pb.GetServerInfoRequest(), timeout=10)).version == "back"
-        await asyncio.to_thread(served.join, 10)
-        dead.close()
-        await channel.close()
-
-    asyncio.run(go())
 
 
 # -- the clients of the report, across real SIGKILLs ----------------------------------------------------

@@ -18,7 +18,7 @@ import pytest
 from daemon_helpers import Daemon, make_session, running_daemon, status_of, two_daemons
 from store_helpers import build_session, save, store_config
 
-from kvstore.client import Client, messages
+from kvstore.client import Client, config
 from kvstore.client.aio import AsyncClient
 from kvstore.errors import FailedPrecondition
 from kvstore.format.manifest import Retention
@@ -124,7 +124,7 @@ def test_the_async_client_carries_the_base_too(daemon: Daemon) -> None:
     ("dns:///db.internal:7000", "dns:///db.internal:7000"), (" host.example ", "host.example:50151"),
 ])
 def test_an_address_without_a_port_means_the_default_port(address: str, target: str) -> None:
-    assert messages.target(address) == target
+    assert config.target(address) == target
     with Client(address=address) as c:
         assert c.address == target
 

@@ -149,7 +149,7 @@ def _random_chunks(lay: Any, n: int, tokens: int = 256) -> tuple[list[bytes], li
 def handoff(n: int = SETS[0]) -> dict[str, Any]:
     """A session of ``n`` chunks loaded into this process's GPU memory: IPC vs the host path."""
     from kvstore.client import Client
-    from kvstore.client.device_load import HOST, DeviceLoader, loader_for
+    from kvstore.client.device_load import HOST, DeviceLoader
     from kvstore.format import chunk
     from kvstore.format.layout import get_layout
     from kvstore.format.manifest import Manifest
@@ -167,7 +167,7 @@ def handoff(n: int = SETS[0]) -> dict[str, Any]:
             Client(address=address) as c:
         c.save_session(m, blobs)
         _progress("handoff: session saved", address)
-        loader = loader_for(c, dev)
+        loader = c.device_loader(dev)
         _, chunks = loader.load("bench", "s")
         _progress("handoff: negotiated", f"{loader.path} {loader.reason}")
         exact = all(t.cpu().numpy().tobytes() == b for (_, t), b in zip(chunks, blobs))

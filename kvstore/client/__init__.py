@@ -1,24 +1,14 @@
-"""The Python clients of the daemon: ``Client`` (blocking) and ``AsyncClient`` (asyncio), one config.
-
-``AsyncClient`` is imported on first use, so a blocking client pulls in no asyncio gRPC."""
+"""The Python client of the daemon, with two faces: ``Client`` (blocking, thread-safe) and
+``AsyncClient`` (asyncio: a facade over one ``Client``, kvstore/client/aio.py); one config."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from kvstore.client.aio import AsyncClient
 from kvstore.client.config import ClientConfig, ClientTls, default_address
-from kvstore.client.messages import SavedSession
+from kvstore.client.requests import SavedSession
 from kvstore.client.sync import Client
 from kvstore.defaults import DEFAULT_ADDRESS
 from kvstore.errors import Unauthenticated
 
 __all__ = ["DEFAULT_ADDRESS", "AsyncClient", "Client", "ClientConfig", "ClientTls", "SavedSession", "Unauthenticated",
            "default_address"]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "AsyncClient":
-        from kvstore.client.aio import AsyncClient
-
-        return AsyncClient
-    raise AttributeError(f"module 'kvstore.client' has no attribute {name!r}")

@@ -1,62 +1,91 @@
-"""asyncio client for the kvstore daemon, over grpc.aio: the same methods as
-:class:`kvstore.client.Client` (awaitable), the same requests and answers (``kvstore.client.messages``) and the
-same carrier, chosen once when it connects. Blobs read through the arena are copied out before the
-call returns: tasks sharing one client must not see each other's batches."""
+"""The asyncio face of the client: ``AsyncClient``, a facade over one :class:`kvstore.client.Client`.
+
+Every public method of ``Client`` has a counterpart here of the same name, parameters and result,
+awaitable: it runs the blocking implementation in a worker thread, so the event loop never waits
+on the daemon, and connecting, the carrier, batching and retries exist once (in ``Client``).
+A load's iterator becomes an async iterator that pulls its pairs in the worker, a batch of up to
+``PULL_BYTES`` per hop. tests/test_client_faces.py fails if the two faces drift apart.
+
+Tasks sharing one ``AsyncClient`` share its ``Client``, which is thread-safe: its arena carries one
+batch at a time (a task waits for it in its worker, not on the loop). Blobs are copies unless a
+load asks for ``zero_copy``, whose views are valid only until this client's next batch, whichever
+task makes it. A task cancelled during a call stops waiting for it; its worker finishes the call
+(a save may still commit, as one the daemon has received may whenever its caller goes away).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from typing import Any
+import concurrent.futures
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
-import grpc
-
-from kvstore.client import messages
 from kvstore.client.config import ClientConfig
-from kvstore.client.messages import SavedSession
-from kvstore.errors import InvalidArgument, KvstoreError
+from kvstore.client.device_load import DeviceLoader
+from kvstore.client.requests import SavedSession
+from kvstore.client.sync import Client
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
-from kvstore.transport import convert, local_channel, shm
-from kvstore.transport.carrier import ARENA, ArenaCarrier, Carrier, Receiver
+from kvstore.transport.carrier import ARENA, Carrier
 from kvstore.transport.framing import Blob
-from kvstore.transport.local_channel_aio import AsyncLocalChannel
 from kvstore.v1 import kvstore_pb2 as pb
-from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+Pair = tuple[int, Blob]
+
+#: the most blob bytes one hop to the worker brings back (beyond its first pair): a hop costs tens
+#: of microseconds, so it is paid per few MiB, not per chunk, yet the loop sees a long answer's
+#: first pairs before its last ones have arrived
+PULL_BYTES = 4 << 20
 
 
 class AsyncClient:
-    """asyncio client over grpc.aio, with the same methods as :class:`Client` (awaitable)."""
+    """``AsyncClient(...)`` takes what ``Client(...)`` takes; ``async with`` closes it. ``client``:
+    the blocking Client it drives, which may be passed in (``AsyncClient(client=...)``: one Client
+    under both faces, its session versions shared); closing the AsyncClient closes that Client."""
 
-    def __init__(self, config: ClientConfig | str | None = None, **kwargs: Any) -> None:
-        self.config = messages.client_config(config, kwargs)  # as Client: a positional address, default port 50151
-        self.address = messages.target(self.config.address)
-        self._versions = messages.Versions()  # as Client: the base version of each session's next save
-        self._metadata = messages.metadata(self.config)
-        opts = messages.channel_options(self.config)
-        self._channel = (grpc.aio.secure_channel(self.address, self.config.tls.credentials(), opts)
-                         if self.config.tls else grpc.aio.insecure_channel(self.address, opts))
-        self._stub = pb_grpc.KVStoreStub(self._channel)
-        self._local: AsyncLocalChannel | None = None
-        self._conn: messages.Connection | None = None
-        self._carrier: Carrier | None = None
-        self._used = 0.0
-        self._lock = asyncio.Lock()  # one batch in the arena at a time
-        self._connecting = asyncio.Lock()  # one connect or re-attach at a time
+    def __init__(self, config: ClientConfig | str | None = None, *, client: Client | None = None,
+                 **kwargs: Any) -> None:
+        if client is not None and (config is not None or kwargs):
+            raise TypeError("give a Client, or what to make one of, not both")
+        self.client = client if client is not None else Client(config, **kwargs)
+        self.config = self.client.config
+        self.address = self.client.address
+        # its own workers: a caller's default executor is not filled with calls waiting on the daemon
+        self._pool = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="kvstore-aio")
+        self._closed = False
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.wrap_future(self._pool.submit(fn, *args))
+
+    async def _pull(self, pairs: Iterator[Pair]) -> AsyncIterator[Pair]:
+        """``pairs`` as an async iterator, pulled in the worker. Left early (a break, a cancelled task),
+        the blocking iterator is closed in the worker thread once no pull of it is under way."""
+        pull: concurrent.futures.Future[tuple[list[Pair], bool]] | None = None
+        try:
+            done = False
+            while not done:
+                pull = self._pool.submit(_take, pairs, PULL_BYTES)
+                batch, done = await asyncio.wrap_future(pull)
+                for pair in batch:
+                    yield pair
+        finally:
+            close = getattr(pairs, "close", None)
+            if close is not None:  # a generator: a load's stream, cancelled when closed
+                if pull is None:
+                    close()
+                else:  # runs now if the last pull is over, else in its worker when it is
+                    pull.add_done_callback(lambda _: close())
 
     async def close(self) -> None:
-        """As Client.close: detach the arena (best effort), close the channel."""
-        if self._carrier is not None and self._carrier.arena_id:
-            async with self._lock:
-                with contextlib.suppress(grpc.RpcError):
-                    await self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
-                                                 timeout=messages.DETACH_TIMEOUT_S, metadata=self._metadata)
-        self._drop_arena()
-        if self._local is not None:
-            await self._local.close()
-        await self._channel.close()
+        """As :meth:`Client.close`; then the workers go. Closing twice is closing once."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self._run(self.client.close)
+        finally:
+            self._pool.shutdown(wait=False)
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -64,245 +93,124 @@ class AsyncClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # -- connecting: the carrier, chosen once ---------------------------------------------------------
+    # -- connecting ---------------------------------------------------------------------------------
     async def connect(self) -> Carrier:
-        async with self._connecting:
-            if self._carrier is None:
-                info = await self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest())
-                conn = self._conn = messages.connection(info, self.config)
-                self._carrier = await self._attach(conn)
-            return self._carrier
+        return await self._run(self.client.connect)
+
+    @property
+    def carrier(self) -> Carrier:
+        """The carrier chosen when the client connected; RuntimeError before (a property cannot wait
+        for the daemon: ``await connect()`` first)."""
+        carrier = self.client.carrier_chosen
+        if carrier is None:
+            raise RuntimeError("not connected yet: await connect() (or any call that moves chunks) first")
+        return carrier
 
     @property
     def uses_shared_memory(self) -> bool:
-        """Which carrier the client chose (False before it connected)."""
-        return self._carrier is not None and self._carrier.name == ARENA
+        """Whether the client chose the arena; False before it connected (never waits on the daemon)."""
+        carrier = self.client.carrier_chosen
+        return carrier is not None and carrier.name == ARENA
 
-    async def _attach(self, conn: messages.Connection) -> Carrier:
-        """As Client._attach: a sealed arena handed over the daemon's local socket, which then carries
-        every call; else the stream over gRPC."""
-        path = conn.info.local_socket if conn.arena_dir is not None else ""
-        local = self._local if self._local is not None and self._local.path == path else None
-        if local is None and path:
-            local = AsyncLocalChannel(path)
-            try:
-                await local.probe()
-            except grpc.RpcError:
-                await local.close()
-                local = None
-        try:
-            carrier = await self._attach_sealed(path, conn) if local is not None else None
-        except BaseException:
-            if local is not None and local is not self._local:
-                await local.close()
-            raise
-        if carrier is None:
-            if local is not None and local is not self._local:
-                await local.close()
-            await self._on_grpc()
-            return conn.stream()
-        if local is not self._local:
-            await self._on_grpc()
-            self._local = local
-            self._stub = pb_grpc.KVStoreStub(local)
-        return carrier
-
-    async def _attach_sealed(self, path: str, conn: messages.Connection) -> Carrier | None:
-        """As Client._attach_sealed. The memfd is passed on a blocking connection of its own, in a
-        worker thread (asyncio's streams cannot pass fds); the arena id is the caller's whichever
-        connection attached it."""
-        try:
-            arena = shm.Arena.create_sealed(self.config.arena_bytes)
-        except OSError:
-            return None
-        channel = local_channel.LocalChannel(path)
-        attach = channel.unary_with_fds(local_channel.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
-                                        pb.AttachArenaResponse.FromString)
-
-        async def call(req: pb.AttachArenaRequest, **kw: Any) -> pb.AttachArenaResponse:
-            return await asyncio.to_thread(attach, req, [arena.fd], **kw)
-
-        try:
-            r = await self._call(call, messages.attach_request(arena))
-        except InvalidArgument:
-            arena.close()
-            return None
-        except BaseException:
-            arena.close()
-            raise
-        finally:
-            channel.close()
-        arena.release_fd()
-        self._used = time.monotonic()
-        return ArenaCarrier(arena, r.arena_id, conn.message_bytes)
-
-    async def _on_grpc(self) -> None:
-        if self._local is not None:
-            await self._local.close()
-            self._local = None
-            self._stub = pb_grpc.KVStoreStub(self._channel)
-
-    def _drop_arena(self) -> None:
-        if isinstance(self._carrier, ArenaCarrier):
-            self._carrier.arena.close()
-
-    async def _reattach(self) -> Carrier:
-        """As Client._reattach: never left holding a closed arena."""
-        assert self._conn is not None
-        async with self._connecting:
-            self._drop_arena()
-            self._carrier = None
-            self._carrier = await self._attach(self._conn)
-            return self._carrier
-
-    @contextlib.asynccontextmanager
-    async def _batch(self) -> AsyncIterator[Carrier]:
-        """The carrier for one batch, held for it (tasks sharing this client wait for the arena)."""
-        async with self._lock if (await self.connect()).arena_id else contextlib.nullcontext():
-            carrier = await self.connect()
-            if carrier.arena_id and time.monotonic() - self._used > messages.ARENA_REATTACH_S:
-                carrier = await self._reattach()
-            self._used = time.monotonic()
-            yield carrier
-
-    # -- calls ----------------------------------------------------------------------------------------
-    async def _call(self, fn: Callable[..., Any], request: Any) -> Any:
-        for attempt in range(self.config.retries + 1):
-            try:
-                return await fn(request, timeout=self.config.timeout_s, metadata=self._metadata)
-            except grpc.RpcError as e:
-                if not messages.retryable(e) or attempt == self.config.retries:
-                    raise messages.domain_error(e) from None
-                await asyncio.sleep(messages.backoff(self.config, attempt))
-        raise AssertionError("unreachable")
+    @property
+    def carrier_chosen(self) -> Carrier | None:
+        return self.client.carrier_chosen
 
     async def info(self) -> pb.ServerInfo:
-        await self.connect()
-        assert self._conn is not None
-        return self._conn.info
+        return await self._run(self.client.info)
 
-    async def _save(self, header: pb.SaveHeader, blobs: Iterable[Blob]) -> pb.SaveChunksResponse:
-        if (await self.connect()).arena_id:
-            blobs = list(blobs)
-        async with self._batch() as carrier:
-            for attempt in range(2):
-                try:
-                    reqs = messages.save_requests(header, carrier.send(enumerate(blobs)))
-                    return await self._stub.SaveChunks(reqs, timeout=self.config.timeout_s, metadata=self._metadata)
-                except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and messages.unknown_arena(e):
-                        carrier = await self._reattach()
-                        continue
-                    raise messages.domain_error(e) from None
-        raise AssertionError("unreachable")
+    async def health(self) -> str:
+        return await self._run(self.client.health)
 
+    # -- chunks -------------------------------------------------------------------------------------
     async def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
                           blobs: Iterable[Blob]) -> SaveResult:
-        header = messages.save_header(namespace, layout_id, parent, first_index)
-        return messages.save_result(await self._save(header, blobs))
+        return await self._run(self.client.save_chunks, namespace, layout_id, parent, first_index, blobs)
 
     async def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None
                            ) -> SavedSession:
-        """As :meth:`Client.save_session`: the new chunks and the manifest's commit in one call, based
-        on the version this client last saved or loaded (or ``base``)."""
-        m = self._versions.based(manifest, base)
-        saved = messages.saved_session(await self._save(messages.turn_header(m, len(new_blobs)), new_blobs))
-        self._versions.saw(saved.manifest)
-        return saved
+        return await self._run(self.client.save_session, manifest, new_blobs, base)
 
-    async def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any],
-                    chunks_of: Callable[[Any], pb.ChunkData | None]
-                    ) -> tuple[Any, list[tuple[int, Blob]], Receiver, AsyncIterator[Any]]:
-        """Start a load: its first message, the pairs in it (copied out of the arena), the receiver
-        and the rest of the stream (which never touches the arena: its part comes first)."""
-        async with self._batch() as carrier:
-            for attempt in range(2):
-                receiver = carrier.receiver(copy=True)
-                try:
-                    # one iterator for the whole call: grpc.aio refuses read() and iteration on the same RPC
-                    stream = aiter(rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata))
-                    first = await anext(stream, None)
-                except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and messages.unknown_arena(e):
-                        carrier = await self._reattach()
-                        continue
-                    raise messages.domain_error(e) from None
-                c = chunks_of(first) if first is not None else None
-                return first, receiver.feed(c) if c is not None else [], receiver, stream
-        raise AssertionError("unreachable")
+    async def load_chunks(self, namespace: str, keys: Sequence[bytes], zero_copy: bool = False
+                          ) -> AsyncIterator[Pair]:
+        """As :meth:`Client.load_chunks` (``async for``; not awaited)."""
+        async for pair in self._pull(self.client.load_chunks(namespace, keys, zero_copy)):
+            yield pair
 
-    async def load_chunks(self, namespace: str, keys: Sequence[bytes]) -> AsyncIterator[tuple[int, Blob]]:
-        keys = list(keys)
-        _, head, receiver, stream = await self._open(
-            self._stub.LoadChunks, lambda c: pb.LoadChunksRequest(namespace=namespace, keys=keys, arena_id=c.arena_id),
-            lambda m: m)
-        async for item in _pairs(head, stream, receiver, lambda m: m):
-            yield item
+    async def load_session(self, namespace: str, session_id: str, zero_copy: bool = False
+                           ) -> tuple[Manifest, AsyncIterator[Pair]]:
+        manifest, pairs = await self._run(self.client.load_session, namespace, session_id, zero_copy)
+        return manifest, self._pull(pairs)
 
-    async def load_session(self, namespace: str, session_id: str
-                           ) -> tuple[Manifest, AsyncIterator[tuple[int, Blob]]]:
-        """The manifest, and an async iterator of (chunk index, blob) for the chunks still stored."""
-        first, head, receiver, stream = await self._open(
-            self._stub.LoadSession,
-            lambda c: pb.LoadSessionRequest(namespace=namespace, session_id=session_id, arena_id=c.arena_id),
-            messages.session_chunks)
-        if first is None:
-            raise KvstoreError("the daemon ended LoadSession without the manifest")
-        return self._versions.saw(convert.session_from_pb(first.session)), _pairs(head, stream, receiver,
-                                                                                 messages.session_chunks)
+    async def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
+                                     ) -> tuple[Manifest, list[tuple[int, Any]]]:
+        return await self._run(self.client.load_session_to_device, namespace, session_id, device)
 
+    async def device_loader(self, device: Any = None) -> DeviceLoader:
+        """As :meth:`Client.device_loader` (its ``load`` blocks: use :meth:`load_session_to_device`)."""
+        return await self._run(self.client.device_loader, device)
+
+    # -- device buffers -----------------------------------------------------------------------------
+    async def attach_device_buffer(self, handle: pb.DeviceBufferHandle) -> str:
+        return await self._run(self.client.attach_device_buffer, handle)
+
+    async def detach_device_buffer(self, buffer_id: str) -> None:
+        await self._run(self.client.detach_device_buffer, buffer_id)
+
+    async def load_session_into_device_buffer(self, namespace: str, session_id: str, buffer_id: str
+                                              ) -> pb.LoadSessionToDeviceResponse:
+        return await self._run(self.client.load_session_into_device_buffer, namespace, session_id, buffer_id)
+
+    # -- sessions -----------------------------------------------------------------------------------
     async def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
-        return messages.lookup_result(await self._call(self._stub.Lookup,
-                                                   messages.lookup_request(namespace, layout_id, token_ids)))
+        return await self._run(self.client.lookup, namespace, layout_id, token_ids)
 
     async def commit(self, manifest: Manifest, base: int | None = None) -> Manifest:
-        req = pb.CommitSessionRequest(session=convert.session_to_pb(self._versions.based(manifest, base)))
-        return self._versions.saw(convert.session_from_pb((await self._call(self._stub.CommitSession, req)).session))
+        return await self._run(self.client.commit, manifest, base)
 
     async def get_session(self, namespace: str, session_id: str) -> tuple[Manifest, dict[str, int]]:
-        r = await self._call(self._stub.GetSession, pb.GetSessionRequest(namespace=namespace, session_id=session_id))
-        return self._versions.saw(convert.session_from_pb(r.session)), messages.tier_counts(r.tiers)
+        return await self._run(self.client.get_session, namespace, session_id)
 
     async def list_sessions(self, namespace: str = "") -> list[pb.SessionSummary]:
-        return list((await self._call(self._stub.ListSessions, pb.ListSessionsRequest(namespace=namespace))).sessions)
+        return await self._run(self.client.list_sessions, namespace)
 
     async def delete_session(self, namespace: str, session_id: str) -> int:
-        req = pb.DeleteSessionRequest(namespace=namespace, session_id=session_id)
-        freed = (await self._call(self._stub.DeleteSession, req)).freed_chunks
-        self._versions.forget(namespace, session_id)
-        return freed
+        return await self._run(self.client.delete_session, namespace, session_id)
 
     async def touch_session(self, namespace: str, session_id: str, retention: Retention) -> Manifest:
-        req = pb.TouchSessionRequest(namespace=namespace, session_id=session_id,
-                                     retention=convert.retention_to_pb(retention))
-        return self._versions.saw(convert.session_from_pb((await self._call(self._stub.TouchSession, req)).session))
+        return await self._run(self.client.touch_session, namespace, session_id, retention)
 
     async def stats(self) -> pb.StatsResponse:
-        return await self._call(self._stub.Stats, pb.StatsRequest())
+        return await self._run(self.client.stats)
 
     async def evict(self, namespace: str, session_id: str, tier: str) -> int:
-        req = pb.EvictSessionRequest(namespace=namespace, session_id=session_id, tier=tier)
-        return (await self._call(self._stub.EvictSession, req)).moved_chunks
+        return await self._run(self.client.evict, namespace, session_id, tier)
 
     async def prefetch_session(self, namespace: str, session_id: str) -> pb.PrefetchSessionResponse:
-        """As Client.prefetch_session: a background promotion to the fastest tier, answered at once."""
-        return await self._call(self._stub.PrefetchSession, messages.prefetch_request(namespace, session_id))
+        return await self._run(self.client.prefetch_session, namespace, session_id)
 
     async def prefetch(self, namespace: str, session_id: str) -> int:
-        """As Client.prefetch: how many chunks were queued."""
-        return (await self.prefetch_session(namespace, session_id)).queued
+        return await self._run(self.client.prefetch, namespace, session_id)
+
+    async def wait_prefetched(self, namespace: str, session_id: str, timeout_s: float = 30.0,
+                              poll_s: float = 0.005) -> float | None:
+        return await self._run(self.client.wait_prefetched, namespace, session_id, timeout_s, poll_s)
+
+    # -- engines ------------------------------------------------------------------------------------
+    async def register_layout(self, definition: bytes) -> bytes:
+        return await self._run(self.client.register_layout, definition)
+
+    async def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
+        return await self._run(self.client.lookup_keys, namespace, keys)
 
 
-async def _pairs(head: list[tuple[int, Blob]], stream: AsyncIterator[Any], receiver: Receiver,
-                 chunks_of: Callable[[Any], pb.ChunkData | None]) -> AsyncIterator[tuple[int, Blob]]:
-    for item in head:
-        yield item
-    try:
-        async for msg in stream:
-            c = chunks_of(msg)
-            if c is not None:
-                for item in receiver.feed(c):
-                    yield item
-    except grpc.RpcError as e:
-        raise messages.domain_error(e) from None
-    receiver.finish()
+def _take(pairs: Iterator[Pair], budget: int) -> tuple[list[Pair], bool]:
+    """The next pairs, up to ``budget`` blob bytes (at least one pair), and whether ``pairs`` ended."""
+    batch: list[Pair] = []
+    size = 0
+    for pair in pairs:
+        batch.append(pair)
+        size += pair[1].nbytes if isinstance(pair[1], memoryview) else len(pair[1])
+        if size >= budget:
+            return batch, False
+    return batch, True

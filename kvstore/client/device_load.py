@@ -7,27 +7,56 @@ load is one RPC: the daemon copies the chunks device to device into the buffer a
 offsets. When any step is not possible (no CUDA, another host or GPU, IPC refused, e.g. under a
 sandbox) the loader remembers why (``reason``) and loads through the host path: the ordinary
 ``load_session``, then one upload from a pinned buffer.
+
+The loader drives a client through the public calls named in ``DeviceClient`` (``Client`` is one, and
+holds one loader per device: ``Client.device_loader``); this module imports no client.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Protocol
 
 from kvstore.cuda.ipc import DeviceBuffer, IpcUnavailable
 from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError
 from kvstore.format.manifest import Manifest
 from kvstore.transport import convert, shm
+from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
 if TYPE_CHECKING:
     import torch
 
-    from kvstore.client import Client
-
 IPC, HOST = "ipc", "host"
 MIN_BUFFER_BYTES = 64 << 20
+
+
+class DeviceClient(Protocol):
+    """What a loader needs of a client (``kvstore.client.Client``'s methods of these names)."""
+
+    def info(self) -> pb.ServerInfo: ...
+
+    def load_session(self, namespace: str, session_id: str, zero_copy: bool = False
+                     ) -> tuple[Manifest, Iterator[tuple[int, Blob]]]: ...
+
+    def attach_device_buffer(self, handle: pb.DeviceBufferHandle) -> str: ...
+
+    def detach_device_buffer(self, buffer_id: str) -> None: ...
+
+    def load_session_into_device_buffer(self, namespace: str, session_id: str, buffer_id: str
+                                        ) -> pb.LoadSessionToDeviceResponse: ...
+
+
+def device_of(device: torch.device | str | int | None) -> torch.device:
+    """``device`` as a torch.device (default: the current CUDA device), with its index where CUDA has one."""
+    import torch
+
+    dev = torch.device(device if device is not None else "cuda")
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 class DeviceLoader:
@@ -37,7 +66,7 @@ class DeviceLoader:
     you keep). A load waits for the device's current stream first, so kernels still reading the
     previous load's views finish before the daemon overwrites them."""
 
-    def __init__(self, client: Client, device: torch.device) -> None:
+    def __init__(self, client: DeviceClient, device: torch.device) -> None:
         self._client = client
         self.device = device
         self.path = ""  # IPC or HOST once negotiated
@@ -89,21 +118,18 @@ class DeviceLoader:
             gpu_uuid=h.gpu_uuid, handle=h.handle, storage_bytes=h.storage_bytes, storage_offset=h.storage_offset,
             ref_counter_handle=h.ref_counter_handle, ref_counter_offset=h.ref_counter_offset,
             event_handle=h.event_handle, event_sync_required=h.event_sync_required, size=h.size)
-        r = self._client._call(self._client._stub.AttachDeviceBuffer, pb.AttachDeviceBufferRequest(buffer=handle))
-        self._buffer, self._buffer_id = buf, r.buffer_id
+        self._buffer, self._buffer_id = buf, self._client.attach_device_buffer(handle)
 
     def _detach(self) -> None:
         if self._buffer_id:  # best effort: the daemon closes our oldest buffer when we attach more anyway
             with contextlib.suppress(KvstoreError):
-                self._client._call(self._client._stub.DetachDeviceBuffer,
-                                   pb.DetachArenaRequest(arena_id=self._buffer_id))
+                self._client.detach_device_buffer(self._buffer_id)
         self._buffer, self._buffer_id = None, ""
 
     def _load_ipc(self, namespace: str, session_id: str) -> tuple[Manifest, list[tuple[int, torch.Tensor]]]:
         for _ in range(3):
-            req = pb.LoadSessionToDeviceRequest(namespace=namespace, session_id=session_id, buffer_id=self._buffer_id)
             try:
-                r = self._client._call(self._client._stub.LoadSessionToDevice, req)
+                r = self._client.load_session_into_device_buffer(namespace, session_id, self._buffer_id)
             except InvalidArgument:  # the daemon forgot the buffer (restarted): attach it again
                 self._attach(self._buffer.size if self._buffer else MIN_BUFFER_BYTES)
                 continue
@@ -136,16 +162,3 @@ class DeviceLoader:
     def close(self) -> None:
         with self._lock:
             self._detach()
-
-
-def loader_for(client: Any, device: torch.device | str | int | None) -> DeviceLoader:
-    """The client's loader for ``device`` (default: the current CUDA device), made once."""
-    import torch
-
-    dev = torch.device(device if device is not None else "cuda")
-    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
-        dev = torch.device("cuda", torch.cuda.current_device())
-    loaders: dict[torch.device, DeviceLoader] = client._device_loaders  # closed by Client.close
-    if dev not in loaders:
-        loaders[dev] = DeviceLoader(client, dev)
-    return loaders[dev]

@@ -1,5 +1,6 @@
-"""Blocking Python client for the kvstore daemon; ``kvstore.client.aio.AsyncClient`` is its asyncio
-twin. Both build requests and parse answers with ``kvstore.client.messages``.
+"""The Python client of the kvstore daemon (blocking, thread-safe); ``kvstore.client.aio.AsyncClient``
+is its asyncio face, a facade over this one implementation. Requests are built and answers read
+with ``kvstore.client.requests``.
 
 Unary calls retry with exponential backoff on UNAVAILABLE and carry a deadline. Chunk data moves
 through one carrier (kvstore/transport/carrier.py), chosen once, when the client connects (its first
@@ -17,14 +18,15 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvstore.client import messages
-from kvstore.client.config import ClientConfig
-from kvstore.client.messages import SavedSession
+from kvstore.client import requests as rq
+from kvstore.client.config import ClientConfig, channel_options, client_config, metadata, target
+from kvstore.client.device_load import DeviceLoader, device_of
+from kvstore.client.requests import SavedSession
 from kvstore.errors import InvalidArgument, KvstoreError
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, fastpb, local_channel, shm
-from kvstore.transport.carrier import ARENA, ArenaCarrier, Carrier, Receiver
+from kvstore.transport.carrier import ARENA, ArenaCarrier, Carrier
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
@@ -41,24 +43,22 @@ class Client:
     with FailedPrecondition, the stored version intact (load it again and retry)."""
 
     def __init__(self, config: ClientConfig | str | None = None, **kwargs: Any) -> None:
-        self.config = messages.client_config(config, kwargs)
-        self.address = messages.target(self.config.address)
-        self._versions = messages.Versions()
-        self._metadata = messages.metadata(self.config)
-        opts = messages.channel_options(self.config)
+        self.config = client_config(config, kwargs)
+        self.address = target(self.config.address)
+        self._versions = rq.Versions()
+        self._metadata = metadata(self.config)
+        opts = channel_options(self.config)
         self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
                          else grpc.insecure_channel(self.address, opts))
         self._local: local_channel.LocalChannel | None = None
-        self._device_loaders: dict[Any, Any] = {}  # device -> kvstore.client.device_load.DeviceLoader
+        self._device_loaders: dict[Any, DeviceLoader] = {}  # torch.device -> its loader, made on first use
         self._bind(self._channel)
-        self._conn: messages.Connection | None = None
+        self._conn: rq.Connection | None = None
         self._carrier: Carrier | None = None
         self._used = 0.0  # when the arena last carried a batch
         self._lock = threading.Lock()  # one batch in the arena at a time
         self._connecting = threading.Lock()  # one connect or re-attach at a time
-        # loads answered whole, whose trailing status is still on its way: kept until it arrives
-        # (a call collected before its status is cancelled, and the daemon would count it so)
-        self._tails: set[Any] = set()
+        self._tails: set[Any] = set()  # loads answered whole, their status still on its way (rq.answer_pairs)
 
     def _bind(self, channel: Any) -> None:
         """Make the KVStore calls over ``channel``: the gRPC channel, or the daemon's local socket."""
@@ -79,7 +79,7 @@ class Client:
         if self._carrier is not None and self._carrier.arena_id:
             with self._lock, contextlib.suppress(grpc.RpcError):
                 self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
-                                       timeout=messages.DETACH_TIMEOUT_S, metadata=self._metadata)
+                                       timeout=rq.DETACH_TIMEOUT_S, metadata=self._metadata)
         self._drop_arena()
         if self._local is not None:
             self._local.close()
@@ -96,7 +96,7 @@ class Client:
         """Ask the daemon what it is and pick the carrier (once; later calls return it)."""
         with self._connecting:
             if self._carrier is None:
-                conn = messages.connection(self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()), self.config)
+                conn = rq.connection(self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()), self.config)
                 self._conn = conn
                 self._carrier = self._attach(conn)
             return self._carrier
@@ -109,11 +109,15 @@ class Client:
     def uses_shared_memory(self) -> bool:
         return self.connect().name == ARENA
 
-    def _attach(self, conn: messages.Connection) -> Carrier:
-        """Same host, and the daemon's local socket answers from here: a fresh sealed arena handed to
-        the daemon over that socket, and every call made over it from now on (kvstore/transport/local_channel.py).
-        Otherwise, or if the daemon refuses the arena or the memory for it is not there: the stream,
-        over gRPC."""
+    @property
+    def carrier_chosen(self) -> Carrier | None:
+        """The carrier if the client has connected, else None: never connects (nor waits)."""
+        return self._carrier
+
+    def _attach(self, conn: rq.Connection) -> Carrier:
+        """Same host, and the daemon's local socket answers from here: a fresh sealed arena handed to the
+        daemon over that socket, and every call made over it from now on (kvstore/transport/local_channel.py).
+        Otherwise, or if the daemon refuses the arena or the memory for it is not there: the stream, over gRPC."""
         path = conn.info.local_socket if conn.arena_dir is not None else ""
         local = (self._local if self._local is not None and self._local.path == path
                  else local_channel.reachable(path) if path else None)
@@ -134,7 +138,7 @@ class Client:
             self._bind(local)
         return carrier
 
-    def _attach_sealed(self, local: local_channel.LocalChannel, conn: messages.Connection) -> Carrier | None:
+    def _attach_sealed(self, local: local_channel.LocalChannel, conn: rq.Connection) -> Carrier | None:
         """A sealed memfd arena (kvstore/transport/shm.py), its fd passed with AttachArena; None if the memory is
         not there or the daemon refuses it. Other failures (the daemon is down) raise."""
         try:
@@ -144,7 +148,8 @@ class Client:
         attach = local.unary_with_fds(local_channel.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
                                       pb.AttachArenaResponse.FromString)
         try:
-            r = self._call(lambda req, **kw: attach(req, [arena.fd], **kw), messages.attach_request(arena))
+            req = pb.AttachArenaRequest(path=arena.path, size=arena.size, nonce=arena.nonce)
+            r = self._call(lambda req, **kw: attach(req, [arena.fd], **kw), req)
         except InvalidArgument:
             arena.close()
             return None
@@ -183,7 +188,7 @@ class Client:
         sharing this client wait), and is re-attached here, not under another thread's batch."""
         with self._lock if self.connect().arena_id else contextlib.nullcontext():
             carrier = self.connect()
-            if carrier.arena_id and time.monotonic() - self._used > messages.ARENA_REATTACH_S:
+            if carrier.arena_id and time.monotonic() - self._used > rq.ARENA_REATTACH_S:
                 carrier = self._reattach()  # the daemon unmaps arenas idle for 300 s
             self._used = time.monotonic()
             yield carrier
@@ -194,9 +199,9 @@ class Client:
             try:
                 return fn(request, timeout=self.config.timeout_s, metadata=self._metadata)
             except grpc.RpcError as e:
-                if not messages.retryable(e) or attempt == self.config.retries:
-                    raise messages.domain_error(e) from None
-                time.sleep(messages.backoff(self.config, attempt))
+                if not rq.retryable(e) or attempt == self.config.retries:
+                    raise rq.domain_error(e) from None
+                time.sleep(rq.backoff(self.config, attempt))
         raise AssertionError("unreachable")
 
     def info(self) -> pb.ServerInfo:
@@ -220,19 +225,20 @@ class Client:
         with self._batch() as carrier:
             for attempt in range(2):
                 try:
-                    return self._stub.SaveChunks(messages.save_requests(header, carrier.send(enumerate(blobs))),
+                    return self._stub.SaveChunks(rq.save_requests(header, carrier.send(enumerate(blobs))),
                                                  timeout=self.config.timeout_s, metadata=self._metadata)
                 except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and messages.unknown_arena(e):
+                    if attempt == 0 and carrier.arena_id and rq.unknown_arena(e):
                         carrier = self._reattach()
                         continue
-                    raise messages.domain_error(e) from None
+                    raise rq.domain_error(e) from None
         raise AssertionError("unreachable")
 
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
                     blobs: Iterable[Blob]) -> SaveResult:
         """Store consecutive complete chunks of one sequence; their keys, and how many were new."""
-        return messages.save_result(self._save(messages.save_header(namespace, layout_id, parent, first_index), blobs))
+        r = self._save(rq.save_header(namespace, layout_id, parent, first_index), blobs)
+        return SaveResult(list(r.keys), r.written)
 
     def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None) -> SavedSession:
         """Save a turn in one call: ``new_blobs`` are the manifest's last ``len(new_blobs)`` chunks;
@@ -241,12 +247,10 @@ class Client:
         one replaces (default: the one this client last saved or loaded; 0 = replace whatever is
         stored); FailedPrecondition if the session has changed since."""
         m = self._versions.based(manifest, base)
-        saved = messages.saved_session(self._save(messages.turn_header(m, len(new_blobs)), new_blobs))
-        self._versions.saw(saved.manifest)
-        return saved
+        r = self._save(rq.turn_header(m, len(new_blobs)), new_blobs)
+        return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
 
-    def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any],
-              chunks_of: Callable[[Any], pb.ChunkData | fastpb.StreamChunks | None], zero_copy: bool,
+    def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any], chunks_of: rq.ChunksOf, zero_copy: bool,
               expected: Callable[[Any], int]) -> tuple[Any, Iterator[tuple[int, Blob]]]:
         """Start a load: its first message, and the (index, blob) pairs of the whole answer. The arena
         part of an answer always comes first, so the arena is held only until it has been read.
@@ -258,14 +262,14 @@ class Client:
                     stream = rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata)
                     first = next(stream, None)
                 except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and messages.unknown_arena(e):
+                    if attempt == 0 and carrier.arena_id and rq.unknown_arena(e):
                         carrier = self._reattach()
                         continue
-                    raise messages.domain_error(e) from None
+                    raise rq.domain_error(e) from None
                 c = chunks_of(first) if first is not None else None
                 n = expected(first) if first is not None else 0
-                return first, _pairs(receiver.feed(c) if c is not None else [], stream, receiver, chunks_of, n,
-                                     self._tails)
+                return first, rq.answer_pairs(receiver.feed(c) if c is not None else [], stream, receiver, chunks_of,
+                                              n, self._tails)
         raise AssertionError("unreachable")
 
     def load_chunks(self, namespace: str, keys: Sequence[bytes], zero_copy: bool = False
@@ -296,17 +300,41 @@ class Client:
         """The manifest and (chunk index, uint8 tensor on ``device``) per chunk the store still has
         (default device: the current CUDA one). On the same host and GPU as a daemon with an HBM
         tier, copied device to device through CUDA IPC, with no host round trip; otherwise loaded
-        through the host path (kvstore/client/device_load.py; its ``loader_for(client, device)``
-        says which path and why). The tensors are views of a reused buffer, valid until the next
+        through the host path (kvstore/client/device_load.py; :meth:`device_loader` says which path
+        and why). The tensors are views of a reused buffer, valid until the next
         such load: clone what you keep."""
-        from kvstore.client.device_load import loader_for
+        return self.device_loader(device).load(namespace, session_id)
 
-        return loader_for(self, device).load(namespace, session_id)
+    def device_loader(self, device: Any = None) -> DeviceLoader:
+        """The loader :meth:`load_session_to_device` uses for ``device``, made once and closed with this
+        client: its ``path`` (IPC or HOST) and, for HOST, the ``reason``."""
+        dev = device_of(device)
+        loader = self._device_loaders.get(dev)
+        # setdefault: threads asking at once get one loader (a loader attaches nothing before its first load)
+        return loader if loader is not None else self._device_loaders.setdefault(dev, DeviceLoader(self, dev))
+
+    # -- device buffers: the same-GPU handoff's calls, driven by kvstore/client/device_load.py ----------
+    def attach_device_buffer(self, handle: pb.DeviceBufferHandle) -> str:
+        """Hand the daemon a device buffer exported through CUDA IPC (kvstore/cuda/ipc.py); its buffer
+        id. FailedPrecondition if the buffer is not on the daemon's HBM tier's GPU."""
+        return self._call(self._stub.AttachDeviceBuffer, pb.AttachDeviceBufferRequest(buffer=handle)).buffer_id
+
+    def detach_device_buffer(self, buffer_id: str) -> None:
+        self._call(self._stub.DetachDeviceBuffer, pb.DetachArenaRequest(arena_id=buffer_id))
+
+    def load_session_into_device_buffer(self, namespace: str, session_id: str, buffer_id: str
+                                        ) -> pb.LoadSessionToDeviceResponse:
+        """The daemon copies the session's chunks device to device into the attached buffer and answers
+        their offsets, or ``needed_bytes`` if the buffer is too small (nothing copied). InvalidArgument
+        if it does not know the buffer (it restarted)."""
+        req = pb.LoadSessionToDeviceRequest(namespace=namespace, session_id=session_id, buffer_id=buffer_id)
+        return self._call(self._stub.LoadSessionToDevice, req)
 
     # -- sessions -------------------------------------------------------------------------------------
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
-        request = messages.lookup_request(namespace, layout_id, token_ids)
-        return messages.lookup_result(self._call(self._stub.Lookup, request))
+        request = pb.LookupRequest(namespace=namespace, layout_id=layout_id, token_ids=list(map(int, token_ids)))
+        r = self._call(self._stub.Lookup, request)
+        return LookupResult(r.cached_tokens, r.requested_tokens, r.chunks, {t.tier: t.chunks for t in r.tiers})
 
     def commit(self, manifest: Manifest, base: int | None = None) -> Manifest:
         """Publish a session version whose chunks are all stored; ``base`` as in :meth:`save_session`."""
@@ -315,7 +343,7 @@ class Client:
 
     def get_session(self, namespace: str, session_id: str) -> tuple[Manifest, dict[str, int]]:
         r = self._call(self._stub.GetSession, pb.GetSessionRequest(namespace=namespace, session_id=session_id))
-        return self._versions.saw(convert.session_from_pb(r.session)), messages.tier_counts(r.tiers)
+        return self._versions.saw(convert.session_from_pb(r.session)), {t.tier: t.chunks for t in r.tiers}
 
     def list_sessions(self, namespace: str = "") -> list[pb.SessionSummary]:
         return list(self._call(self._stub.ListSessions, pb.ListSessionsRequest(namespace=namespace)).sessions)
@@ -341,7 +369,8 @@ class Client:
     def prefetch_session(self, namespace: str, session_id: str) -> pb.PrefetchSessionResponse:
         """Ask the daemon to promote a session's chunks to its fastest tier in the background, ahead
         of a resume; answers at once (chunks queued, already fast, coalesced or dropped)."""
-        return self._call(self._stub.PrefetchSession, messages.prefetch_request(namespace, session_id))
+        req = pb.PrefetchSessionRequest(namespace=namespace, session_id=session_id)
+        return self._call(self._stub.PrefetchSession, req)
 
     def prefetch(self, namespace: str, session_id: str) -> int:
         """``prefetch_session``; how many chunks were queued for promotion."""
@@ -368,35 +397,3 @@ class Client:
         """For each key, the fastest tier holding a copy ``namespace`` saved, or None (one call)."""
         r = self._call(self._stub.LookupKeys, pb.LookupKeysRequest(namespace=namespace, keys=list(keys)))
         return [t or None for t in r.tiers]
-
-
-def _pairs(head: list[tuple[int, Blob]], stream: Any, receiver: Receiver,
-           chunks_of: Callable[[Any], pb.ChunkData | fastpb.StreamChunks | None], expected: int, tails: set[Any]
-           ) -> Iterator[tuple[int, Blob]]:
-    """The answer's pairs. Once all ``expected`` blobs are in (each index comes at most once), the
-    answer is complete: its trailing status is not waited for (~0.5 ms, benchmarks/profile_load.py);
-    the daemon sends nothing after its last chunk that could change what was received."""
-    got = len(head)
-    yield from head
-    try:
-        while got < expected:
-            msg = next(stream, None)
-            if msg is None:
-                break
-            c = chunks_of(msg)
-            if c is not None:
-                pairs = receiver.feed(c)
-                got += len(pairs)
-                yield from pairs
-        else:
-            receiver.finish()
-            tails.add(stream)
-            stream.add_done_callback(tails.discard)  # runs at once if the status is already in
-            return
-        for msg in stream:  # misses: only the end of the stream says there is nothing more
-            c = chunks_of(msg)
-            if c is not None:
-                yield from receiver.feed(c)
-    except grpc.RpcError as e:
-        raise messages.domain_error(e) from None
-    receiver.finish()

@@ -1,21 +1,19 @@
-"""What ``Client`` and ``AsyncClient`` share: requests built and answers parsed in one place, the
-status -> exception mapping, and the choice of carrier when a client connects. No I/O here: the
-two clients differ only in how they wait."""
+"""The request/answer plumbing of ``Client``: the requests a save sends, how a load's answer is read,
+the status -> exception mapping and the retry policy, the session versions a save names as its
+base, and the choice of carrier from what the daemon says when the client connects."""
 
 from __future__ import annotations
 
 import random
-import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import grpc
 
-from kvstore.client.config import ClientConfig, default_address
-from kvstore.defaults import DEFAULT_PORT
+from kvstore.client.config import ClientConfig
 from kvstore.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -28,9 +26,9 @@ from kvstore.errors import (
 )
 from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
-from kvstore.results import LookupResult, SaveResult
-from kvstore.transport import convert, framing, shm
-from kvstore.transport.carrier import UNKNOWN_ARENA, Piece, StreamCarrier, same_host_dir
+from kvstore.transport import convert, fastpb, framing
+from kvstore.transport.carrier import UNKNOWN_ARENA, Piece, Receiver, StreamCarrier, same_host_dir
+from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
 ARENA_REATTACH_S = 240.0  # below the daemon's idle limit for arenas (server/arenas.py)
@@ -55,6 +53,7 @@ class SavedSession(NamedTuple):
     manifest: Manifest
 
 
+# -- statuses and retries ------------------------------------------------------------------------------
 def domain_error(e: grpc.RpcError) -> Exception:
     code = e.code()  # type: ignore[attr-defined]
     cls = _ERRORS.get(code, KvstoreError)
@@ -74,68 +73,6 @@ def retryable(e: grpc.RpcError) -> bool:
 
 def backoff(cfg: ClientConfig, attempt: int) -> float:
     return cfg.backoff_s * (2**attempt) * (0.5 + random.random())
-
-
-def channel_options(cfg: ClientConfig) -> list[tuple[str, Any]]:
-    opts: list[tuple[str, Any]] = [("grpc.max_receive_message_length", framing.MAX_MESSAGE_BYTES),
-                                   ("grpc.max_send_message_length", framing.MAX_MESSAGE_BYTES)]
-    if cfg.tls and cfg.tls.server_name:
-        opts.append(("grpc.ssl_target_name_override", cfg.tls.server_name))
-    return opts
-
-
-def metadata(cfg: ClientConfig) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {cfg.token}"),) if cfg.token else ()
-
-
-# -- a client's config and address -------------------------------------------------------------------
-#: gRPC target URIs, passed to gRPC as they are (``unix:/run/kvstore.sock``, ``dns:///host:port``, ...)
-_URI = re.compile(r"(unix|unix-abstract|dns|ipv4|ipv6|vsock):")
-
-
-def client_config(config: ClientConfig | str | None, overrides: Mapping[str, Any]) -> ClientConfig:
-    """What ``Client(...)`` / ``AsyncClient(...)`` were given: a ClientConfig, or the address as a
-    positional string (``Client("127.0.0.1:50151")``), with keyword overrides of its fields."""
-    if isinstance(config, str):
-        if "address" in overrides:
-            raise TypeError("the address was given twice: positionally and as address=")
-        overrides = {**overrides, "address": config}
-        config = None
-    if config is not None and not isinstance(config, ClientConfig):
-        raise TypeError(f"expected a ClientConfig or an address string, got {type(config).__name__}")
-    cfg = config or ClientConfig()
-    return ClientConfig(**{**cfg.__dict__, **overrides}) if overrides else cfg
-
-
-def target(address: str) -> str:
-    """The gRPC target a client dials for ``address`` ("" = $KVSTORE_ADDRESS or the default): HOST,
-    HOST:PORT, [IPv6] or [IPv6]:PORT, or a bare IPv6 address; without a port the daemon's default
-    port (50151, not gRPC's 443). A gRPC URI (unix:, dns:, ipv4:, ...) is passed on as it is.
-    ValueError for a port that is not a number in 1-65535."""
-    a = (address or default_address()).strip()
-    if not a:
-        raise ValueError("empty daemon address")
-    if _URI.match(a):
-        return a
-    if a.startswith("["):
-        host, bracket, rest = a.partition("]")
-        if not bracket or host == "[":
-            raise ValueError(f"malformed daemon address {address!r}: an IPv6 address needs its closing ']'")
-        port = rest[1:] if rest.startswith(":") else None
-        if rest and port is None:
-            raise ValueError(f"malformed daemon address {address!r}: expected [IPv6]:PORT")
-    elif a.count(":") > 1:  # a bare IPv6 address: it has no port
-        return f"[{a}]:{DEFAULT_PORT}"
-    else:
-        host, colon, port_s = a.partition(":")
-        if not host:
-            raise ValueError(f"malformed daemon address {address!r}: no host")
-        port = port_s if colon else None
-    if port is None:
-        return f"{a}:{DEFAULT_PORT}"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"malformed daemon address {address!r}: the port must be a number in 1-65535, got {port!r}")
-    return a
 
 
 # -- session versions ----------------------------------------------------------------------------------
@@ -192,11 +129,7 @@ def connection(info: pb.ServerInfo, cfg: ClientConfig) -> Connection:
     return Connection(info, d, min(framing.DEFAULT_MESSAGE_BYTES, info.max_message_bytes // 2))
 
 
-def attach_request(arena: shm.Arena) -> pb.AttachArenaRequest:
-    return pb.AttachArenaRequest(path=arena.path, size=arena.size, nonce=arena.nonce)
-
-
-# -- requests -------------------------------------------------------------------------------------
+# -- a save's requests ---------------------------------------------------------------------------------
 def save_header(namespace: str, layout_id: bytes, parent: bytes, first_index: int) -> pb.SaveHeader:
     return pb.SaveHeader(namespace=namespace, layout_id=layout_id, parent_key=parent, first_index=first_index)
 
@@ -224,30 +157,39 @@ def save_requests(header: pb.SaveHeader, pieces: Iterator[Piece]) -> Iterator[pb
         yield pb.SaveChunksRequest(data=p.data)
 
 
-def lookup_request(namespace: str, layout_id: bytes, token_ids: Any) -> pb.LookupRequest:
-    return pb.LookupRequest(namespace=namespace, layout_id=layout_id, token_ids=list(map(int, token_ids)))
+# -- a load's answer -----------------------------------------------------------------------------------
+ChunksOf = Callable[[Any], pb.ChunkData | fastpb.StreamChunks | None]  # an answer message's chunks
 
 
-def prefetch_request(namespace: str, session_id: str) -> pb.PrefetchSessionRequest:
-    return pb.PrefetchSessionRequest(namespace=namespace, session_id=session_id)
-
-
-# -- answers --------------------------------------------------------------------------------------
-def save_result(r: pb.SaveChunksResponse) -> SaveResult:
-    return SaveResult(list(r.keys), r.written)
-
-
-def saved_session(r: pb.SaveChunksResponse) -> SavedSession:
-    return SavedSession(list(r.keys), r.written, convert.session_from_pb(r.session))
-
-
-def lookup_result(r: pb.LookupResponse) -> LookupResult:
-    return LookupResult(r.cached_tokens, r.requested_tokens, r.chunks, {t.tier: t.chunks for t in r.tiers})
-
-
-def session_chunks(msg: pb.LoadSessionResponse) -> pb.ChunkData | None:
-    return msg.chunks if msg.HasField("chunks") else None
-
-
-def tier_counts(tiers: Any) -> dict[str, int]:
-    return {t.tier: t.chunks for t in tiers}
+def answer_pairs(head: list[tuple[int, Blob]], stream: Any, receiver: Receiver, chunks_of: ChunksOf, expected: int,
+                 tails: set[Any]) -> Iterator[tuple[int, Blob]]:
+    """A load answer's (index, blob) pairs: ``head`` (read from its first message), then the rest of
+    ``stream``. Once all ``expected`` blobs are in (each index comes at most once), the answer is
+    complete: its trailing status is not waited for (~0.5 ms, benchmarks/profile_load.py) but the
+    call is kept in ``tails`` until it arrives (a call collected before its status is cancelled, and
+    the daemon would count it so); the daemon sends nothing after its last chunk that could change
+    what was received."""
+    got = len(head)
+    yield from head
+    try:
+        while got < expected:
+            msg = next(stream, None)
+            if msg is None:
+                break
+            c = chunks_of(msg)
+            if c is not None:
+                pairs = receiver.feed(c)
+                got += len(pairs)
+                yield from pairs
+        else:
+            receiver.finish()
+            tails.add(stream)
+            stream.add_done_callback(tails.discard)  # runs at once if the status is already in
+            return
+        for msg in stream:  # misses: only the end of the stream says there is nothing more
+            c = chunks_of(msg)
+            if c is not None:
+                yield from receiver.feed(c)
+    except grpc.RpcError as e:
+        raise domain_error(e) from None
+    receiver.finish()
