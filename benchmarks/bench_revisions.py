@@ -43,15 +43,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start_daemon(tree: Path, data_dir: Path) -> DaemonProcess:
     """A daemon of the code in ``tree`` (its own ``cli`` and ``kvstore`` packages)."""
-    env, cwd = dict(os.environ), os.getcwd()
-    os.environ["PYTHONPATH"] = str(tree)
-    os.chdir(tree)
-    try:
-        return DaemonProcess(data_dir, ["--log-level", "WARNING"]).start()
-    finally:
-        os.chdir(cwd)
-        os.environ.clear()
-        os.environ.update(env)
+    return DaemonProcess(data_dir, ["--log-level", "WARNING"], cwd=tree,
+                         env={**os.environ, "PYTHONPATH": str(tree)}).start()
 
 
 def worker(idx: int, addresses: dict[str, str], template: Path, n_chunks: int, rounds: int, barrier: Barrier | None,

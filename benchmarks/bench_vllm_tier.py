@@ -160,7 +160,7 @@ def machine_info(work: Path) -> dict[str, Any]:
         "kvstore": git_state(("kvstore", "tests/vllm_tier")),
         "fs_io_C": fsio_c,
         "fs_io_C_used": bool(fsio._HAS_FSIO_C),
-        "daemon": W.use_project_daemon(),
+        "daemon": " ".join(W.daemon_command()),
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
 
@@ -1173,7 +1173,6 @@ def main() -> int:
     ap.add_argument("--child-store", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child_store:
-        W.use_project_daemon()
         W.child_store(json.loads(a.child_store))
         return 0
     logging.basicConfig(level=logging.ERROR)

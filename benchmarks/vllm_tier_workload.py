@@ -43,7 +43,8 @@ import daemon_helpers as DH  # noqa: E402
 import harness as H  # noqa: E402
 from vllm.v1.kv_offload.base import LookupResult, ReqContext, make_offload_key  # noqa: E402
 
-from kvstore import quant  # noqa: E402
+from kvstore.format import quant  # noqa: E402
+from kvstore.server.process import Exec  # noqa: E402
 
 BLOCK_TOKENS = H.BLOCK_TOKENS
 PROJECT_KVSTORE = REPO / ".venv" / "bin" / "kvstore"
@@ -441,12 +442,9 @@ def verify(eng: H.Engine, pool: PagePool, ctxs: Sequence[ReqContext], run: Looku
 
 
 # -- tiers, daemons, directories ------------------------------------------------------------------
-def use_project_daemon() -> str:
-    """Daemons run from the project's own venv (``.venv/bin/kvstore``) when it is there."""
-    if PROJECT_KVSTORE.exists():
-        DH.kvstore_command = lambda: [str(PROJECT_KVSTORE)]  # serve_command looks it up at call time
-        return str(PROJECT_KVSTORE)
-    return " ".join(DH.kvstore_command())
+def daemon_command() -> list[str]:
+    """How daemons are run: from the project's own venv (``.venv/bin/kvstore``) when it is there."""
+    return [str(PROJECT_KVSTORE)] if PROJECT_KVSTORE.exists() else DH.kvstore_command()
 
 
 def du(path: Path) -> tuple[int, int]:
@@ -520,7 +518,7 @@ class Running:
 
     def start_daemon(self) -> float:
         t = time.perf_counter()
-        self.daemon = DH.start_daemon(self.at_rest, *self.side.flags)
+        self.daemon = DH.start_daemon(self.at_rest, *self.side.flags, spawner=Exec(daemon_command()))
         return time.perf_counter() - t
 
     def start_engine(self, cpu_bytes: int, **kw: Any) -> H.Engine:
