@@ -7,7 +7,7 @@
 - the same-GPU handoff: a 64 MiB session loaded into device memory by a client process through
   CUDA IPC (device to device from the daemon's HBM tier) vs the host path (load, then upload).
 
-``run() -> (markdown section, JSON-able dict)``; the orchestrator is benchmarks/bench_gpu.py.
+``run() -> (markdown section, JSON-able dict)``; the orchestrator is benchmarks/gpu/bench_gpu.py.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run standalone, too
 from benchmarks.common import markdown_table, median_time
 
 CHUNK = 229_376  # one deepseek-v4.1-flash chunk of 256 tokens
@@ -222,7 +223,6 @@ def run() -> tuple[str, dict[str, Any]]:
 if __name__ == "__main__":
     import json
 
-    sys.path.insert(0, str(REPO))
     text, result = run()
     print(text)
     print(json.dumps(result, indent=1, default=str))
