@@ -157,7 +157,7 @@ class Store:
     def expired_reclaimed(self) -> int:
         """Sessions the daemon's maintenance pass has expired so far (from its log)."""
         n = 0
-        for line in list(self.daemon.log):
+        for line in self.daemon.log().splitlines():
             if "maintenance: expired" in line:
                 n += int(line.split("maintenance: expired", 1)[1].split()[0])
         return n

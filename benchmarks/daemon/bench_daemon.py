@@ -83,10 +83,11 @@ def open_client(address: str, path: KvPath) -> Client:
 
 
 def save_turn(c: Client, ns: str, manifest: Manifest, blobs: list[bytes]) -> None:
-    """A durable turn save: the new chunks and the manifest, in one call."""
+    """A durable turn save: the new chunks and the manifest, in one call (``base=0``: whatever is
+    stored is replaced; the clients save and delete one session in turn, a race is not measured)."""
     if manifest.namespace != ns:
         raise RuntimeError(f"the manifest is under {manifest.namespace!r}, not {ns!r}")
-    if c.save_session(manifest, blobs).written != len(blobs):
+    if c.save_session(manifest, blobs, base=0).written != len(blobs):
         raise RuntimeError("chunks were already stored: the save would not be measured")
 
 

@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import common
 from benchmarks.daemon.bench_daemon import CHUNK_TOKENS, LAYOUT, manifest_for
 from kvstore.client import Client
+from kvstore.format import chunk
 from kvstore.format.layout import get_layout
-from kvstore.transport import shm
+from kvstore.transport import convert, shm
 from kvstore.transport.carrier import ArenaCarrier, StreamCarrier
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -129,8 +130,7 @@ def parts(tmp: Path, blobs: list[bytes], keys: list[bytes], ids: object, rounds:
         loop = asyncio.new_event_loop()
         out = {
             "store load (host hits, verified)": p50_us(lambda: list(sessions.load(NS, keys)), rounds),
-            "  of which checksum (xxh3)": p50_us(lambda: [__import__("kvstore").chunk.verify_checksum(b)
-                                                       for b in blobs], rounds),
+            "  of which checksum (xxh3)": p50_us(lambda: [chunk.verify_checksum(b) for b in blobs], rounds),
             "arena copy (carrier.send)": p50_us(lambda: list(ac.send(pairs)), rounds),
             "stream framing + protobuf build": p50_us(
                 lambda: [pb.LoadSessionResponse(chunks=p.message()).SerializeToString() for p in sc.send(pairs)],
@@ -138,7 +138,7 @@ def parts(tmp: Path, blobs: list[bytes], keys: list[bytes], ids: object, rounds:
             "asyncio.to_thread hop (idle)": p50_us(lambda: loop.run_until_complete(asyncio.to_thread(int)), rounds),
             "client parse, stream": p50_us(parse_stream, rounds),
             "client parse, arena": p50_us(parse_arena, rounds),
-            "manifest get + to_pb": p50_us(lambda: __import__("kvstore.transport.convert").convert.session_to_pb(
+            "manifest get + to_pb": p50_us(lambda: convert.session_to_pb(
                 sessions.get(NS, "s")), rounds),
         }
         loop.close()
