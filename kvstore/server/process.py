@@ -132,7 +132,7 @@ class DaemonProcess:
         self.log_format = log_format
         self.start_timeout_s = start_timeout_s
         self._private = log_path is None  # then a temporary directory per start, removed when reaped
-        self.log_path = Path(log_path) if log_path is not None else Path(tempfile.gettempdir(), "unstarted.log")
+        self.log_path: Path | None = Path(log_path) if log_path is not None else None  # private: set at spawn
         self.proc: Child | None = None
         self.address = ""
         self.started = 0.0  # time.monotonic() at spawn
@@ -141,6 +141,7 @@ class DaemonProcess:
     @property
     def out_path(self) -> Path:
         """Where the daemon's stdout goes (its readiness line), beside its log."""
+        assert self.log_path is not None, "not spawned"
         return self.log_path.with_name(self.log_path.name + ".out")
 
     @property
@@ -161,6 +162,7 @@ class DaemonProcess:
         """Start the daemon; do not wait for it."""
         if self._private:
             self.log_path = Path(tempfile.mkdtemp(prefix="kvstore-daemon-")) / "daemon.log"
+        assert self.log_path is not None
         self.out_path.unlink(missing_ok=True)  # a forked child truncates it only after we look
         self.address = ""
         self.started = time.monotonic()
@@ -169,7 +171,7 @@ class DaemonProcess:
 
     def poll_ready(self) -> bool:
         """Whether the daemon has printed its address (then in ``address``)."""
-        if not self.address and self.out_path.exists():
+        if not self.address and self.log_path is not None and self.out_path.exists():
             self.address = ready_address(self.out_path.read_text(errors="replace"))
         return bool(self.address)
 
@@ -200,7 +202,9 @@ class DaemonProcess:
 
     def log(self) -> str:
         """What the daemon wrote to stderr so far (its log lines and errors)."""
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else self._log
+        if self.log_path is not None and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return self._log
 
     def wait(self, timeout_s: float | None = None) -> int:
         """Reap the daemon (``subprocess.TimeoutExpired`` past ``timeout_s``); its exit code, negative
@@ -208,7 +212,7 @@ class DaemonProcess:
         if self.proc is None:
             return 0
         code = self.proc.wait(timeout_s)
-        if self._private and self.log_path.parent.exists():
+        if self._private and self.log_path is not None and self.log_path.parent.exists():
             self._log = self.log()
             shutil.rmtree(self.log_path.parent, ignore_errors=True)
         return code
