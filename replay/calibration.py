@@ -1,6 +1,6 @@
 """A checkpoint's calibrated replay length: measured error of bounded replay for each replay length R.
 
-``benchmarks/bench_fidelity.py`` measures it on held-out sessions and writes it beside the checkpoint
+``benchmarks/fidelity/bench_fidelity.py`` measures it on held-out sessions and writes it beside the checkpoint
 (``<name>.calibration.json``); ``Transformer.load_checkpoint`` reads it back as ``model.calibration``, and
 ``AgentSession.resume(..., max_kl=...)`` picks the smallest R whose measured mean KL meets the budget.
 """

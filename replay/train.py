@@ -52,7 +52,7 @@ class TrainConfig:
     eval_windows: int = 64  # held-out windows of seq_len for the final evaluation (0 = all)
     max_minutes: float = 0.0  # stop early (and save) after this long; 0 = no limit
     stop_at: int = 0  # stop after this many steps, on the schedule of ``steps`` (0 = run them all)
-    exclude_in_window: bool = False  # ModelArgs.exclude_in_window (the A/B of benchmarks/bench_overlap.py)
+    exclude_in_window: bool = False  # ModelArgs.exclude_in_window (the A/B of benchmarks/fidelity/bench_overlap.py)
 
 
 def model_args(cfg: TrainConfig) -> ModelArgs:

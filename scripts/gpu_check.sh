@@ -18,7 +18,7 @@ tests=(tests/test_cuda_codecs.py tests/test_hbm_alloc.py tests/test_hbm_tier.py 
        tests/test_fast_decode.py tests/test_quant.py tests/test_model.py)
 python3 -m pytest -q -p no:cacheprovider -o addopts="" --timeout 300 "${tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
-python3 benchmarks/bench_gpu.py --out "$out" "${@:2}" 2>&1 | tee "$out/bench_gpu.log"
+python3 benchmarks/gpu/bench_gpu.py --out "$out" "${@:2}" 2>&1 | tee "$out/bench_gpu.log"
 bench_rc=${PIPESTATUS[0]}
 echo "gpu tests rc=$tests_rc, bench rc=$bench_rc"
 exit $(( tests_rc || bench_rc ))

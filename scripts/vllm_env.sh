@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The vLLM environment the tier tests and bench_vllm_tier.py run in: ./.venv-vllm (git-ignored), never
-# the default install. vLLM's Python side on a CPU machine: the CPU torch, vLLM 0.33.0 without its
+# The vLLM environment the tier tests and benchmarks/vllm_tier/bench_vllm_tier.py run in: ./.venv-vllm
+# (git-ignored), never the default install. vLLM's Python side on a CPU machine: the CPU torch, vLLM 0.33.0 without its
 # dependencies (they pin a CUDA torch), the pure-Python packages its offloading, scheduler and
 # KV-cache-interface modules import, then kvstore itself (editable) and pytest.
 #   scripts/vllm_env.sh            build it (idempotent: an environment that imports vLLM is kept)

@@ -1,20 +1,15 @@
 """Real daemons and synthetic sessions for the server, TLS and CLI tests.
 
 A plain module (not a conftest): tests import what they need. ``start_daemon`` runs
-``kvstore serve --port 0`` as a child process and reads the port from the line it
-prints when ready; ``make_session`` builds the complete chunks and the manifest of one sequence
-with the real chunk codec (and the real FP4 quantizers where the layout uses them).
+``kvstore serve --port 0`` as a child process through the project's one launcher
+(``kvstore.server.process.DaemonProcess``) and returns once it prints that it is ready;
+``make_session`` builds the complete chunks and the manifest of one sequence with the real chunk
+codec (and the real FP4 quantizers where the layout uses them).
 """
 
 from __future__ import annotations
 
-import os
-import queue
-import signal
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,14 +33,14 @@ from kvstore.format import chunk, quant
 from kvstore.format.keys import chain_keys
 from kvstore.format.layout import EntryFormat, Layout, get_layout
 from kvstore.format.manifest import Manifest, Retention
+from kvstore.server.process import READY, DaemonProcess, Spawner, clean_env, kvstore_command  # noqa: F401 (the tests')
 from kvstore.transport import shm
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 REPO = Path(__file__).resolve().parents[1]
-READY = "kvstore serving on "
 START_TIMEOUT_S = 20.0
-STOP_TIMEOUT_S = 10.0
+Daemon = DaemonProcess  # a running ``kvstore serve`` child process (kvstore/server/process.py)
 
 
 def free_port() -> int:
@@ -54,79 +49,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """The test process's environment without any KVSTORE_* settings, plus ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}
-    env.update(extra)
-    return env
-
-
-def kvstore_command() -> list[str]:
-    """How to run `kvstore`: the entry point installed beside this interpreter, else its equivalent.
-    (Not ``python -m cli.main``: that imports cli.main twice, as __main__ and as cli.main, so the
-    CliError a command raises is not the class main() catches, and it escapes as a traceback.)"""
-    script = Path(sys.executable).with_name("kvstore")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())"]
-
-
 def serve_command(data_dir: Path, *flags: str) -> list[str]:
+    """``kvstore serve`` on port 0, for a test that runs it to completion (a daemon that refuses to start)."""
     return [*kvstore_command(), "serve", "--port", "0", "--data-dir", str(data_dir), *flags]
 
 
-@dataclass
-class Daemon:
-    """A running ``kvstore serve`` child process."""
-
-    proc: subprocess.Popen[bytes]
-    address: str
-    data_dir: Path
-    log_path: Path  # its stderr (JSON log lines), appended across restarts
-
-    @property
-    def port(self) -> int:
-        return int(self.address.rsplit(":", 1)[1])
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int:
-        """SIGTERM, then SIGKILL if it has not exited within ``timeout_s``; returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        return self.proc.returncode
-
-
 def start_daemon(data_dir: Path, *flags: str, env: dict[str, str] | None = None,
-                 timeout_s: float = START_TIMEOUT_S) -> Daemon:
-    """Start a daemon on a free loopback port and wait until it prints that it is serving."""
+                 timeout_s: float = START_TIMEOUT_S, spawner: Spawner | None = None) -> Daemon:
+    """Start a daemon of this tree on a free loopback port (``--port N`` in ``flags`` picks one) with
+    JSON log lines appended to ``<data_dir>.log`` across restarts, and wait until it is serving."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    log_path = data_dir.with_name(data_dir.name + ".log")
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(serve_command(data_dir, *flags), cwd=REPO, env=env or clean_env(),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log)
-    assert proc.stdout is not None
-    lines: queue.Queue[bytes] = queue.Queue()
-    threading.Thread(target=lambda: lines.put(proc.stdout.readline()), daemon=True).start()  # type: ignore[union-attr]
-    try:
-        line = lines.get(timeout=timeout_s).decode(errors="replace").strip()
-    except queue.Empty:
-        line = ""
-    if not line.startswith(READY):
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-        raise RuntimeError(f"daemon did not become ready within {timeout_s:.0f}s (exit code {proc.returncode}, "
-                           f"stdout {line!r}); stderr:\n{log_path.read_text(errors='replace')[-4000:]}")
-    return Daemon(proc, line[len(READY):], data_dir, log_path)
+    return DaemonProcess(data_dir, flags, env=env or clean_env(), cwd=REPO, spawner=spawner,
+                         log_path=data_dir.with_name(data_dir.name + ".log"), log_format=None,
+                         start_timeout_s=timeout_s).start()
 
 
 @contextmanager

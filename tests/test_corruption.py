@@ -3,7 +3,7 @@
 the bad copy dropped, a good copy or a miss served: never a wrong byte, never a crash. Damage to
 the file's structure is repaired at open (the sound records kept, the rest reported and set aside).
 
-Short mode of ``benchmarks/bench_corruption.py`` (same harness, fixed seed, a few dozen
+Short mode of ``benchmarks/reliability/bench_corruption.py`` (same harness, fixed seed, a few dozen
 injections; each LMDB one is checked in a forked child, so a crash fails the test instead of
 killing it). The long mode publishes ``benchmarks/results/corruption.json``.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from store_helpers import save
 
-from benchmarks.bench_corruption import (
+from benchmarks.reliability.bench_corruption import (
     LMDB_KINDS,
     OUTCOMES,
     REDIS_KINDS,

@@ -8,7 +8,7 @@ sparse, write-sealed memfds, pipes, files, directories, two at once).
 
 The fuzzer calls with no token, an unknown token, its own token (namespace "fuzz") and, for RPCs
 that only read or move data between tiers, the admin token. Short in CI (KVSTORE_FUZZ_EXAMPLES
-examples per RPC, default 25, derandomized); ``benchmarks/bench_fuzz.py`` runs the long mode and
+examples per RPC, default 25, derandomized); ``benchmarks/reliability/bench_fuzz.py`` runs the long mode and
 writes ``KVSTORE_FUZZ_REPORT`` (the case count) into benchmarks/results/fuzz.json.
 """
 

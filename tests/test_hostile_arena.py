@@ -1,5 +1,5 @@
 """A hostile client of the daemon's own user, in a process of its own
-(benchmarks/reliability/hostile_client.py; the long mode is ``benchmarks/bench_hostile.py``), does
+(benchmarks/reliability/hostile_client.py; the long mode is ``benchmarks/reliability/bench_hostile.py``), does
 what it can to its arena: truncates the file under the daemon (once, and over and over while its own
 loads and saves run through it), punches its pages out, attaches sparse
 files, unsealed or hugetlbfs memfds, fds that are no memfd, NUL bytes in paths. Before the fix a

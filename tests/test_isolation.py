@@ -7,7 +7,7 @@ id, an in-flight transfer file) and once naming a random one of the same shape. 
 must be identical in status code and message (the name itself, where an answer echoes it, is
 normalized away), and must not carry data. Afterwards team-b's sessions are checksummed against
 what was stored before. ``KVSTORE_ISOLATION_REPORT=<file>`` makes the module write its count of
-cross-tenant attempts (benchmarks/bench_fuzz.py uses it); ``KVSTORE_ISOLATION_ROUNDS`` repeats the
+cross-tenant attempts (benchmarks/reliability/bench_fuzz.py uses it); ``KVSTORE_ISOLATION_ROUNDS`` repeats the
 probes with fresh decoys (default 1).
 """
 

@@ -30,11 +30,12 @@ from daemon_helpers import make_session, save_session
 from kvstore.client import Client
 from kvstore.client.aio import AsyncClient
 from kvstore.errors import KvstoreError
+from kvstore.server.process import DaemonProcess
 from kvstore.transport import local_channel
 from kvstore.v1 import kvstore_pb2 as pb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.reliability.launcher import DaemonHandle, ForkLauncher, start
+from benchmarks.reliability.launcher import daemon, make_spawner
 
 INFO = "/kvstore.v1.KVStore/GetServerInfo"
 KILLS = 20
@@ -155,14 +156,14 @@ def _async_reader(address: str, stop: threading.Event, w: Worker) -> Callable[[]
 
 
 def test_same_host_clients_across_sigkills_fail_only_with_statuses(tmp_path: Path) -> None:
-    launcher = ForkLauncher()
+    zygote = make_spawner("fork")
     port = _free_port()
-    argv = ["serve", "--port", str(port), "--data-dir", str(tmp_path / "data"), "--log-format", "text"]
+    flags = ["--port", str(port), "--log-format", "text"]
     rng = random.Random(19)
 
-    def up() -> DaemonHandle:
-        d = start(launcher, argv, tmp_path / "out", tmp_path / "log")
-        assert d.wait_ready(60), (tmp_path / "log").read_text()[-3000:]
+    def up() -> DaemonProcess:
+        d = daemon(zygote, tmp_path / "data", flags, tmp_path / "log").spawn()
+        assert d.wait_ready(60), d.log()[-3000:]
         return d
 
     d = up()
@@ -185,7 +186,6 @@ def test_same_host_clients_across_sigkills_fail_only_with_statuses(tmp_path: Pat
         for _ in range(KILLS):
             time.sleep(rng.uniform(0.05, 0.2))
             d.kill()
-            launcher.reap(d.pid)
             d = up()
         time.sleep(0.5)
     finally:
@@ -196,8 +196,7 @@ def test_same_host_clients_across_sigkills_fail_only_with_statuses(tmp_path: Pat
         for c in clients:
             c.close()
         d.kill()
-        launcher.reap(d.pid)
-        launcher.close()
+        zygote.close()
     other = [e for w in workers for e in w.other]
     assert not other, other[:10]
     assert all(w.ok > 0 for w in workers), [(w.name, w.ok, w.statuses) for w in workers]

@@ -1,7 +1,7 @@
 """Load and soak, short mode: 64 concurrent clients against one real daemon for ~25 s.
 
 The harness is ``benchmarks/reliability/soak.py``; the 10-minute figure is
-``python benchmarks/bench_soak.py --minutes 10``. Asserts correctness only: zero errors (every
+``python benchmarks/reliability/bench_soak.py --minutes 10``. Asserts correctness only: zero errors (every
 load compared byte for byte), a clean SIGTERM exit, and a daemon RSS that does not climb after the
 warm-up by more than a leak would (a generous bound: allocator noise is a few MiB here).
 It found that 16 arenas per identity made the 17th+ concurrent same-host client of one identity

@@ -1,8 +1,8 @@
 """The SIGKILL storm, short mode: 50 kill points per write mode against a real daemon.
 
 The harness lives in ``benchmarks/reliability/`` (the long mode, 1,000 kill points, is
-``python benchmarks/bench_storm.py --kills 1000``). Daemons are forked from a helper process that
-imported the daemon once (``ForkLauncher``), so a restart costs ~0.1 s instead of ~2 s. Each
+``python benchmarks/reliability/bench_storm.py --kills 1000``). Daemons are forked from a helper process that
+imported the daemon once (a ``Zygote``, kvstore/server/process.py), so a restart costs ~0.1 s instead of ~2 s. Each
 writer keeps one ``Client`` across every restart, on the same port, as an agent would.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.reliability.launcher import ForkLauncher, start
+from benchmarks.reliability.launcher import daemon, make_spawner
 from benchmarks.reliability.oracle import ABSENT, Oracle
 from benchmarks.reliability.storm import StormConfig, run_storm
 from benchmarks.reliability.workload import CHUNK_TOKENS
@@ -42,11 +42,10 @@ def test_sigkill_storm_loses_no_acknowledged_session(tmp_path: Path, write_mode:
 def test_the_checker_catches_a_lost_and_a_wrong_session(tmp_path: Path) -> None:
     """The oracle itself: an acknowledged version the daemon lacks, and a session that serves
     other content than its writer committed under that version, are both reported."""
-    launcher = ForkLauncher()
-    argv = ["serve", "--port", "0", "--data-dir", str(tmp_path / "data"), "--chunk-tokens", str(CHUNK_TOKENS)]
-    d = start(launcher, argv, tmp_path / "out", tmp_path / "log")
+    zygote = make_spawner("fork")
+    d = daemon(zygote, tmp_path / "data", ["--chunk-tokens", str(CHUNK_TOKENS)], tmp_path / "log").spawn()
     try:
-        assert d.wait_ready(60), (tmp_path / "log").read_text()
+        assert d.wait_ready(60), d.log()
         lost, torn = ("ns-a", "lost"), ("ns-a", "torn")
         oracle = Oracle(7, [lost, torn])
         with Client(address=d.address) as client:
@@ -65,5 +64,4 @@ def test_the_checker_catches_a_lost_and_a_wrong_session(tmp_path: Path) -> None:
         assert oracle.allowed(lost) == {ABSENT}
     finally:
         d.kill()
-        launcher.reap(d.pid)
-        launcher.close()
+        zygote.close()

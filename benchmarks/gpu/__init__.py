@@ -1,2 +1,1 @@
-"""GPU benchmark sections, one module each, each exposing ``run() -> (markdown, dict)``; the
-orchestrator benchmarks/bench_gpu.py runs them on the device machine."""
+"""GPU sections (one module each, ``run() -> (markdown, dict)``) and bench_gpu.py, which runs them."""

@@ -7,12 +7,11 @@
 - the same-GPU handoff: a 64 MiB session loaded into device memory by a client process through
   CUDA IPC (device to device from the daemon's HBM tier) vs the host path (load, then upload).
 
-``run() -> (markdown section, JSON-able dict)``; the orchestrator is benchmarks/bench_gpu.py.
+``run() -> (markdown section, JSON-able dict)``; the orchestrator is benchmarks/gpu/bench_gpu.py.
 """
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run standalone, too
 from benchmarks.common import markdown_table, median_time
 
 CHUNK = 229_376  # one deepseek-v4.1-flash chunk of 256 tokens
@@ -111,20 +111,13 @@ def sweep() -> list[dict[str, float]]:
 
 @contextmanager
 def _daemon(data_dir: Path, hbm_bytes: int) -> Iterator[str]:
+    """A daemon of this tree with an HBM tier of ``hbm_bytes``; its log beside ``data_dir``."""
+    from kvstore.server.process import DaemonProcess
+
     data_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-c", "import sys; from cli.main import main; sys.exit(main())", "serve", "--port", "0",
-           "--data-dir", str(data_dir), "--hbm-capacity-bytes", str(hbm_bytes)]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=open(data_dir.with_suffix(".log"), "wb"))  # noqa: SIM115
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode().strip()
-        if not line.startswith("kvstore serving on "):
-            raise RuntimeError(f"daemon did not start: {line!r}; see {data_dir.with_suffix('.log')}")
-        yield line.rsplit(" ", 1)[1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with DaemonProcess(data_dir, ["--hbm-capacity-bytes", str(hbm_bytes)], cwd=REPO, log_format=None,
+                       log_path=data_dir.with_suffix(".log")) as d:
+        yield d.address
 
 
 def _random_chunks(lay: Any, n: int, tokens: int = 256) -> tuple[list[bytes], list[bytes], np.ndarray]:
@@ -230,7 +223,6 @@ def run() -> tuple[str, dict[str, Any]]:
 if __name__ == "__main__":
     import json
 
-    sys.path.insert(0, str(REPO))
     text, result = run()
     print(text)
     print(json.dumps(result, indent=1, default=str))

@@ -16,12 +16,15 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run standalone, too
 from benchmarks.common import markdown_table
 from kvstore.format import quant
 from kvstore.format.layout import EntryFormat, get_layout

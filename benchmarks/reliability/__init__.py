@@ -1,0 +1,1 @@
+"""Failure harnesses against real daemons: SIGKILL storms, soak, hostile clients, corruption, fuzzing."""

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -30,10 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from benchmarks.reliability.launcher import ExecLauncher, describe_status, is_zombie_or_gone, start
+from benchmarks.reliability.launcher import daemon, describe_exit, make_spawner
 from benchmarks.reliability.workload import CHUNK_TOKENS, Version, version
 from kvstore.client import Client
 from kvstore.format.manifest import Manifest
+from kvstore.server.process import clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENT = Path(__file__).resolve().with_name("hostile_client.py")
@@ -114,7 +114,7 @@ def calls_in(answers: dict[str, list[str]]) -> Counter[str]:
 def run_case(spec: Path, case: str, prefix: list[str] | None = None) -> dict[str, list[str]]:
     """One run of ``case`` in a hostile client process of its own; its answers, step by step."""
     done = subprocess.run([*(prefix or []), sys.executable, str(CLIENT), str(spec), case], cwd=REPO,
-                          env=_env(), capture_output=True, text=True, timeout=300)
+                          env=clean_env(), capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"the hostile client failed ({case}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -215,12 +215,11 @@ def run_hostile(config: HostileConfig, workdir: Path) -> HostileResult:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "tokens.toml").write_text(TOKENS)
     r = HostileResult(config, commit=git_commit())
-    launcher = ExecLauncher()
-    argv = ["serve", "--port", "0", "--data-dir", str(workdir / "data"), "--chunk-tokens", str(CHUNK_TOKENS),
-            "--tokens-file", str(workdir / "tokens.toml"), "--log-format", "text"]
-    d = start(launcher, argv, workdir / "daemon.out", workdir / "daemon.log")
+    flags = ["--chunk-tokens", str(CHUNK_TOKENS), "--tokens-file", str(workdir / "tokens.toml"), "--log-format", "text"]
+    d = daemon(make_spawner("exec"), workdir / "data", flags, workdir / "daemon.log").spawn()
     if not d.wait_ready(120):
-        raise RuntimeError((workdir / "daemon.log").read_text()[-3000:])
+        d.kill()
+        raise RuntimeError(d.log()[-3000:])
     evil, good = version(config.seed, "evil", "e1", 3), version(config.seed, "good", "g1", 3)
     for token, v in (("tok-evil", evil), ("tok-good", good)):
         with Client(address=d.address, token=token, shared_memory=False) as c:
@@ -236,7 +235,7 @@ def run_hostile(config: HostileConfig, workdir: Path) -> HostileResult:
     try:
         for _ in range(config.rounds):
             for case in EXPECTED:
-                if is_zombie_or_gone(d.pid):
+                if d.exited():
                     break
                 answers = run_case(spec, case)
                 skipped = answers.get("attach", [""])[0] == SKIPPED
@@ -245,23 +244,16 @@ def run_hostile(config: HostileConfig, workdir: Path) -> HostileResult:
                 r.steps += 0 if skipped else len(answers)
                 codes.update(calls_in(answers) if not skipped else {})
                 r.unexpected += check(case, answers)
-                if is_zombie_or_gone(d.pid):
+                if d.exited():
                     r.daemon_deaths += 1
                     r.unexpected.append(f"the daemon died during {case}")
     finally:
         victim.stop.set()
         victim.thread.join(60)
         r.seconds = time.monotonic() - t0
-        if not is_zombie_or_gone(d.pid):
+        if not d.exited():
             r.fds_after, r.arenas_after = _fds(d.pid), _arenas(d.address)
-        if not is_zombie_or_gone(d.pid):
-            os.kill(d.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while not is_zombie_or_gone(d.pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not is_zombie_or_gone(d.pid):
-            d.kill()
-        r.daemon_exit = describe_status(launcher.reap(d.pid))
+        r.daemon_exit = describe_exit(d.stop(60))  # SIGTERM; SIGKILL after 60 s
     r.codes = dict(codes)
     r.calls = sum(codes.values())
     r.victim_loads, r.victim_bytes, r.victim_errors = victim.loads, victim.bytes, victim.errors[:20]
@@ -279,7 +271,3 @@ def _arenas(address: str) -> int:
     """Arenas the daemon holds (each holds one fd: a mapping's, or a file arena's)."""
     with Client(address=address, token="tok-admin", shared_memory=False) as admin:
         return int(admin.stats().transport.arenas)
-
-
-def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}

@@ -22,6 +22,7 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -31,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.reliability.launcher import ExecLauncher, describe_status, is_zombie_or_gone, start
+from benchmarks.reliability.launcher import daemon, describe_exit, make_spawner
 from benchmarks.reliability.workload import CHUNK_TOKENS, Version, version
 from kvstore.client import Client, ClientConfig
 from kvstore.format.keys import ROOT
@@ -226,30 +227,21 @@ def _proc_status(pid: int) -> tuple[float, int]:
 
 def run_soak(config: SoakConfig, workdir: Path) -> SoakResult:
     workdir.mkdir(parents=True, exist_ok=True)
-    launcher = ExecLauncher()
-    argv = ["serve", "--port", "0", "--data-dir", str(workdir / "data"), "--chunk-tokens", str(CHUNK_TOKENS),
-            "--write-mode", config.write_mode]
-    d = start(launcher, argv, workdir / "daemon.out", workdir / "daemon.log")
+    flags = ["--chunk-tokens", str(CHUNK_TOKENS), "--write-mode", config.write_mode]
+    d = daemon(make_spawner("exec"), workdir / "data", flags, workdir / "daemon.log").spawn()
     result = SoakResult(config)
     try:
         if not d.wait_ready(120):
-            raise RuntimeError(f"the daemon did not start:\n{(workdir / 'daemon.log').read_text()[-3000:]}")
+            raise RuntimeError(f"the daemon did not start:\n{d.log()[-3000:]}")
         result = _drive(config, d.address, d.pid, result)
         os.kill(d.pid, signal.SIGTERM)
     finally:
-        result.daemon_exit = describe_status(launcher.reap(d.pid)) if _wait_exit(d.pid) else "hung; killed"
-        launcher.close()
+        try:
+            result.daemon_exit = describe_exit(d.wait(30))
+        except subprocess.TimeoutExpired:
+            d.kill()
+            result.daemon_exit = "hung; killed"
     return result
-
-
-def _wait_exit(pid: int, timeout_s: float = 30.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not is_zombie_or_gone(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _drive(config: SoakConfig, address: str, pid: int, result: SoakResult) -> SoakResult:

@@ -15,7 +15,6 @@ exits on its own, fails to start, or answers an error while alive is a failure t
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import socket
@@ -29,18 +28,13 @@ from pathlib import Path
 
 import grpc
 
-from benchmarks.reliability.launcher import (
-    DaemonHandle,
-    describe_status,
-    is_zombie_or_gone,
-    make_launcher,
-    start,
-)
+from benchmarks.reliability.launcher import daemon, describe_exit, make_spawner
 from benchmarks.reliability.oracle import ABSENT, CheckReport, Oracle
 from benchmarks.reliability.workload import CHUNK_TOKENS
 from benchmarks.reliability.writers import Gate, Writer
 from kvstore.client import Client, ClientConfig
 from kvstore.errors import KvstoreError, Unavailable
+from kvstore.server.process import DaemonProcess
 
 KINDS = ("running", "save", "commit", "delete", "evict", "startup")
 KIND_WEIGHTS = (0.25, 0.15, 0.25, 0.10, 0.10, 0.15)
@@ -126,12 +120,12 @@ class Storm:
         # channels to one address, and one that failed against the dead daemon stays in reconnect
         # backoff (~1 s) for every new channel. Clients kept across restarts need the same port.
         self.port = _free_port() if config.reuse_clients else 0
-        self.argv = ["serve", "--port", str(self.port), "--data-dir", str(workdir / "data"), "--write-mode",
-                     config.write_mode, "--chunk-tokens", str(CHUNK_TOKENS), "--log-format", "text"]
+        self.flags = ["--port", str(self.port), "--write-mode", config.write_mode, "--chunk-tokens", str(CHUNK_TOKENS),
+                      "--log-format", "text"]
         if config.redis_url:
-            self.argv += ["--redis-url", config.redis_url]
+            self.flags += ["--redis-url", config.redis_url]
         self.result = StormResult(config)
-        self.launcher = make_launcher(config.launcher)
+        self.spawner = make_spawner(config.launcher)
         refs = _sessions(config)
         self.oracle = Oracle(config.seed, [r for rs in refs for r in rs])
         self.gate = Gate()
@@ -140,24 +134,24 @@ class Storm:
                         for i, rs in enumerate(refs)]
         self.start_times: list[float] = []
         self.kill_times: dict[int, float] = {}  # generation -> when its daemon was killed
-        self.live: dict[int, DaemonHandle] = {}  # spawned, not reaped yet
+        self.live: dict[int, DaemonProcess] = {}  # spawned, not reaped yet
 
     def violation(self, what: str, where: str = "") -> None:
         where = where or f"kill point {self.result.kill_points}"
         self.result.violations.append(f"[seed {self.config.seed}, {where}] {what}")
 
     # -- the daemon -------------------------------------------------------------------------------
-    def _spawn(self) -> DaemonHandle:
-        d = start(self.launcher, self.argv, self.workdir / "daemon.out", self.workdir / "daemon.log")
+    def _spawn(self) -> DaemonProcess:
+        d = daemon(self.spawner, self.workdir / "data", self.flags, self.workdir / "daemon.log").spawn()
         self.live[d.pid] = d
         return d
 
-    def _reap(self, d: DaemonHandle) -> int:
-        status = self.launcher.reap(d.pid)
+    def _reap(self, d: DaemonProcess) -> int:
+        code = d.wait()
         del self.live[d.pid]
-        return status
+        return code
 
-    def _start(self) -> DaemonHandle:
+    def _start(self) -> DaemonProcess:
         for _ in range(3):  # a refused start is a violation; then try again to keep going
             d = self._spawn()
             if d.wait_ready(START_TIMEOUT_S):
@@ -165,16 +159,16 @@ class Storm:
                 self.result.restarts += 1
                 return d
             d.kill()
-            status = describe_status(self._reap(d))
+            status = describe_exit(self._reap(d))
             self.violation(f"the daemon did not start ({status}); log tail: {self._log_tail()}")
         raise RuntimeError(f"the daemon failed to start three times:\n{self._log_tail()}")
 
-    def _kill(self, d: DaemonHandle) -> None:
-        crashed = is_zombie_or_gone(d.pid)
+    def _kill(self, d: DaemonProcess) -> None:
+        crashed = d.exited()
         d.kill()
-        status = self._reap(d)
-        if crashed or os_signaled(status) != signal.SIGKILL:
-            self.violation(f"the daemon exited on its own ({describe_status(status)}); log: {self._log_tail()}")
+        code = self._reap(d)
+        if crashed or code != -signal.SIGKILL:
+            self.violation(f"the daemon exited on its own ({describe_exit(code)}); log: {self._log_tail()}")
 
     def _log_tail(self) -> str:
         path = self.workdir / "daemon.log"
@@ -191,14 +185,14 @@ class Storm:
         self.result.startup_kills_before_ready += not d.poll_ready()
         self._kill(d)
 
-    def _check(self, d: DaemonHandle) -> None:
+    def _check(self, d: DaemonProcess) -> None:
         try:
             with self._client(d.address) as client:
                 _wait_until_answering(client)
                 report: CheckReport = self.oracle.check(client)
                 stats = client.stats()
         except (KvstoreError, grpc.RpcError) as e:
-            gone = is_zombie_or_gone(d.pid)
+            gone = d.exited()
             raise RuntimeError(f"the check failed ({type(e).__name__}: {e}); daemon {d.pid} "
                                f"{'exited' if gone else 'is up'}; log tail:\n{self._log_tail()}") from e
         r = self.result
@@ -218,7 +212,7 @@ class Storm:
                 self.violation(f"tier {t.name}: {t.verify_failures} verify failures, {t.errors} errors "
                                f"after a restart ({t.last_error})")
 
-    def _run_until_kill(self, kind: str, d: DaemonHandle) -> None:
+    def _run_until_kill(self, kind: str, d: DaemonProcess) -> None:
         event = threading.Event()
         if kind != "running":
             self.gate.listeners = {kind: event}
@@ -273,7 +267,7 @@ class Storm:
             for d in list(self.live.values()):
                 d.kill()
                 self._reap(d)
-            self.launcher.close()
+            self.spawner.close()
         self._account(time.monotonic() - t0)
         return self.result
 
@@ -318,14 +312,11 @@ def _wait_until_answering(client: Client, timeout_s: float = 15.0) -> None:
             time.sleep(0.02)
 
 
-def os_signaled(status: int) -> int:
-    return os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
-
-
-def _terminate(d: DaemonHandle) -> None:
-    os.kill(d.pid, signal.SIGTERM)
+def _terminate(d: DaemonProcess) -> None:
+    assert d.proc is not None
+    d.proc.terminate()
     deadline = time.monotonic() + 30
-    while not is_zombie_or_gone(d.pid) and time.monotonic() < deadline:
+    while not d.exited() and time.monotonic() < deadline:
         time.sleep(0.01)
 
 

@@ -5,7 +5,7 @@ as the map (a sparse file) and writes pages through the mapping, so on a full fi
 touches a page the kernel cannot back and the process dies of SIGBUS (py-lmdb #161, documented
 since py-lmdb #244). Without it LMDB writes pages with pwrite: a full disk is an error returned
 by the commit (LMDB reports a short write as EIO), the transaction is aborted, the previous
-version stays intact and readable. Measured here (benchmarks/bench_store.py, results/store.md),
+version stays intact and readable. Measured here (benchmarks/store/bench_store.py, results/store.md),
 it costs nothing: one synced transaction of a 29 MB session wrote 621 MB/s without writemap, 240
 with it, and the store's durable save runs at 184 MB/s without it.
 """

@@ -3,7 +3,7 @@ copied once on the daemon and not at all in the Python client.
 
 Through protobuf, a streamed message's chunk bytes are copied three times on the daemon's event loop:
 joined into one ``bytes``, copied into the ``data`` field, copied again by ``SerializeToString``
-(0.46-0.66 ms per MiB, benchmarks/profile_load.py). Here the store's blobs are joined once, straight
+(0.46-0.66 ms per MiB, benchmarks/daemon/profile_load.py). Here the store's blobs are joined once, straight
 into the serialized message. The result is byte for byte what protobuf writes for the same
 ``ChunkData`` / ``LoadSessionResponse`` (tests/test_transport.py parses it back and compares), so
 every gRPC client, in any language, reads it as usual: nothing in the proto changes.

@@ -1,4 +1,4 @@
-"""vLLM 0.33's own offloading stack on a CPU machine, for the tier tests and bench_vllm_tier.py.
+"""vLLM 0.33's own offloading stack on a CPU machine, for the tier tests and benchmarks/vllm_tier/bench_vllm_tier.py.
 
 Built from vLLM's classes, not copies of them: DeepSeek-V4.1's per-layer KV cache specs are the
 ``MLAAttentionSpec``s its attention and indexer layers publish (``vllm/models/deepseek_v41/

@@ -1,0 +1,1 @@
+"""Many agents sharing prefixes through one daemon for minutes: hit rates, bytes, latency."""

@@ -1,0 +1,1 @@
+"""Scale-out: daemons sharing sessions through Redis and Redis Cluster."""

@@ -1,0 +1,1 @@
+"""How close a resumed session is to one never evicted; the A/B of the in-window rule."""

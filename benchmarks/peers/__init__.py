@@ -1,0 +1,1 @@
+"""kvstore beside LMCache's server, redis-py and raw LMDB, on the same session bytes."""

@@ -1,0 +1,1 @@
+"""What resuming a session costs: bounded replay vs exact replay vs re-prefill, through a daemon."""
