@@ -118,7 +118,7 @@ def test_a_commit_on_a_full_disk_fails_cleanly(small_fs: Path) -> None:
 
 
 def test_the_map_limit_fails_a_save_cleanly_and_deleting_makes_room(tmp_path: Path) -> None:
-    cfg = config(tmp_path, map_size=1 << 20, max_map_size=2 << 20)
+    cfg = config(tmp_path, map_size=1 << 20, max_map_bytes=2 << 20)
     ss = open_store(cfg)
     try:
         saved = []

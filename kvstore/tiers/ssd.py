@@ -7,9 +7,9 @@ A stored record is a 9-byte header and a payload (record.py; docs/FORMAT.md byte
     raw_len u32    length of the original value
     prefix u32     leading bytes stored uncompressed
 
-Flag 2 (chunks, ``transform_chunks``) keeps the chunk header raw and compresses its FP4 codes and
+Flag 2 (chunks, ``compact_records``) keeps the chunk header raw and compresses its FP4 codes and
 its scales in forms zstd shrinks (record_chunk.py); flag 1 (other values, or chunks with
-``transform_chunks`` off) compresses from ``compressible_from(value)`` on. The sizes in
+``compact_records`` off) compresses from ``compressible_from(value)`` on. The sizes in
 the header let an open rebuild usage totals and the key set from headers alone, without
 decompressing. LMDB commits are atomic and crash-safe; with ``sync`` a put that returned has been
 fsynced. The tier never checks contents (the store verifies chunk checksums), only the framing.
@@ -113,7 +113,7 @@ class SsdTier(Tier):
         """``legacy_meta``: what meta records of the first format look like among the values; given,
         the open moves any it finds to the meta sub-database first (``ssd_migrate.py``)."""
         self._config = config
-        self._codec = RecordCodec(config.zstd_level, compressible_from, config.transform_chunks)
+        self._codec = RecordCodec(config.zstd_level, compressible_from, config.compact_records)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = _Gate()  # no transaction may be open while the map is resized
         self._meta_lock = threading.Lock()
@@ -135,7 +135,7 @@ class SsdTier(Tier):
         with _lmdb_errors(f"cannot open {config.path}"):
             self._env = lmdb.open(
                 config.path,
-                map_size=config.map_size,
+                map_size=config.initial_map_size,
                 max_dbs=_MAX_DBS,
                 max_readers=_MAX_READERS,
                 sync=config.sync,
@@ -250,7 +250,7 @@ class SsdTier(Tier):
             txn.abort()
             if grow_for is not None:  # OutOfSpace at the configured limit
                 current = self._env.info()["map_size"]
-                self._env.set_mapsize(grown_map_size(self._config.path, current, grow_for, self._config.max_map_size))
+                self._env.set_mapsize(grown_map_size(self._config.path, current, grow_for, self._config.max_map_bytes))
 
     def _read(self, keys: Sequence[bytes]) -> list[Stored | None]:
         self._check_open()
