@@ -73,6 +73,24 @@ def _store(tmp: Path, url: str, name: str, namespace: str, chunk_tokens: int = 2
                                   chunk_tokens=chunk_tokens))
 
 
+def test_sharing_is_chosen_once_from_the_config(redis_url: str, tmp_path: Path) -> None:
+    """A Redis tier with share_sessions makes the store share sessions through it; without, a store
+    has the same tiers and shares nothing (its sharing layer does nothing)."""
+    ns = f"c-{uuid.uuid4().hex[:8]}"
+    shared = _store(tmp_path, redis_url, "a", ns)
+    alone = open_store(StoreConfig(tiers=(HostTierConfig(), SsdTierConfig(path=str(tmp_path / "b")),
+                                          RedisTierConfig(url=redis_url, namespace=ns))))
+    try:
+        assert (shared.sharing_tiers(), shared.reads_remote) == (("redis",), True)
+        assert (alone.sharing_tiers(), alone.reads_remote) == ((), False)
+        s = make_session(namespace="ns", session_id="s", tokens=700)
+        shared.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
+        assert alone.list_sessions("ns") == [] and [m.session_id for m in shared.list_sessions("ns")] == ["s"]
+    finally:
+        shared.close()
+        alone.close()
+
+
 def test_sessions_are_shared_through_a_single_server(redis_url: str, tmp_path: Path) -> None:
     prefix = f"p-{uuid.uuid4().hex[:8]}"
     a, b = _store(tmp_path, redis_url, "a", prefix), _store(tmp_path, redis_url, "b", prefix)
