@@ -44,7 +44,8 @@ class SessionReads:
     def _owned(self, namespace: str, keys: Sequence[bytes]) -> list[ChunkInfo | None]:
         """``index.owned``, caught up with the sharing layer first when some key is unknown."""
         infos = self.index.owned(namespace, keys)
-        if None in infos and self.index.adopt(self.sharing.catch_up(namespace), self.sharing.advance):
+        # all(): a ChunkInfo is true, None is not (``None in infos`` would call ChunkInfo.__eq__ per key)
+        if not all(infos) and self.index.adopt(self.sharing.catch_up(namespace), self.sharing.advance):
             infos = self.index.owned(namespace, keys)  # maybe named by a session published elsewhere
         return infos
 
