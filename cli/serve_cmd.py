@@ -5,53 +5,60 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from collections.abc import Mapping
 
 from cli import args as check
-from kvstore.server.config import ConfigError, DaemonConfig, load_config
+from kvstore.server.config import SETTINGS, ConfigError, DaemonConfig, load_config
+from kvstore.server.settings import ALIASES, OLD_FLAGS, SECTIONS, Setting
+
+#: Flags that parse their value themselves, for a message naming the mistake (argparse prints it).
+_PARSE = {"port": check.port, "metrics_port": check.port, "log_level": check.log_level}
+_TYPES = {"int": int, "float": float, "str": str}
+
+
+def _shown(s: Setting) -> str:
+    """A setting's default as its help states it."""
+    if s.adds_tier:
+        return ""
+    if s.type == "bool":
+        return " (default on)" if s.default else " (default off)"
+    return f" (default {s.default})" if s.default != "" else ""
+
+
+def _add(group: argparse._ArgumentGroup, s: Setting) -> None:
+    """The flag of setting ``s``: its value's type, its help text and default from its field."""
+    help_ = (s.help + _shown(s)).replace("%", "%%")
+    if s.type == "bool":  # --ssd-sync / --no-ssd-sync
+        group.add_argument(s.flag, dest=s.name, action=argparse.BooleanOptionalAction, help=help_)
+    else:
+        group.add_argument(s.flag, dest=s.name, type=_PARSE.get(s.name, _TYPES[s.type]), help=help_,
+                           choices=s.choices or None, metavar=s.name.rpartition(".")[2].upper())
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    d = DaemonConfig()
     p = sub.add_parser("serve", help="run the kvstore daemon", description=__doc__)
-    p.add_argument("--config", help="TOML file whose keys are the long flag names with underscores")
-    p.add_argument("--host", help=f"address to bind (default {d.host})")
-    p.add_argument("--port", type=check.port, help=f"port (default {d.port}; 0 picks a free one and prints it)")
-    p.add_argument("--data-dir", help=f"where the LMDB tier lives (default {d.data_dir})")
-    p.add_argument("--host-capacity-bytes", type=int, help=f"host-memory tier size (default {d.host_capacity_bytes})")
-    p.add_argument("--ssd-capacity-bytes", type=int, help="ssd tier size (default unlimited)")
-    p.add_argument("--ssd-max-map-bytes", type=int, help="hard limit of the LMDB file: past it saves fail with "
-                   "RESOURCE_EXHAUSTED and reads go on (default none: the disk is the limit)")
-    p.add_argument("--zstd-level", type=int, help=f"ssd compression level, 0 = off (default {d.zstd_level})")
-    p.add_argument("--ssd-compact-records", action="store_const", const=True,
-                   help="store chunks on the ssd tier in the compact record format: ~4%% fewer bytes at rest "
-                   "(834 vs 866 B/token at deepseek-v4.1-flash), ~10x slower to encode and decode")
-    p.add_argument("--no-sync", dest="sync", action="store_const", const=False, help="do not fsync each write")
-    p.add_argument("--redis-url", help="add a shared Redis tier after the ssd tier")
-    p.add_argument("--redis-ttl-s", type=int, help="expiry of values in the Redis tier")
-    p.add_argument("--redis-cluster", action="store_const", const=True,
-                   help="--redis-url names one node of a Redis Cluster (the others are found from it)")
-    p.add_argument("--redis-share-sessions", action="store_const", const=True,
-                   help="publish every save to Redis, and list and resume sessions other daemons published")
-    p.add_argument("--redis-wait-replicas", type=int, help="a write to Redis returns only once this many "
-                   "replicas of each master acknowledged it (WAIT), else the save fails (default 0: no wait)")
-    p.add_argument("--redis-wait-timeout-ms", type=int, help=f"how long a write waits for its replicas "
-                   f"(default {d.redis_wait_timeout_ms})")
-    p.add_argument("--hbm-capacity-bytes", type=int, help="add an HBM tier of this size in front (needs CUDA)")
-    p.add_argument("--chunk-tokens", type=int, help=f"tokens per chunk (default {d.chunk_tokens})")
-    p.add_argument("--write-mode", choices=["through", "back"], help=f"default {d.write_mode}")
-    p.add_argument("--no-shared-memory", dest="shared_memory", action="store_const", const=False,
-                   help="never use the same-host shared-memory path")
-    p.add_argument("--tokens-file", help="TOML [tokens] table of per-namespace bearer tokens")
-    p.add_argument("--tls-cert-file", help="server certificate (PEM)")
-    p.add_argument("--tls-key-file", help="server private key (PEM)")
-    p.add_argument("--tls-client-ca-file", help="require client certificates signed by this CA (mTLS)")
-    p.add_argument("--metrics-port", type=check.port, help="serve Prometheus metrics on this port")
-    p.add_argument("--log-format", choices=["json", "text"])
-    p.add_argument("--log-level", type=check.log_level, help=f"{', '.join(check.LOG_LEVELS)} (default "
-                   f"{d.log_level})")
-    p.add_argument("--allow-insecure-remote", action="store_const", const=True,
-                   help="allow a non-loopback bind without TLS and tokens")
+    p.add_argument("--config", help="TOML file: the daemon's own settings as top-level keys, the others in tables "
+                   "[tls], [host], [ssd], [redis], [hbm], [store] (docs/CONFIG.md)")
+    groups = {"": p.add_argument_group("the daemon"), "tls": p.add_argument_group("TLS ([tls])")}
+    for sec in SECTIONS:
+        groups[sec.name] = p.add_argument_group(f"[{sec.name}]" if sec.name == "store" else f"{sec.name} tier "
+                                                f"([{sec.name}])")
+    for s in SETTINGS.values():
+        _add(groups[s.name.rpartition(".")[0]], s)
+    for flag, (alias, const) in OLD_FLAGS.items():  # the old spellings (docs/CONFIG.md): hidden
+        if const is None:
+            s = SETTINGS[ALIASES[alias]]
+            p.add_argument(flag, dest=alias, type=_TYPES[s.type], choices=s.choices or None, help=argparse.SUPPRESS,
+                           metavar=alias.upper())
+        else:
+            p.add_argument(flag, dest=alias, action="store_const", const=const, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
+
+
+def config_of(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> DaemonConfig:
+    """The config ``serve``'s flags, ``env`` (None: this process's) and its ``--config`` file give."""
+    overrides = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
+    return load_config(args.config, env, overrides)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,9 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from kvstore.server.startup import CannotStart
     from kvstore.tiers.base import TierError
 
-    overrides = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config")}
     try:
-        config = load_config(args.config, overrides=overrides)
+        config = config_of(args)
         check.log_level(config.log_level)  # it may come from the environment or the TOML file too
     except (ValueError, argparse.ArgumentTypeError) as e:
         raise UsageError(str(e)) from None

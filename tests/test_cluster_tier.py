@@ -73,13 +73,31 @@ def _store(tmp: Path, url: str, name: str, namespace: str, chunk_tokens: int = 2
                                   chunk_tokens=chunk_tokens))
 
 
+def test_sharing_is_chosen_once_from_the_config(redis_url: str, tmp_path: Path) -> None:
+    """A Redis tier with share_sessions makes the store share sessions through it; without, a store
+    has the same tiers and shares nothing (its sharing layer does nothing)."""
+    ns = f"c-{uuid.uuid4().hex[:8]}"
+    shared = _store(tmp_path, redis_url, "a", ns)
+    alone = open_store(StoreConfig(tiers=(HostTierConfig(), SsdTierConfig(path=str(tmp_path / "b")),
+                                          RedisTierConfig(url=redis_url, namespace=ns))))
+    try:
+        assert (shared.sharing_tiers(), shared.reads_remote) == (("redis",), True)
+        assert (alone.sharing_tiers(), alone.reads_remote) == ((), False)
+        s = make_session(namespace="ns", session_id="s", tokens=700)
+        shared.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
+        assert alone.list_sessions("ns") == [] and [m.session_id for m in shared.list_sessions("ns")] == ["s"]
+    finally:
+        shared.close()
+        alone.close()
+
+
 def test_sessions_are_shared_through_a_single_server(redis_url: str, tmp_path: Path) -> None:
     prefix = f"p-{uuid.uuid4().hex[:8]}"
     a, b = _store(tmp_path, redis_url, "a", prefix), _store(tmp_path, redis_url, "b", prefix)
     try:
         s = make_session(namespace="ns", session_id="s", tokens=700)
         a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
-        assert [m.session_id for m in b.list("ns")] == ["s"]
+        assert [m.session_id for m in b.list_sessions("ns")] == ["s"]
         assert [bytes(blob) for _, blob in b.load("ns", b.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
         other = make_session(namespace="ns", session_id="s", tokens=700, seed=9)
         b.save_session("ns", other.layout.layout_id, bytes(16), 0, other.blobs, other.manifest)
@@ -115,12 +133,12 @@ def test_without_its_shared_tier_a_daemon_reads_what_it_holds_and_refuses_saves(
         s = make_session(namespace="ns", session_id="s", tokens=700)
         a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
         redis_server.kill()
-        assert [m.session_id for m in a.list("ns")] == ["s"]  # from its own index
+        assert [m.session_id for m in a.list_sessions("ns")] == ["s"]  # from its own index
         assert [bytes(b) for _, b in a.load("ns", a.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
         t = make_session(namespace="ns", session_id="t", tokens=700, seed=3)
         with pytest.raises(Unavailable, match="chunks were not published"):
             a.save_session("ns", t.layout.layout_id, bytes(16), 0, t.blobs, t.manifest)
-        assert [m.session_id for m in a.list("ns")] == ["s"]
+        assert [m.session_id for m in a.list_sessions("ns")] == ["s"]
     finally:
         a.close()
 
@@ -132,7 +150,7 @@ def test_a_daemon_with_other_chunk_sizes_ignores_shared_sessions_and_leaves_thei
     try:
         s = make_session(namespace="ns", session_id="s", tokens=700)
         a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
-        assert b.list("ns") == [] and list(b.load("ns", s.keys)) == [(k, None) for k in s.keys]
+        assert b.list_sessions("ns") == [] and list(b.load("ns", s.keys)) == [(k, None) for k in s.keys]
         shared = next(t for t in b.store.tiers if isinstance(t, RedisTier))
         assert shared.exists_many(s.keys) == [True] * len(s.keys)  # nothing deleted as "corrupt"
     finally:

@@ -263,7 +263,7 @@ def check_wreck(root: Path, acked: dict[str, int]) -> int:
 
     sessions: SessionStore = open_store(cfg)
     try:
-        found = {m.session_id: m for m in sessions.list(NS)}
+        found = {m.session_id: m for m in sessions.list_sessions(NS)}
         versions = {sid: int(m.metadata["version"]) for sid, m in found.items()}
         for sid, v in acked.items():
             assert versions.get(sid, -1) >= v, f"{sid}: committed version {v} acknowledged, store has {versions}"

@@ -95,7 +95,7 @@ def test_a_save_on_a_full_disk_fails_cleanly_and_works_again_once_space_returns(
         ss.store.close()
     ss = open_store(config(small_fs))  # and both survive a restart
     try:
-        assert sorted(m.session_id for m in ss.list()) == ["before", "big"]
+        assert sorted(m.session_id for m in ss.list_sessions()) == ["before", "big"]
         assert_loads(ss, before)
         assert_loads(ss, big)
     finally:
@@ -110,7 +110,7 @@ def test_a_commit_on_a_full_disk_fails_cleanly(small_fs: Path) -> None:
         with ballast(small_fs, leave=0):
             with pytest.raises(ResourceExhausted, match="no space left"):
                 ss.commit(s.manifest(metadata={"pad": "x" * (64 << 10)}))
-            assert ss.list() == []
+            assert ss.list_sessions() == []
         ss.commit(s.manifest())
         assert_loads(ss, s)
     finally:
@@ -118,7 +118,7 @@ def test_a_commit_on_a_full_disk_fails_cleanly(small_fs: Path) -> None:
 
 
 def test_the_map_limit_fails_a_save_cleanly_and_deleting_makes_room(tmp_path: Path) -> None:
-    cfg = config(tmp_path, map_size=1 << 20, max_map_size=2 << 20)
+    cfg = config(tmp_path, map_size=1 << 20, max_map_bytes=2 << 20)
     ss = open_store(cfg)
     try:
         saved = []

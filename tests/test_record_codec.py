@@ -97,7 +97,7 @@ def test_records_of_earlier_builds_still_read() -> None:
 def test_a_data_dir_of_the_previous_encoding_opens_and_serves(tmp_path: Path) -> None:
     blobs = [make_chunk(get_layout("tiny-16"), 256, seed=s) for s in range(4)]
     keys = [bytes([s]) * 16 for s in range(4)]
-    old = SsdTierConfig(path=str(tmp_path), transform_chunks=False)  # the previous encoder: flag 1 for chunks
+    old = SsdTierConfig(path=str(tmp_path), compact_records=False)  # the previous encoder: flag 1 for chunks
     with SsdTier(old, compressible_from=chunk.compressible_offset) as tier:
         tier.put_many(zip(keys[:2], blobs[:2]))
     with SsdTier(SsdTierConfig(path=str(tmp_path)), compressible_from=chunk.compressible_offset) as tier:

@@ -110,7 +110,7 @@ def test_commit_needs_every_chunk_and_a_valid_tail(sessions: SessionStore) -> No
     for bad in (other.tail, s.blobs[0], s.tail[:-1]):
         with pytest.raises(InvalidArgument, match="trailing span"):
             sessions.commit(type(m)(**{**m.__dict__, "tail": bad}))
-    assert sessions.list() == []
+    assert sessions.list_sessions() == []
     sessions.commit(m)
     assert_loads(sessions, s)
 
@@ -124,8 +124,8 @@ def test_commit_get_list_delete(sessions: SessionStore) -> None:
     m = sessions.get("ns", "a")
     assert (m.token_count, m.tail_tokens, m.metadata) == (3 * CT + 3, 3, {"owner": "a"})
     assert m.last_token_ids == tuple(int(t) for t in a.token_ids)
-    assert [x.session_id for x in sessions.list()] == ["a", "b", "c"]
-    assert [x.session_id for x in sessions.list("ns")] == ["a", "b"]
+    assert [x.session_id for x in sessions.list_sessions()] == ["a", "b", "c"]
+    assert [x.session_id for x in sessions.list_sessions("ns")] == ["a", "b"]
     assert sessions.delete("ns", "a") == 3
     with pytest.raises(NotFound):
         sessions.get("ns", "a")
@@ -181,11 +181,11 @@ def test_ttl_expiry_with_an_injected_clock(sessions: SessionStore) -> None:
     sessions.touch("ns", "s", Retention(ttl_s=10))  # restarts the clock: alive until 1019
     now[0] = 1018.0
     assert sessions.expire() == 0
-    assert [m.session_id for m in sessions.list()] == ["keep", "s"]
+    assert [m.session_id for m in sessions.list_sessions()] == ["keep", "s"]
     now[0] = 1019.5
     with pytest.raises(NotFound):
         sessions.get("ns", "s")
-    assert [m.session_id for m in sessions.list()] == ["keep"]  # pinned: never expires
+    assert [m.session_id for m in sessions.list_sessions()] == ["keep"]  # pinned: never expires
     assert sessions.expire() == 1
     assert chunk_items(sessions) == set(keep.keys)
     assert sessions.store.get_meta(manifest_key("ns", "s")) is None
@@ -291,7 +291,7 @@ def test_restart_finds_committed_sessions_and_collects_garbage(tmp_path: Path) -
     saved = [session(f"s{i}", (i + 1) * CT + i, seed=i) for i in range(3)]
     for i, s in enumerate(saved):
         save(ss, s, version=i, retention=Retention(pinned=i == 0))
-    before = {m.session_id: m for m in ss.list()}
+    before = {m.session_id: m for m in ss.list_sessions()}
     orphan = session("crashed", 3 * CT, seed=50)
     ss.save_chunks("ns", TINY8.layout_id, ROOT, 0, orphan.blobs)  # saved, never committed
     assert all(ss.store.where(k) for k in orphan.keys)
@@ -299,7 +299,7 @@ def test_restart_finds_committed_sessions_and_collects_garbage(tmp_path: Path) -
 
     ss = open_store(cfg)
     try:
-        assert {m.session_id: m for m in ss.list()} == before
+        assert {m.session_id: m for m in ss.list_sessions()} == before
         for s in saved:
             assert_loads(ss, s)
         assert all(ss.store.where(k) == [] for k in orphan.keys)  # open_store collected them
@@ -325,7 +325,7 @@ def test_a_16_byte_manifest_key_survives_two_restarts(tmp_path: Path) -> None:
     for _ in range(2):
         ss = open_store(cfg)
         try:
-            assert [m.session_id for m in ss.list("alpha")] == ["long-32k"]
+            assert [m.session_id for m in ss.list_sessions("alpha")] == ["long-32k"]
             assert_loads(ss, s)
         finally:
             ss.store.close()
@@ -350,7 +350,7 @@ def test_an_old_format_data_dir_opens_with_every_session(tmp_path: Path) -> None
     for _ in range(2):  # the second open finds nothing left to migrate
         ss = open_store(cfg)
         try:
-            assert sorted(m.session_id for m in ss.list()) == ["another-session", "long-32k"]
+            assert sorted(m.session_id for m in ss.list_sessions()) == ["another-session", "long-32k"]
             for s in olds:
                 assert_loads(ss, s)
             assert chunk_items(ss) == {k for s in olds for k in s.keys}

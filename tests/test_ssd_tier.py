@@ -17,6 +17,7 @@ import zstandard
 from kvstore.tiers import SsdTierConfig, TierError
 from kvstore.tiers.record import HEADER, RAW, ZSTD
 from kvstore.tiers.ssd import DB_NAME, SsdTier
+from kvstore.tiers.ssd_migrate import LegacyMeta
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPRESSIBLE = bytes(range(256)) * 1024  # 256 KiB that zstd shrinks a lot
@@ -236,6 +237,28 @@ def test_valid_framing_with_wrong_contents_is_returned_as_is(tmp_path: Path) -> 
     _poke(tmp_path, b"k", HEADER.pack(RAW, 4, 4) + b"abXd")
     with _open(tmp_path) as tier:
         assert tier.get(b"k") == b"abXd"
+
+
+def test_an_open_moves_the_first_formats_meta_records_out_of_the_values(tmp_path: Path) -> None:
+    """The first format kept meta records among the values: an open given ``legacy_meta`` moves the
+    ones it recognises to the meta sub-database, in one transaction; the others stay values, and a
+    damaged one stays where it is. The next open finds nothing to move."""
+    legacy = LegacyMeta(b"m:", lambda key, value: bytes(value).startswith(b"KVMF"))
+    with _open(tmp_path, zstd_level=3) as tier:
+        tier.put_many([(b"m:old", b"KVMF manifest"), (b"m:old-2", b"KVMF" + COMPRESSIBLE),
+                       (b"m:not-one", b"a value under the prefix"), (b"c" * 16, b"value"), (b"n:", b"KVMF")])
+    _poke(tmp_path, b"m:damaged", HEADER.pack(ZSTD, 100, 0) + b"not zstd")
+    txns = []
+    for _ in range(2):
+        tier = SsdTier(SsdTierConfig(path=str(tmp_path)), legacy_meta=legacy)
+        with tier:
+            txns.append(tier.lmdb_stats()["last_txnid"])
+            meta = tier.meta()
+            assert sorted(meta.keys()) == [b"m:old", b"m:old-2"]
+            assert meta.get(b"m:old") == b"KVMF manifest" and meta.get(b"m:old-2") == b"KVMF" + COMPRESSIBLE
+            assert set(tier.keys()) == {b"m:not-one", b"c" * 16, b"n:", b"m:damaged"}
+            assert tier.usage().items == 4 and tier.get(b"m:not-one") == b"a value under the prefix"
+    assert txns[1] == txns[0]  # the second open wrote nothing
 
 
 def test_open_failure_is_a_tier_error(tmp_path: Path) -> None:

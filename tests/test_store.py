@@ -410,3 +410,32 @@ def test_demoting_below_the_durable_tier_keeps_the_durable_copy(tmp_path: Path, 
         assert [bytes(st.get(k)) for k in s.keys] == list(s.blobs)
     finally:
         st.close()
+
+
+def test_the_store_answers_what_the_daemon_asks_of_its_tiers(tmp_path: Path, redis_server: RedisServer) -> None:
+    """Names, the durable tier, the HBM tier, what the fastest tier holds in memory, a probe: the
+    daemon's questions, answered without handing it a tier."""
+    st = make_tiered(store_config(tmp_path, redis_url=redis_server.url, redis_namespace=f"ask-{tmp_path.name}"))
+    try:
+        s = chunks(3)
+        put_all(st, s)
+        assert (st.tier_names(), st.durable_name(), st.hbm_tier()) == (["host", "ssd", "redis"], "ssd", None)
+        sizes = [st.tiers[HOST].size_of(k) or 0 for k in s.keys]
+        assert st.held_in_memory(s.keys, sum(sizes)) and not st.held_in_memory(s.keys, sum(sizes) - 1)
+        assert st.in_fastest(s.keys[0])
+        st.tiers[HOST].delete(s.keys[0])
+        assert not st.held_in_memory(s.keys, 1 << 30) and not st.in_fastest(s.keys[0])
+        assert st.probe() == {"host": None, "ssd": None, "redis": None}
+        redis_server.kill()
+        failed = st.probe()
+        assert failed["redis"] is not None and (failed["host"], failed["ssd"]) == (None, None)
+        assert counters(st, REDIS).errors == 0  # a probe is not counted against the tier
+    finally:
+        redis_server.start()
+        st.close()
+    only_ssd = make_tiered(StoreConfig(tiers=(store_config(tmp_path / "b").tiers[SSD],)))
+    try:
+        put_all(only_ssd, s)
+        assert not only_ssd.held_in_memory(s.keys, 1 << 30)  # the fastest tier is no memory tier
+    finally:
+        only_ssd.close()

@@ -225,13 +225,6 @@ def test_meta_records_live_in_their_own_keyspace(tier: Tier) -> None:
     assert meta.delete(key) and not meta.delete(key) and meta.get(key) is None
 
 
-def test_move_to_meta(tier: Tier) -> None:
-    tier.put_many([(b"m:old", b"manifest"), (b"c" * 16, b"value")])
-    tier.move_to_meta([b"m:old"])
-    assert tier.meta().get(b"m:old") == b"manifest"
-    assert set(tier.keys()) == {b"c" * 16} and tier.usage().items == 1
-
-
 # hbm specifics: its allocator is pure logic and runs everywhere; the tier itself needs CUDA.
 
 

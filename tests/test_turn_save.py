@@ -164,7 +164,7 @@ def test_garbage_and_expired_sessions_go_in_one_transaction_each(tmp_path: Path)
     before = txns(ss)
     assert ss.expire() == 3
     assert txns(ss) == before + 1
-    assert ss.list() == [] and ss.store.chunk_keys() == set()
+    assert ss.list_sessions() == [] and ss.store.chunk_keys() == set()
     ss.store.close()
 
 
@@ -191,7 +191,7 @@ def test_reads_never_wait_behind_a_saves_durable_commit(sessions: SessionStore) 
         reader = threading.Thread(target=lambda: (
             loads_whole(sessions, old),
             sessions.lookup("ns", TINY8.layout_id, old.token_ids),
-            sessions.list("ns"),
+            sessions.list_sessions("ns"),
         ))
         reader.start()
         reader.join(HANG_GUARD_S)  # a hang guard, not a timing: the reader needs no lock the saver holds

@@ -327,6 +327,6 @@ def test_a_store_opens_past_damaged_manifests_and_counts_them(tmp_path: Path) ->
     ss = open_store(store_config(tmp_path))
     try:
         assert ss.damage.manifests == len(damaged)
-        assert [m.session_id for m in ss.list()] == ["good"]
+        assert [m.session_id for m in ss.list_sessions()] == ["good"]
     finally:
         ss.close()

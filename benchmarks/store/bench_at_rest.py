@@ -46,7 +46,7 @@ MODES = {"off (flag 0)": (0, True), "zstd-1, default (flag 1)": (1, False), "zst
 def config(path: Path, mode: str) -> StoreConfig:
     level, transform = MODES[mode]
     return StoreConfig(tiers=(HostTierConfig(pin_memory=False),
-                              SsdTierConfig(path=str(path), zstd_level=level, sync=True, transform_chunks=transform)),
+                              SsdTierConfig(path=str(path), zstd_level=level, sync=True, compact_records=transform)),
                        write_mode="through", chunk_tokens=CHUNK_TOKENS)
 
 
@@ -191,7 +191,7 @@ def main() -> None:
         + markdown_table(["idea", "record B/token", "with overflow pages B/token"], idea_rows),
         "## 4. What it costs\n\nRecordCodec encode / decode throughput over the same chunks (MB/s of chunk bytes, "
         "best of 5, one thread; a memcpy of the same chunks for scale). Flag 1 is the default; "
-        "`kvstore serve --ssd-compact-records` (`SsdTierConfig(transform_chunks=True)`) writes flag 2, for a "
+        "`kvstore serve --ssd-compact-records` (`SsdTierConfig(compact_records=True)`) writes flag 2, for a "
         "store bound by capacity more than by save and ssd-read latency.\n\n"
         + markdown_table(["records", "encode MB/s", "decode MB/s"], speed_rows),
         "Reproduce: `python benchmarks/store/bench_at_rest.py`",

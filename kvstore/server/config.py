@@ -1,7 +1,12 @@
 """The daemon's one frozen config, built in one place from defaults < TOML file < environment < flags.
-Its defaults for store and tier settings are the store's and tiers' own (defined once, there).
 
-Environment variables are ``KVSTORE_<FIELD>`` (``KVSTORE_TLS_CERT_FILE`` for nested fields).
+Its store is a ``StoreConfig`` whose tiers and own settings come in sections (``[host]``, ``[ssd]``,
+``[redis]``, ``[hbm]``, ``[store]``), each the fields of that config, with that config's defaults
+(``settings.py``; docs/CONFIG.md lists them all). Environment variables are ``KVSTORE_<NAME>``:
+``KVSTORE_PORT``, ``KVSTORE_TLS_CERT_FILE``, ``KVSTORE_SSD_ZSTD_LEVEL``.
+
+In a TOML file the daemon's own settings are top-level keys (or the table ``[server]``: a file that
+has a ``[host]`` table gives the bind address as ``[server] host``, TOML allowing one ``host``).
 """
 
 from __future__ import annotations
@@ -9,52 +14,45 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import os
-import re
 import socket
-import tomllib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from kvstore.defaults import DEFAULT_PORT
+from kvstore.server.settings import (
+    ALIASES,
+    SECTION_SETTINGS,
+    SECTIONS,
+    ConfigError,
+    Setting,
+    TomlFile,
+    build_store,
+    coerce,
+    env_name,
+    flag_name,
+    old_flag,
+    settings_of,
+)
 from kvstore.store import StoreConfig
-from kvstore.store.config import DEFAULT_HOST_CAPACITY_BYTES
-from kvstore.tiers import HbmTierConfig, HostTierConfig, RedisTierConfig, SsdTierConfig
+from kvstore.tiers import SsdTierConfig
+from kvstore.tiers.config import option
 
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; ``keys`` are the settings at fault (``port``, ``tls.cert_file``),
-    so that ``load_config`` can say where their values came from."""
-
-    def __init__(self, message: str, *keys: str) -> None:
-        super().__init__(message)
-        self.keys = keys
-
-
-#: Settings with no flag of their own: a TOML key or a KVSTORE_* variable only.
-FLAGLESS = ("redis_namespace", "promote_on_read", "grace_s", "health_interval_s")
-_FLAGS = {"sync": "--no-sync", "shared_memory": "--no-shared-memory"}
+__all__ = ["SETTINGS", "ConfigError", "DaemonConfig", "TlsConfig", "env_names", "load_config", "setting"]
 
 
 def setting(name: str) -> str:
-    """How an operator names a setting: its flag (``--tls-cert-file`` for ``tls.cert_file``), or, for one
-    without a flag, its TOML key and environment variable."""
-    if name in FLAGLESS:
-        return f"{name} (TOML key; ${env_name(name)})"
-    return _FLAGS.get(name) or "--" + name.replace(".", "-").replace("_", "-")
-
-
-def env_name(name: str) -> str:
-    """The environment variable of a setting: ``KVSTORE_PORT``, ``KVSTORE_TLS_CERT_FILE``."""
-    return "KVSTORE_" + name.replace(".", "_").upper()
+    """How an operator names a setting in a message: its flag (``--tls-cert-file`` for ``tls.cert_file``)."""
+    return flag_name(name)
 
 
 @dataclass(frozen=True)
 class TlsConfig:
-    cert_file: str = ""  # server certificate (PEM); with key_file, turns TLS on
-    key_file: str = ""
-    client_ca_file: str = ""  # when set, clients must present a certificate signed by this CA (mTLS)
+    cert_file: str = field(default="", metadata=option("server certificate (PEM); with the key, turns TLS on"))
+    key_file: str = field(default="", metadata=option("server private key (PEM)"))
+    client_ca_file: str = field(default="", metadata=option(
+        "require client certificates signed by this CA (mutual TLS)"))
 
     @property
     def enabled(self) -> bool:
@@ -63,35 +61,22 @@ class TlsConfig:
 
 @dataclass(frozen=True)
 class DaemonConfig:
-    host: str = "127.0.0.1"
-    port: int = DEFAULT_PORT  # 0 = pick a free port (printed on start)
-    data_dir: str = "kvstore-data"
-    host_capacity_bytes: int = DEFAULT_HOST_CAPACITY_BYTES
-    ssd_capacity_bytes: int = 0  # 0 = unlimited
-    ssd_max_map_bytes: int = 0  # hard limit of the LMDB file: past it saves fail (RESOURCE_EXHAUSTED); 0 = none
-    zstd_level: int = SsdTierConfig.zstd_level  # 0 = off
-    ssd_compact_records: bool = SsdTierConfig.transform_chunks  # record flag 2: ~4% smaller, ~10x slower codec
-    sync: bool = SsdTierConfig.sync  # fsync every acknowledged write
-    redis_url: str = ""  # adds a shared Redis tier after the ssd tier
-    redis_namespace: str = "kvstore"
-    redis_ttl_s: int = 0  # 0 = no expiry
-    redis_cluster: bool = RedisTierConfig.cluster  # redis_url names a node of a Redis Cluster
-    redis_share_sessions: bool = RedisTierConfig.share_sessions  # publish and resume sessions across daemons
-    redis_wait_replicas: int = RedisTierConfig.wait_replicas  # a save waits for this many replicas (WAIT)
-    redis_wait_timeout_ms: int = RedisTierConfig.wait_timeout_ms
-    hbm_capacity_bytes: int = 0  # > 0 adds an HBM tier in front (needs CUDA)
-    chunk_tokens: int = StoreConfig.chunk_tokens
-    write_mode: str = StoreConfig.write_mode
-    promote_on_read: bool = StoreConfig.promote_on_read
-    shared_memory: bool = True  # offer same-host transfers through /dev/shm
-    tokens_file: str = ""  # TOML [tokens] table: per-namespace bearer tokens
-    metrics_port: int = 0  # > 0 serves Prometheus metrics on host:metrics_port
-    log_format: str = "json"  # json | text
-    log_level: str = "INFO"
-    allow_insecure_remote: bool = False  # permit a non-loopback bind without TLS and tokens
-    grace_s: float = 10.0  # shutdown: in-flight RPCs get this long to finish
-    health_interval_s: float = 5.0  # every tier is probed this often for the health service (server/health.py)
+    host: str = field(default="127.0.0.1", metadata=option("address to bind"))
+    port: int = field(default=DEFAULT_PORT, metadata=option("port; 0 picks a free one and prints it"))
+    data_dir: str = field(default="kvstore-data", metadata=option("where the LMDB tier lives (<data_dir>/ssd)"))
+    shared_memory: bool = field(default=True, metadata=option("offer same-host transfers through /dev/shm"))
+    tokens_file: str = field(default="", metadata=option("TOML [tokens] table of per-namespace bearer tokens"))
+    metrics_port: int = field(default=0, metadata=option("serve Prometheus metrics on this port; 0 = none"))
+    log_format: str = field(default="json", metadata=option("log lines as", choices=("json", "text")))
+    log_level: str = field(default="INFO", metadata=option("DEBUG, INFO, WARNING, ERROR or CRITICAL"))
+    allow_insecure_remote: bool = field(default=False, metadata=option(
+        "permit a non-loopback bind without TLS and tokens"))
+    grace_s: float = field(default=10.0, metadata=option("shutdown: in-flight RPCs get this long to finish"))
+    health_interval_s: float = field(default=5.0, metadata=option(
+        "every tier is probed this often for the health service"))
     tls: TlsConfig = field(default_factory=TlsConfig)
+    #: The store and its tiers (the sections); its ssd tier lives in ``data_dir``, whatever path it names.
+    store: StoreConfig = field(default_factory=StoreConfig)
 
     def __post_init__(self) -> None:
         for name, ok, want in _RULES:
@@ -110,7 +95,9 @@ class DaemonConfig:
             raise ConfigError(f"refusing to listen on {self.host} (not a loopback address) without TLS and bearer "
                               f"tokens: configure --tls-cert-file/--tls-key-file and --tokens-file, or pass "
                               f"--allow-insecure-remote", "host")
-        self.store_config()  # validate the store/tier sections now, with their own messages
+        path = str(Path(self.data_dir) / "ssd")
+        object.__setattr__(self, "store", replace(self.store, tiers=tuple(
+            replace(t, path=path) if isinstance(t, SsdTierConfig) else t for t in self.store.tiers)))
 
     @property
     def loopback(self) -> bool:
@@ -131,23 +118,7 @@ class DaemonConfig:
         return all(ipaddress.ip_address(str(a[4][0]).split("%")[0]).is_loopback for a in found)
 
     def store_config(self) -> StoreConfig:
-        tiers: list[Any] = []
-        if self.hbm_capacity_bytes:
-            tiers.append(HbmTierConfig(capacity_bytes=self.hbm_capacity_bytes))
-        tiers.append(HostTierConfig(capacity_bytes=self.host_capacity_bytes))
-        limit = self.ssd_max_map_bytes
-        tiers.append(SsdTierConfig(path=str(Path(self.data_dir) / "ssd"), capacity_bytes=self.ssd_capacity_bytes,
-                                   zstd_level=self.zstd_level, sync=self.sync, max_map_size=limit,
-                                   transform_chunks=self.ssd_compact_records,
-                                   map_size=min(SsdTierConfig.map_size, limit) if limit else SsdTierConfig.map_size))
-        if self.redis_url:
-            tiers.append(RedisTierConfig(url=self.redis_url, namespace=self.redis_namespace,
-                                         ttl_s=self.redis_ttl_s or None, cluster=self.redis_cluster,
-                                         share_sessions=self.redis_share_sessions,
-                                         wait_replicas=self.redis_wait_replicas,
-                                         wait_timeout_ms=self.redis_wait_timeout_ms))
-        return StoreConfig(tiers=tuple(tiers), write_mode=self.write_mode, promote_on_read=self.promote_on_read,
-                           chunk_tokens=self.chunk_tokens)
+        return self.store
 
 
 def _nonneg(v: Any) -> bool:
@@ -158,128 +129,123 @@ _RULES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("port", lambda v: isinstance(v, int) and 0 <= v < 65536, "0-65535 (0 picks a free port)"),
     ("metrics_port", lambda v: isinstance(v, int) and 0 <= v < 65536, "0-65535 (0 = no metrics)"),
     ("log_format", lambda v: v in ("json", "text"), "json or text"),
-    ("host_capacity_bytes", _nonneg, ">= 0 (0 = unlimited)"),
-    ("ssd_capacity_bytes", _nonneg, ">= 0 (0 = unlimited)"),
-    ("ssd_max_map_bytes", _nonneg, ">= 0 (0 = no limit)"),
-    ("hbm_capacity_bytes", _nonneg, ">= 0 (0 = no HBM tier)"),
-    ("zstd_level", lambda v: isinstance(v, int) and 0 <= v <= 22, "0 (off) to 22"),
-    ("redis_ttl_s", _nonneg, ">= 0 (0 = no expiry)"),
-    ("redis_wait_replicas", _nonneg, ">= 0 (0 = do not wait)"),
-    ("redis_wait_timeout_ms", lambda v: isinstance(v, int | float) and v > 0, "> 0"),
-    ("chunk_tokens", lambda v: isinstance(v, int) and v > 0 and v % 2 == 0, "a positive even number"),
-    ("write_mode", lambda v: v in ("through", "back"), "through or back"),
     ("grace_s", _nonneg, ">= 0"),
     ("health_interval_s", lambda v: isinstance(v, int | float) and v > 0, "> 0"),
 )
 
+#: Every setting by name: the daemon's own, TLS, then the sections'.
+SETTINGS: dict[str, Setting] = {s.name: s for s in [*settings_of(DaemonConfig()), *settings_of(TlsConfig(), "tls."),
+                                                    *SECTION_SETTINGS]}
+_TABLES = ("server", "tls", *(sec.name for sec in SECTIONS))
+
+
+def _env_vars() -> dict[str, str]:
+    """Every variable read, a setting's or an alias's, and the setting it sets."""
+    out = {s.env: s.name for s in SETTINGS.values()}
+    for alias, name in ALIASES.items():
+        if out.setdefault(env_name(alias), name) != name:
+            raise AssertionError(f"${env_name(alias)} would name two settings")
+    return out
+
+
+_ENV = _env_vars()
+
 
 def env_names() -> list[str]:
     """Every environment variable the daemon's config reads."""
-    names = [env_name(f.name) for f in fields(DaemonConfig) if f.name != "tls"]
-    return names + [env_name(f"tls.{f.name}") for f in fields(TlsConfig)]
+    return list(_ENV)
 
 
-def _coerce(value: Any, typ: Any, origin: str) -> Any:
-    """``value`` as the setting's type: strings (from the environment, or quoted in TOML) are parsed;
-    anything else must already be of that type."""
-    t = str(typ)
-    if isinstance(value, str):
-        try:
-            if t == "bool":
-                if value.lower() in ("1", "true", "yes", "on"):
-                    return True
-                if value.lower() in ("0", "false", "no", "off"):
-                    return False
-                raise ValueError(value)
-            if t == "int":
-                return int(value)
-            if t == "float":
-                return float(value)
-        except ValueError:
-            raise ValueError(f"{origin}: cannot read {value!r} as {t}") from None
-        return value
-    ok = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}.get(t, (object,))
-    if not isinstance(value, ok) or (t != "bool" and isinstance(value, bool)):
-        raise ValueError(f"{origin}: must be {'a number' if t == 'float' else t}, got {value!r}")
-    return value
+def _toml_settings(toml: TomlFile) -> Iterator[tuple[str, Any, str]]:
+    """(setting, value, where) for each setting a --config file sets."""
+    for key, value in toml.data.items():
+        table = key if key in _TABLES and (isinstance(value, dict) or key != "host") else ""
+        if table and not isinstance(value, dict):
+            raise ConfigError(f"{toml.origin(key)}: must be a table ([{key}])")
+        if not table:
+            name = key if key in SETTINGS else ALIASES.get(key)
+            if name is None:
+                raise ConfigError(_unknown(toml, key, [*_TABLES, *(n for n in SETTINGS if "." not in n), *ALIASES]))
+            yield name, value, toml.origin(key)
+            continue
+        prefix = "" if table == "server" else f"{table}."
+        known = [n[len(prefix):] for n in SETTINGS if n.startswith(prefix) and "." not in n[len(prefix):]]
+        if unknown := sorted(set(value) - set(known)):
+            raise ConfigError("; ".join(_unknown(toml, k, known, table) for k in unknown))
+        for k, v in value.items():
+            yield prefix + k, v, toml.origin(k, table)
 
 
-class _Toml:
-    """A --config file: its settings, and the line each was set on (for messages)."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        try:
-            self.text = Path(path).read_text()
-        except OSError as e:
-            raise ConfigError(f"--config {path}: {e.strerror or e}") from None
-        try:
-            self.data = tomllib.loads(self.text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"--config {path}: {e}") from None
-
-    def origin(self, key: str, table: str = "") -> str:
-        """``file line N: key`` (the line where ``key`` is set in ``[table]``), or ``file: key``."""
-        current, pattern = "", re.compile(rf"""\s*(["']?){re.escape(key)}\1\s*=""")
-        for i, line in enumerate(self.text.splitlines(), 1):
-            header = re.match(r"\s*\[\s*([^\]]+?)\s*\]", line)
-            if header:
-                current = header.group(1)
-            elif current == table and pattern.match(line):
-                return f"{self.path} line {i}: {f'{table}.' if table else ''}{key}"
-        return f"{self.path}: {f'{table}.' if table else ''}{key}"
+def _unknown(toml: TomlFile, key: str, known: list[str], table: str = "") -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"{toml.origin(key, table)} is not a setting" + (f" (did you mean {close[0]!r}?)" if close else "")
 
 
-def _unknown(toml: _Toml, keys: set[str], known: list[str], table: str = "") -> str:
-    parts = []
-    for key in sorted(keys):
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        parts.append(f"{toml.origin(key, table)} is not a setting" + (f" (did you mean {close[0]!r}?)" if close
-                                                                      else ""))
-    return "; ".join(parts)
+def _override(key: str) -> tuple[str, str]:
+    """The setting an override (a flag's argparse dest) sets, and how the operator spelled it."""
+    if key in SETTINGS:
+        return key, setting(key)
+    if key.startswith("tls_") and f"tls.{key[4:]}" in SETTINGS:  # the dests of the --tls-* flags
+        return f"tls.{key[4:]}", setting(f"tls.{key[4:]}")
+    if key in ALIASES:
+        return ALIASES[key], old_flag(key) or setting(ALIASES[key])
+    raise ConfigError(f"unknown setting {key!r}")
 
 
 def load_config(toml_path: str | None = None, env: Mapping[str, str] | None = None,
                 overrides: Mapping[str, Any] | None = None) -> DaemonConfig:
-    """defaults < TOML file < environment (KVSTORE_*) < explicit overrides (CLI flags, None = unset).
-    Every error is a ValueError (a ConfigError) in one line that says where the bad value came from:
-    the flag, the variable, or the file and line."""
-    known = {f.name: f.type for f in fields(DaemonConfig) if f.name != "tls"}
-    tls_known = {f.name: f.type for f in fields(TlsConfig)}
-    values: dict[str, Any] = {}  # setting -> value; TLS settings as "tls.NAME"
-    origin: dict[str, str] = {}  # setting -> where its value came from
-    if toml_path:
-        toml = _Toml(toml_path)
-        data = dict(toml.data)
-        tls = data.pop("tls", {})
-        if not isinstance(tls, dict):
-            raise ConfigError(f"{toml.origin('tls')}: must be a table ([tls])")
-        if unknown := set(data) - set(known):
-            raise ConfigError(_unknown(toml, unknown, list(known)))
-        if unknown := set(tls) - set(tls_known):
-            raise ConfigError(_unknown(toml, unknown, list(tls_known), "tls"))
-        for k, v in [*data.items(), *((f"tls.{k}", v) for k, v in tls.items())]:
-            table, _, key = k.rpartition(".")
-            values[k], origin[k] = v, toml.origin(key, table)
+    """defaults < TOML file < environment (KVSTORE_*) < explicit overrides (CLI flags by argparse dest,
+    a setting's name or an old flat name; None = unset). Every error is a ValueError (a ConfigError)
+    in one line that says where the bad value came from: the flag, the variable, or the file and line."""
     env = os.environ if env is None else env
-    for name in [*known, *(f"tls.{k}" for k in tls_known)]:
-        if (v := env.get(env_name(name))) is not None:
-            values[name], origin[name] = v, f"${env_name(name)}"
-    for k, v in (overrides or {}).items():
-        if v is None:
-            continue
-        name = f"tls.{k[4:]}" if k.startswith("tls_") else k
-        if name.removeprefix("tls.") not in (tls_known if name.startswith("tls.") else known):
-            raise ConfigError(f"unknown setting {k!r}")
-        values[name], origin[name] = v, setting(name)
-    typed = {}
-    for name, v in values.items():
-        typ = tls_known[name[4:]] if name.startswith("tls.") else known[name]
-        typed[name] = _coerce(v, typ, origin[name])
-    tls_values = {k[4:]: v for k, v in typed.items() if k.startswith("tls.")}
+    sources = [list(_toml_settings(TomlFile(toml_path))) if toml_path else [],
+               [(_ENV[var], env[var], f"${var}") for var in _ENV if var in env],
+               [(name, v, where) for k, v in (overrides or {}).items() if v is not None
+                for name, where in [_override(k)]]]
+    values: dict[str, Any] = {}  # setting -> value
+    origin: dict[str, str] = {}  # setting -> where its value came from
+    for source in sources:  # each overrides the ones before it
+        seen: dict[str, str] = {}
+        for name, value, where in source:
+            if name in seen:  # an old spelling and the new one, say: which was meant?
+                raise ConfigError(f"{seen[name]} and {where} are one setting ({setting(name)}): give it once", name)
+            seen[name] = origin[name] = where
+            values[name] = value
+    typed = {name: coerce(v, SETTINGS[name].type, origin[name]) for name, v in values.items()}
+
+    def label(name: str) -> str:  # the flag the operator typed, an old spelling included
+        return origin[name] if origin.get(name, "").startswith("--") else setting(name)
+
     try:
-        return DaemonConfig(**{k: v for k, v in typed.items() if not k.startswith("tls.")},
-                            tls=TlsConfig(**tls_values))
+        return DaemonConfig(**{k: v for k, v in typed.items() if k in SETTINGS and "." not in k},
+                            tls=TlsConfig(**{k[4:]: v for k, v in typed.items() if k.startswith("tls.")}),
+                            store=build_store(typed, label))
     except ConfigError as e:
-        where = [origin[k] for k in e.keys if k in origin and origin[k] != setting(k)]
-        raise ConfigError(f"{e} (from {', '.join(where)})" if where else str(e), *e.keys) from None
+        came = [origin[k] for k in e.keys if k in origin and not origin[k].startswith("--")]
+        raise ConfigError(f"{e} (from {', '.join(came)})" if came else str(e), *e.keys) from None
+
+
+def reference() -> str:
+    """The settings as docs/CONFIG.md lists them (``python -m kvstore.server.config`` prints it)."""
+
+    def shown(s: Setting) -> str:
+        if s.adds_tier or s.default == "":
+            return "none"
+        return ("on" if s.default else "off") if s.type == "bool" else f"`{s.default}`"
+
+    rows = ["| TOML | flag | environment | default | what |", "|---|---|---|---|---|"]
+    for s in SETTINGS.values():
+        table, _, key = s.name.rpartition(".")
+        rows.append(f"| {f'`[{table}] {key}`' if table else f'`{key}`'} | `{s.flag}` | `{s.env}` | {shown(s)} | "
+                    f"{s.help} |")
+    rows += ["", "| old TOML key | old flag | old variable | now |", "|---|---|---|---|"]
+    for alias, name in ALIASES.items():
+        new = SETTINGS[name]
+        flag, env = old_flag(alias), env_name(alias)
+        rows.append(f"| `{alias}` | {'none' if flag is None else f'`{flag}`' if flag != new.flag else 'the same'} | "
+                    f"{f'`{env}`' if env != new.env else 'the same'} | `[{name.replace('.', '] ')}` |")
+    return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":
+    print(reference(), end="")

@@ -133,7 +133,7 @@ async def _serve(config: DaemonConfig, sessions: SessionStore, creds: grpc.Serve
     await daemon_health.check()
     log.info("kvstore listening on %s:%d (tls=%s, tokens=%s, shm=%s, tiers=%s)", config.host, port,
              config.tls.enabled, bool(config.tokens_file), shm_dir or "off",
-             ",".join(t.name for t in sessions.store.tiers))
+             ",".join(sessions.store.tier_names()))
     # handlers before announcing readiness: a SIGTERM right after on_ready must shut down cleanly
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -37,7 +37,7 @@ class DeviceArenas:
 
     def _hbm(self) -> Any:
         """The store's HBM tier (the one with ``copy_to``), or None."""
-        return next((t for t in self._sessions.store.tiers if t.name == "hbm" and hasattr(t, "copy_to")), None)
+        return self._sessions.store.hbm_tier()
 
     def __len__(self) -> int:
         with self._lock:

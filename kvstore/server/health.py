@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from grpc_health.v1 import health, health_pb2
 
 from kvstore.store import SessionStore
-from kvstore.tiers.base import TierError
 
 log = logging.getLogger(__name__)
 TIER_PREFIX = "kvstore.tier."
@@ -58,19 +57,13 @@ class DaemonHealth:
         self.sessions = sessions
         self.service = service
         self.interval_s = interval_s
-        store = sessions.store
-        self.shared = [t.name for t in store.tiers if getattr(getattr(t, "config", None), "share_sessions", False)]
-        self.essential = (store.tiers[store.durable].name, *self.shared)
+        self.shared = sessions.sharing_tiers()
+        self.essential = (sessions.store.durable_name(), *self.shared)
         self._last: Probe | None = None
 
     def _probe_tiers(self) -> Probe:
-        errors: dict[str, str | None] = {}
-        for tier in self.sessions.store.tiers:
-            try:
-                tier.usage()
-                errors[tier.name] = None
-            except TierError as e:
-                errors[tier.name] = " ".join(str(e).split()).rstrip(".") or type(e).__name__
+        errors = {name: None if e is None else " ".join(str(e).split()).rstrip(".") or type(e).__name__
+                  for name, e in self.sessions.store.probe().items()}
         return Probe(errors, self.essential)
 
     async def check(self) -> Probe:

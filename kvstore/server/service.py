@@ -117,15 +117,8 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     def _in_memory(self, keys: list[bytes]) -> bool:
         """Whether a load is small and held whole by the fastest tier, a memory tier (a lookup, no
         read: a chunk demoted meanwhile is still read correctly, just once from a slower tier here)."""
-        fast = self.sessions.store.tiers[0]
-        if fast.persistent or len(keys) * chunk.HEADER_BYTES > INLINE_LOAD_BYTES:
-            return False
-        total = 0
-        for k in keys:
-            n = fast.size_of(k)
-            if n is None or (total := total + n) > INLINE_LOAD_BYTES:
-                return False
-        return True
+        return (len(keys) * chunk.HEADER_BYTES <= INLINE_LOAD_BYTES
+                and self.sessions.store.held_in_memory(keys, INLINE_LOAD_BYTES))
 
     def _store_turn(self, header: pb.SaveHeader, receiver: Receiver, streamed: list[Blob],
                     commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
@@ -146,7 +139,7 @@ class KVStoreService(pb_grpc.KVStoreServicer):
             cfg = self.sessions.config
             self._info = pb.ServerInfo(
                 version=__version__, chunk_tokens=cfg.chunk_tokens, layouts=sorted(PRESETS),
-                tiers=[t.name for t in self.sessions.store.tiers], host_id=shm.host_id(),
+                tiers=self.sessions.store.tier_names(), host_id=shm.host_id(),
                 shm_dir=str(self.carriers.shm_dir or ""), max_message_bytes=self.max_message_bytes,
                 write_mode=cfg.write_mode, carriers=self.carriers.offered,
                 layout_info=[convert.layout_to_pb(PRESETS[n], cfg.chunk_tokens) for n in sorted(PRESETS)],
@@ -279,10 +272,10 @@ class KVStoreService(pb_grpc.KVStoreServicer):
     async def ListSessions(self, request: pb.ListSessionsRequest, context: Any) -> pb.ListSessionsResponse:
         if request.namespace:
             self._ns(context, request.namespace)
-            ms = self.sessions.list(request.namespace)
+            ms = self.sessions.list_sessions(request.namespace)
         else:
             allowed = self.auth.namespaces(context.invocation_metadata())
-            ms = [m for m in self.sessions.list() if allowed is None or m.namespace in allowed]
+            ms = [m for m in self.sessions.list_sessions() if allowed is None or m.namespace in allowed]
         out = pb.ListSessionsResponse(sessions=[convert.summary_to_pb(m) for m in ms])
         for summary, m in zip(out.sessions, ms):  # an engine's page layout is named by its model
             if not summary.layout_name and (lay := self.sessions.layouts.page(m.layout_id)) is not None:

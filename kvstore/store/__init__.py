@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from kvstore.format.manifest import Manifest, Retention
+from typing import Any
+
+from kvstore.format.manifest import KEY_PREFIX, Manifest, Retention, is_legacy_manifest
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.pages import compressible_offset
 from kvstore.store.sessions import SessionStore
+from kvstore.store.sharing import sharing_for
 from kvstore.store.stats import BytesPerToken, StoreStats, bytes_per_token, store_stats
 from kvstore.store.tiered import TieredStore
-from kvstore.tiers import SsdTierConfig, make_tier
+from kvstore.tiers import SsdTierConfig, TierConfig, make_tier
+from kvstore.tiers.ssd_migrate import LegacyMeta
 
 __all__ = [
     "BytesPerToken",
@@ -27,18 +31,29 @@ __all__ = [
 ]
 
 
+#: Manifests as the first format kept them, among an ssd tier's values: moved out at its open.
+LEGACY_MANIFESTS = LegacyMeta(KEY_PREFIX, is_legacy_manifest)
+
+
+def _extra(tc: TierConfig) -> dict[str, Any]:
+    """What a tier is told of the records it stores, beside its config (it knows bytes only)."""
+    if isinstance(tc, SsdTierConfig):
+        return {"compressible_from": compressible_offset, "legacy_meta": LEGACY_MANIFESTS}
+    return {}
+
+
 def open_store(config: StoreConfig) -> SessionStore:
-    """Build every tier from ``config``, compose them, load the manifests, collect crash leftovers."""
+    """Build every tier from ``config``, compose them, choose how sessions are shared, load the
+    manifests, collect crash leftovers."""
     tiers = []
     try:
         for tc in config.tiers:
-            extra = {"compressible_from": compressible_offset} if isinstance(tc, SsdTierConfig) else {}
-            tiers.append(make_tier(tc, **extra))
+            tiers.append(make_tier(tc, **_extra(tc)))
     except Exception:
         for t in tiers:
             t.close()
         raise
-    sessions = SessionStore(TieredStore(tiers, config), config)
+    sessions = SessionStore(TieredStore(tiers, config), config, sharing_for(config, tiers))
     sessions.collect_garbage()
     sessions.check_references()
     sessions.expire()

@@ -1,12 +1,16 @@
-"""Frozen configuration of the tiered store. Defaults live here and nowhere else."""
+"""Frozen configuration of the tiered store. Defaults live here and nowhere else.
+
+The fields with ``option`` metadata are the daemon's ``[store]`` settings (``--store-chunk-tokens``,
+``KVSTORE_STORE_WRITE_MODE``: ``kvstore/server/settings.py``); its tier sections are ``tiers``.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvstore.tiers.config import HostTierConfig, SsdTierConfig, TierConfig
+from kvstore.tiers.config import HostTierConfig, InvalidSetting, SsdTierConfig, TierConfig, option
 
-#: The default host tier's capacity (the daemon's config takes it from here too).
+#: The default host tier's capacity (a store's, and so the daemon's, default host tier).
 DEFAULT_HOST_CAPACITY_BYTES = 1 << 30
 
 
@@ -20,16 +24,19 @@ class StoreConfig:
     #: "through": every acknowledged chunk is on the persistent tier before the call returns.
     #: "back": chunks land in the fastest tier and reach the persistent tier on demotion, on
     #: flush(), and always before a session commit that references them.
-    write_mode: str = "through"
+    write_mode: str = field(default="through", metadata=option(
+        "through: every acknowledged chunk is on the durable tier; back: chunks land in the fastest tier and "
+        "reach the durable one on demotion, and before a commit that names them", choices=("through", "back")))
     #: Copy a chunk served from a slower tier into every faster tier.
-    promote_on_read: bool = True
+    promote_on_read: bool = field(default=True, metadata=option(
+        "copy a chunk served from a slower tier into every faster tier"))
     #: Tokens per chunk; a multiple of every layout's m (the layouts here need a multiple of 2).
-    chunk_tokens: int = 256
+    chunk_tokens: int = field(default=256, metadata=option("tokens per chunk (a positive even number)"))
 
     def __post_init__(self) -> None:
         if not self.tiers:
-            raise ValueError("store: at least one tier is required")
+            raise InvalidSetting("store", "tiers", "must hold at least one tier")
         if self.write_mode not in ("through", "back"):
-            raise ValueError(f"store: write_mode must be 'through' or 'back', got {self.write_mode!r}")
+            raise InvalidSetting("store", "write_mode", f"must be through or back, got {self.write_mode!r}")
         if self.chunk_tokens <= 0 or self.chunk_tokens % 2:
-            raise ValueError(f"store: chunk_tokens must be a positive even number, got {self.chunk_tokens}")
+            raise InvalidSetting("store", "chunk_tokens", f"must be a positive even number, got {self.chunk_tokens}")

@@ -28,7 +28,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from kvstore.store.sessions import SessionRef, SessionStore
-from kvstore.tiers.base import TierError
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class Prefetcher:
 
     @property
     def fast_tier(self) -> str:
-        return self.sessions.store.tiers[0].name
+        return self.sessions.store.tier_names()[0]
 
     def start(self) -> None:
         with self._cond:
@@ -118,10 +117,7 @@ class Prefetcher:
 
     def _in_fastest(self, key: bytes) -> bool:
         """A probe of the fastest tier alone (``where`` would ask every tier, Redis over the network)."""
-        try:
-            return self.sessions.store.tiers[0].contains(key)
-        except TierError:
-            return False
+        return self.sessions.store.in_fastest(key)
 
     def counters(self) -> PrefetchCounters:
         with self._cond:

@@ -35,45 +35,32 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import FailedPrecondition, KvstoreError, Unavailable
 from kvstore.format.manifest import Manifest, ManifestError
+from kvstore.store.sharing import Accepted, SessionRef, Sharing, Update
 from kvstore.tiers.base import TierError
 
 if TYPE_CHECKING:
-    from kvstore.store.group_commit import Pending
     from kvstore.store.tiered import TieredStore
-    from kvstore.store.turn import SavedTurn, Turn
     from kvstore.tiers.redis import RedisTier
     from kvstore.tiers.redis_sessions import Record
 
 log = logging.getLogger(__name__)
-SessionRef = tuple[str, str]
-#: A version to index: the session, its generation, its manifest (None: deleted).
-Update = tuple[SessionRef, int, Manifest | None]
-#: A turn ``SessionStore._commit_turns`` accepted: its pending call, its manifest, its new chunks.
-Accepted = tuple["Pending[Turn, SavedTurn]", Manifest, list[tuple[bytes, Any]]]
 RETRY_S = 1.0  # after a failed catch-up, answer from the local index this long before trying again
 
 
-class SharedSessions:
+class SharedSessions(Sharing):
     """This daemon's side of the shared session records: publishing, catching up, generations."""
+
+    reads_remote = True
 
     def __init__(self, tier: RedisTier, chunk_tokens: int) -> None:
         self.tier = tier
+        self.tiers = (tier.name,)
         self.chunk_tokens = chunk_tokens
         self.records = tier.sessions()
         self._lock = threading.Lock()
         self._gens: dict[SessionRef, int] = {}  # generation of the version this daemon indexes
         self._changes: dict[str, int] = {}  # tenant -> change counter last caught up with
         self._quiet_until = 0.0  # monotonic time before which catching up is not tried
-
-    @staticmethod
-    def of(store: TieredStore) -> SharedSessions | None:
-        """The shared tier of ``store``, if one is configured."""
-        from kvstore.tiers.redis import RedisTier
-
-        for t in store.tiers:
-            if isinstance(t, RedisTier) and t.config.share_sessions:
-                return SharedSessions(t, store.config.chunk_tokens)
-        return None
 
     # -- generations ----------------------------------------------------------------------------
     def generation(self, ref: SessionRef) -> int:
@@ -97,26 +84,26 @@ class SharedSessions:
 
     # -- publishing -----------------------------------------------------------------------------
     def publish_turns(self, accepted: list[Accepted], store: TieredStore) -> list[Accepted]:
-        """Publish each accepted turn (``SessionStore._commit_turns``'s triples: pending, manifest,
-        new chunks); fail the ones that cannot be, and return the others, to commit locally."""
+        """Publish each accepted turn (pending call, manifest, new chunks): its chunks, then its
+        manifest; fail the ones that cannot be, and return the others, to commit locally."""
         out = []
         for item in accepted:
             pending, m, _ = item
             try:
                 self._put_chunks(m, dict(zip(pending.item.keys, pending.item.blobs)), store)
-                self.publish(m, m.encode())
+                self.publish(m)
             except KvstoreError as e:
                 pending.fail(e)
                 continue
             out.append(item)
         return out
 
-    def publish(self, m: Manifest, blob: bytes | None) -> None:
-        """Compare-and-set the session's shared manifest (``blob`` None: delete it)."""
+    def publish(self, m: Manifest, deleted: bool = False) -> None:
+        """Compare-and-set the session's shared manifest (``deleted``: delete it)."""
         ref = (m.namespace, m.session_id)
         expected = self.generation(ref)
         try:
-            ok, gen = self.records.publish(m.namespace, m.session_id, expected, blob)
+            ok, gen = self.records.publish(m.namespace, m.session_id, expected, None if deleted else m.encode())
         except TierError as e:
             raise Unavailable(f"shared tier: the session was not published, nothing was acknowledged: {e}") from e
         if not ok:

@@ -74,7 +74,7 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     store = sessions.store
     ct = sessions.config.chunk_tokens
     live = sessions.live_chunks()
-    manifests = sessions.list()
+    manifests = sessions.list_sessions()
     sizes = {lay.layout_id: _unique_sizes(lay, ct) for lay in set(live.values())}
     per_chunk = [sizes[lay.layout_id] for lay in live.values()]
     tokens = round(sum(t for t, _, _ in per_chunk)) + sum(m.tail_tokens for m in manifests)
@@ -91,13 +91,11 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
         formula_num += float(lay.bytes_per_token) * m.token_count
     total_session_tokens = sum(m.token_count for m in manifests)
     formula = formula_num / total_session_tokens if total_session_tokens else 0.0
-    durable = store.tiers[store.durable]
-    usage = durable.usage()
+    usage = store.durable_usage()
     stored_manifests = sum(len(m.encode()) for m in manifests)  # kept raw in the meta keyspace
     lmdb_overhead = 0
-    stats_fn = getattr(durable, "lmdb_stats", None)
-    if stats_fn is not None:
-        s = stats_fn()
+    s = store.durable_page_stats()
+    if s is not None:
         pages = s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
         lmdb_overhead = max(0, pages * s["psize"] - usage.used_bytes - stored_manifests)
     swa = max((getattr(sessions.layouts.known(m.layout_id), "swa_state_bytes", 0) for m in manifests), default=0)
@@ -107,4 +105,4 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
 
 
 def store_stats(sessions: SessionStore) -> StoreStats:
-    return StoreStats(sessions.store.reports(), sessions.hits, len(sessions.list()), bytes_per_token(sessions))
+    return StoreStats(sessions.store.reports(), sessions.hits, len(sessions.list_sessions()), bytes_per_token(sessions))

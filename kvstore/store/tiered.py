@@ -10,6 +10,9 @@ The tiers never know about each other; this class moves data between them:
   only where the next tier already holds them or there is none), skipping pinned chunks;
 - a tier that fails (TierError, e.g. Redis down) is reported and degraded around.
 
+Moving chunks up is ``promotion.py``'s, down ``demotion.py``'s; this class writes, reads, keeps the
+durable tier's meta records (manifests, layouts), and answers what the daemon asks of its tiers.
+
 Locks: each tier has its own (``TierSlot.lock``, for moves into and out of it, taken fast to
 slow); pins and the write-back dirty set have one each. Reads take none of them (a promotion only
 tries), and no lock is held while the durable tier commits a write (its fsync): the tier orders
@@ -18,19 +21,21 @@ its own writers.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
-import threading
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from kvstore.errors import ResourceExhausted, Unavailable
 from kvstore.store.config import StoreConfig
+from kvstore.store.demotion import Demotion, Dirty, Pins
 from kvstore.store.pages import is_valid_blob
+from kvstore.store.promotion import Promotion
 from kvstore.store.tier_slot import TierCounters, TierReport, TierSlot
-from kvstore.tiers.base import CorruptValue, MetaMap, OutOfSpace, Stored, Tier, TierError, WriteBatch
+from kvstore.tiers.base import MetaMap, OutOfSpace, Stored, Tier, TierError, Usage, WriteBatch
+
+if TYPE_CHECKING:
+    from kvstore.tiers.hbm import HbmTier
 
 __all__ = ["TierCounters", "TierReport", "TieredStore", "chunk_is_valid"]
 log = logging.getLogger(__name__)
@@ -47,17 +52,20 @@ class TieredStore:
     def __init__(self, tiers: Sequence[Tier], config: StoreConfig) -> None:
         if not tiers:
             raise ValueError("TieredStore needs at least one tier")
-        self.tiers = list(tiers)
+        #: The tiers, fast to slow: for tests and offline tools. The daemon asks this store instead
+        #: (``tier_names``, ``hbm_tier``, ``held_in_memory``, ``probe``, ...) and never sees a tier.
+        self.tiers = tuple(tiers)
         self.config = config
         self._slots = [TierSlot(t) for t in self.tiers]
         self.counters = {s.name: s.counters for s in self._slots}
         persistent = [i for i, t in enumerate(self.tiers) if t.persistent]
         #: Index of the tier that makes a chunk durable (the first persistent one), or the last tier.
         self.durable = persistent[0] if persistent else len(self.tiers) - 1
-        self._pins: Counter[bytes] = Counter()
-        self._pin_lock = threading.Lock()
-        self._dirty: set[bytes] = set()  # write-back: in the fast tier, not yet on the durable one
-        self._dirty_lock = threading.Lock()
+        self._pins = Pins()
+        self._dirty = Dirty()  # write-back: in the fast tier, not yet on the durable one
+        self._down = Demotion(self._slots, self.durable, self._pins, self._dirty)
+        self._make_room = self._down.make_room
+        self._up = Promotion(self._slots, self.durable, self._down)
 
     # -- writes ---------------------------------------------------------------------------------
     def put(self, key: bytes, blob: bytes | memoryview) -> None:
@@ -76,8 +84,7 @@ class TieredStore:
                 try:
                     self._make_room(0, sum(len(b) for _, b in items))
                     fast.put_many(items)
-                    with self._dirty_lock:
-                        self._dirty.update(k for k, _ in items)
+                    self._dirty.add(k for k, _ in items)
                     return
                 except TierError:
                     pass  # the fast tier cannot take them: write them through instead
@@ -117,9 +124,7 @@ class TieredStore:
             for k in fast:
                 self._slots[0].drop(k)
             raise self._durable_error(e) from e
-        with self._dirty_lock:
-            self._dirty.difference_update(k for k, _ in items)
-            self._dirty.difference_update(batch.deletes)
+        self._dirty.discard([*(k for k, _ in items), *batch.deletes])
         if batch.deletes:
             for slot in self._slots[: self.durable]:
                 slot.drop_many(batch.deletes)
@@ -133,8 +138,7 @@ class TieredStore:
     def flush(self, keys: Sequence[bytes] | None = None) -> None:
         """Write-back mode: make ``keys`` (default: every dirty chunk) durable now, in one
         transaction."""
-        with self._dirty_lock:
-            todo = [k for k in (keys if keys is not None else list(self._dirty)) if k in self._dirty]
+        todo = self._dirty.among(keys)
         items = []
         for key in todo:
             blob = self._slots[0].get(key)
@@ -153,8 +157,7 @@ class TieredStore:
             return
         for slot in self._slots[: self.durable + 1 if local_only else len(self._slots)]:
             slot.drop_many(keys)
-        with self._dirty_lock:
-            self._dirty.difference_update(keys)
+        self._dirty.discard(keys)
 
     def delete(self, key: bytes, local_only: bool = False) -> None:
         self.delete_many([key], local_only)
@@ -167,7 +170,7 @@ class TieredStore:
         counted, deleted from that tier, and the next tier is tried. ``durable_later``: a copy read
         from below the durable tier (a shared one) is promoted into the faster tiers now and left in
         this list for the durable one, for the caller to write as one batch (``promote_durably``)."""
-        if (found := self._find(key, check or (lambda blob: chunk_is_valid(key, blob)))) is None:
+        if (found := self._up.find(key, check or (lambda blob: chunk_is_valid(key, blob)))) is None:
             return None
         i, blob = found
         self._slots[i].counters.hits += 1
@@ -175,79 +178,16 @@ class TieredStore:
             if durable_later is not None and i > self.durable:
                 durable_later.append((key, blob))
                 i = self.durable
-            self._promote(key, blob, i)
+            self._up.promote(key, blob, i)
         return blob
 
     def promote_durably(self, items: list[tuple[bytes, Stored]]) -> int:
-        """Copies read from below the durable tier, written into it in one transaction (one fsync,
-        not one per chunk). Best effort, like every promotion: skipped while that tier is busy."""
-        slot = self._slots[self.durable]
-        if not items or not slot.lock.acquire(blocking=False):
-            return 0
-        try:
-            self._make_room(self.durable, sum(len(b) for _, b in items))
-            slot.put_many(items)
-            slot.counters.promotions += len(items)
-            return len(items)
-        except TierError:
-            return 0
-        finally:
-            slot.lock.release()
-
-    def _find(self, key: bytes, valid: Callable[[Stored], bool]) -> tuple[int, Stored] | None:
-        """The fastest tier holding a copy that passes ``valid``, and that copy (failing ones deleted)."""
-        for i, slot in enumerate(self._slots):
-            try:
-                blob = slot.get_strict(key)
-            except CorruptValue:
-                blob = b""  # fails verification below: counted, deleted there, next tier tried
-            except TierError:
-                continue
-            if blob is None:
-                continue
-            if not valid(blob):
-                slot.counters.verify_failures += 1
-                log.error("chunk %s failed verification in tier %s: deleted there", key.hex(), slot.name)
-                slot.drop(key)
-                continue
-            return i, blob
-        return None
+        """Copies read from below the durable tier into it, one transaction (``Promotion.promote_durably``)."""
+        return self._up.promote_durably(items)
 
     def prefetch(self, key: bytes, check: Callable[[Stored], bool]) -> bool:
-        """Put a verified copy of a chunk, whole, into the fastest tier ahead of a load (prefetch.py);
-        only making room demotes anything. Waits for that tier's lock (a background worker; reads never
-        take it). False: already there, no valid copy, or no room (the rest pinned)."""
-        fast = self._slots[0]
-        found = None if fast.has(key) else self._find(key, check)
-        if found is None or found[0] == 0:
-            return False
-        with fast.lock:
-            self._make_room(0, len(found[1]), protect=key)
-            u = fast.usage()
-            if u is None or (u.capacity_bytes and u.used_bytes + len(found[1]) > u.capacity_bytes):
-                return False
-            try:
-                fast.put(key, found[1])
-            except TierError:
-                return False
-            fast.counters.promotions += 1
-        return True
-
-    def _promote(self, key: bytes, blob: Stored, found: int) -> None:
-        # Best effort: a read never waits for a tier's lock; a chunk not promoted now is promoted
-        # by a later read.
-        for i in range(found):
-            slot = self._slots[i]
-            if not slot.lock.acquire(blocking=False):
-                continue
-            try:
-                self._make_room(i, len(blob), protect=key)
-                slot.put(key, blob)
-                slot.counters.promotions += 1
-            except TierError:
-                continue
-            finally:
-                slot.lock.release()
+        """A verified copy of a chunk into the fastest tier ahead of a load (``Promotion.prefetch``)."""
+        return self._up.prefetch(key, check)
 
     def where(self, key: bytes) -> list[str]:
         """Names of the tiers holding ``key`` (not verified; a lookup, not a read)."""
@@ -302,24 +242,6 @@ class TieredStore:
             return iter(())
         return (k for k in keys if k.startswith(prefix))
 
-    def migrate_meta(self, prefix: bytes, is_meta: Callable[[bytes, Stored], bool]) -> int:
-        """Move the meta records an older format kept among the durable tier's values (under keys
-        starting with ``prefix``, recognised by ``is_meta(key, value)``) into its meta keyspace,
-        all at once. Returns how many moved; 0 once migrated."""
-        slot = self._slots[self.durable]
-        try:
-            candidates = [k for k in slot.call("keys", lambda t: list(t.keys())) if k.startswith(prefix)]
-            values = slot.call("get_many", lambda t: t.get_many(candidates)) if candidates else []
-            found = [k for k, v in zip(candidates, values) if v is not None and is_meta(k, v)]
-            if found:
-                slot.call("move_to_meta", lambda t: t.move_to_meta(found))
-        except TierError as e:  # CorruptValue included: a damaged old record stays where it is
-            log.error("cannot migrate old-format meta records in tier %s: %s", slot.name, e)
-            return 0
-        if found:
-            log.warning("moved %d meta records of the old format out of tier %s's values", len(found), slot.name)
-        return len(found)
-
     def chunk_keys(self, local_only: bool = False) -> set[bytes]:
         """Every chunk key held by any tier (``local_only``: by the durable tier or a faster one)."""
         out: set[bytes] = set()
@@ -327,108 +249,81 @@ class TieredStore:
             out.update(slot.keys())
         return out
 
-    # -- movement between tiers -----------------------------------------------------------------
+    # -- movement between tiers (demotion.py) ----------------------------------------------------
     def pin(self, keys: Sequence[bytes]) -> None:
-        """Keep ``keys`` where they are until unpinned (e.g. while a session is being resumed).
-        Pins have a lock of their own: a load pins its chunks without waiting for a save."""
-        with self._pin_lock:
-            self._pins.update(keys)
+        """Keep ``keys`` where they are until unpinned (e.g. while a session is being resumed)."""
+        self._pins.pin(keys)
 
     def unpin(self, keys: Sequence[bytes]) -> None:
-        with self._pin_lock:
-            self._pins.subtract(keys)
-            for k in keys:
-                if self._pins[k] <= 0:
-                    self._pins.pop(k, None)
-
-    def _pinned(self, key: bytes) -> bool:
-        with self._pin_lock:
-            return self._pins[key] > 0
+        self._pins.unpin(keys)
 
     def demote(self, key: bytes, to: int) -> bool:
-        """Move ``key`` down to tier ``to``: ensure it is there (or slower), drop it from faster tiers
-        except the durable one: a tier below it may be shared and expire by TTL (Redis), so the
-        durable copy is what an acknowledged save keeps. Counted as one demotion per tier it left."""
-        with contextlib.ExitStack() as held:
-            for slot in self._slots:  # every tier's lock, fast to slow: this moves across all of them
-                held.enter_context(slot.lock)
-            if self._pinned(key):
-                return False
-            holders = [i for i, s in enumerate(self._slots) if s.has(key)]
-            if not holders:
-                return False
-            if not any(i >= to for i in holders):
-                blob = self._slots[holders[0]].get(key)
-                if blob is None:
-                    return False
-                try:
-                    self._make_room(to, len(blob))
-                    self._slots[to].put(key, blob)
-                except TierError:
-                    return False  # keep it where it is rather than lose it
-                if to >= self.durable:
-                    with self._dirty_lock:
-                        self._dirty.discard(key)
-            for i in holders:
-                if i < to and i != self.durable and self._slots[i].drop(key):
-                    self._slots[i].counters.demotions += 1
-            if not any(i < to and i != self.durable for i in holders):
-                self._slots[holders[0]].counters.demotions += 1  # copied down, nothing above it dropped
-            return True
+        """Move ``key`` down to tier ``to`` (``Demotion.demote``)."""
+        return self._down.demote(key, to)
 
-    def _make_room(self, i: int, incoming: int, protect: bytes | None = None) -> None:
-        """Demote LRU chunks out of tier ``i`` until ``incoming`` more bytes fit under its capacity."""
-        slot = self._slots[i]
-        with slot.lock:
-            usage = slot.usage()
-            if usage is None or not usage.capacity_bytes:
-                return
-            used, cap = usage.used_bytes, usage.capacity_bytes
-            if used + incoming <= cap:
-                return
-            for victim in slot.victims():
-                if used + incoming <= cap:
-                    break
-                if victim == protect or self._pinned(victim):
-                    continue
-                size = slot.size_of(victim)
-                if self._evict_one(i, victim):
-                    used -= size
+    def evict(self, keys: Sequence[bytes], tier: str, what: str) -> int:
+        """Move ``what``'s chunks down to the tier named ``tier``; how many moved (``Demotion.evict``)."""
+        return self._down.evict(keys, tier, what)
 
-    def _evict_one(self, i: int, key: bytes) -> bool:
-        # Called with tier i's lock held; takes the next tier's (fast to slow). Where the next tier
-        # is the durable one and lacks the chunk (write-back), this puts it there: that eviction
-        # holds tier i's lock across the durable write, which reads never take.
-        nxt = i + 1
-        slot = self._slots[i]
-        if nxt < len(self._slots) and not self._slots[nxt].has(key):
-            blob = slot.get(key)
-            if blob is None:
-                return False
-            try:
-                self._make_room(nxt, len(blob), protect=key)
-                self._slots[nxt].put(key, blob)
-            except TierError:
-                # The next tier does not hold it and could not take it: this may be the only copy
-                # (a dirty chunk, or the durable tier's), so keep it and stay over capacity.
-                return False
-            slot.counters.demotions += 1
-            if nxt >= self.durable:
-                with self._dirty_lock:
-                    self._dirty.discard(key)
-        elif key in self._dirty and nxt >= len(self._slots):
+    # -- what the daemon asks of its tiers --------------------------------------------------------
+    def tier_names(self) -> list[str]:
+        """The tiers' names, fast to slow."""
+        return [s.name for s in self._slots]
+
+    def durable_name(self) -> str:
+        """The name of the tier that makes a save durable: every save needs it."""
+        return self._slots[self.durable].name
+
+    def hbm_tier(self) -> HbmTier | None:
+        """The HBM tier (device copies: ``copy_to``), or None."""
+        return next((cast("HbmTier", t) for t in self.tiers if t.name == "hbm"), None)
+
+    def held_in_memory(self, keys: Sequence[bytes], max_bytes: int) -> bool:
+        """Whether the fastest tier is a memory tier holding every one of ``keys``, in at most
+        ``max_bytes`` together (a lookup, no read: a chunk demoted meanwhile is still read
+        correctly, from a slower tier)."""
+        fast = self.tiers[0]
+        if fast.persistent:
             return False
-        else:
-            slot.counters.evictions += 1
-        slot.drop(key)
+        total = 0
+        for k in keys:
+            n = fast.size_of(k)
+            if n is None or (total := total + n) > max_bytes:
+                return False
         return True
+
+    def in_fastest(self, key: bytes) -> bool:
+        """Whether the fastest tier holds ``key`` (it alone is asked; False if it fails)."""
+        try:
+            return self.tiers[0].contains(key)
+        except TierError:
+            return False
+
+    def probe(self) -> dict[str, TierError | None]:
+        """Each tier's failure now (None: it answered), asked directly: not counted in its counters."""
+        out: dict[str, TierError | None] = {}
+        for tier in self.tiers:
+            try:
+                tier.usage()
+                out[tier.name] = None
+            except TierError as e:
+                out[tier.name] = e
+        return out
+
+    def durable_usage(self) -> Usage:
+        return self.tiers[self.durable].usage()
+
+    def durable_page_stats(self) -> dict[str, int] | None:
+        """The durable tier's LMDB page statistics (``SsdTier.lmdb_stats``), None for a tier without them."""
+        stats: Callable[[], dict[str, int]] | None = getattr(self.tiers[self.durable], "lmdb_stats", None)
+        return stats() if stats is not None else None
 
     # -- reporting ------------------------------------------------------------------------------
     def reports(self) -> list[TierReport]:
         return [s.report() for s in self._slots]
 
     def close(self) -> None:
-        if self._dirty:
+        if len(self._dirty):
             try:
                 self.flush()
             except (Unavailable, ResourceExhausted) as e:

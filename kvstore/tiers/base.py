@@ -184,17 +184,6 @@ class Tier(abc.ABC):
             meta = self._memory_meta = MemoryMeta()
         return meta
 
-    def move_to_meta(self, keys: Sequence[bytes]) -> None:
-        """Move values into the meta keyspace (a format migration: older versions kept manifests
-        among the values). This default copies, then deletes: a crash in between leaves both
-        copies, and running the move again finishes it. Tiers with transactions do it in one."""
-        meta = self.meta()
-        for key in keys:
-            value = self.get(key)
-            if value is not None:
-                meta.put(key, bytes(value))
-                self.delete(key)
-
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
         """Store several values; a tier overrides this when it can batch (one transaction, one round trip)."""
         for key, value in items:

@@ -60,7 +60,7 @@ class RedisTier(Tier):
 
     def __init__(self, config: RedisTierConfig) -> None:
         self.config = config
-        self._ttl_ms = 0 if config.ttl_s is None else config.ttl_s * 1000
+        self._ttl_ms = config.ttl_s * 1000  # 0: no expiry
         self._keys = RedisKeys(config.namespace, tagged=config.cluster)
         # No connection is made here on one server: a server that is down fails the first
         # command, not startup. A cluster client reads the slot map now.

@@ -7,9 +7,9 @@ A stored record is a 9-byte header and a payload (record.py; docs/FORMAT.md byte
     raw_len u32    length of the original value
     prefix u32     leading bytes stored uncompressed
 
-Flag 2 (chunks, ``transform_chunks``) keeps the chunk header raw and compresses its FP4 codes and
+Flag 2 (chunks, ``compact_records``) keeps the chunk header raw and compresses its FP4 codes and
 its scales in forms zstd shrinks (record_chunk.py); flag 1 (other values, or chunks with
-``transform_chunks`` off) compresses from ``compressible_from(value)`` on. The sizes in
+``compact_records`` off) compresses from ``compressible_from(value)`` on. The sizes in
 the header let an open rebuild usage totals and the key set from headers alone, without
 decompressing. LMDB commits are atomic and crash-safe; with ``sync`` a put that returned has been
 fsynced. The tier never checks contents (the store verifies chunk checksums), only the framing.
@@ -18,6 +18,7 @@ fsynced. The tier never checks contents (the store verifies chunk checksums), on
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 import threading
@@ -42,8 +43,10 @@ from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.lmdb_check import inspect
 from kvstore.tiers.lmdb_salvage import salvage
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
+from kvstore.tiers.ssd_migrate import LegacyMeta, find_legacy_meta
 from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, grown_map_size
 
+log = logging.getLogger(__name__)
 DB_NAME = b"chunks"  # the values' sub-database; others may be added beside it (up to _MAX_DBS)
 META_DB_NAME = b"meta"  # meta records (manifests): never in the values' keyspace
 _MAX_DBS = 8
@@ -105,9 +108,12 @@ class SsdTier(Tier):
     name = "ssd"
     persistent = True
 
-    def __init__(self, config: SsdTierConfig, compressible_from: CompressibleFrom | None = None) -> None:
+    def __init__(self, config: SsdTierConfig, compressible_from: CompressibleFrom | None = None,
+                 legacy_meta: LegacyMeta | None = None) -> None:
+        """``legacy_meta``: what meta records of the first format look like among the values; given,
+        the open moves any it finds to the meta sub-database first (``ssd_migrate.py``)."""
         self._config = config
-        self._codec = RecordCodec(config.zstd_level, compressible_from, config.transform_chunks)
+        self._codec = RecordCodec(config.zstd_level, compressible_from, config.compact_records)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = _Gate()  # no transaction may be open while the map is resized
         self._meta_lock = threading.Lock()
@@ -129,7 +135,7 @@ class SsdTier(Tier):
         with _lmdb_errors(f"cannot open {config.path}"):
             self._env = lmdb.open(
                 config.path,
-                map_size=config.map_size,
+                map_size=config.initial_map_size,
                 max_dbs=_MAX_DBS,
                 max_readers=_MAX_READERS,
                 sync=config.sync,
@@ -150,6 +156,22 @@ class SsdTier(Tier):
                 raise
             self._scan()
         self._meta = _LmdbMeta(self)
+        if legacy_meta is not None:
+            self._migrate(legacy_meta)
+
+    def _migrate(self, legacy: LegacyMeta) -> None:
+        """Move the first format's meta records out of the values, in one transaction. A failure is
+        logged and the tier opens all the same (the next open tries again)."""
+        try:
+            with _lmdb_errors("migrate"), self._gate.shared():
+                found = find_legacy_meta(self._env, self._db, self._codec.decode, legacy, self._config.path)
+            self._commit("migrate", [], [key for key, _ in found], meta_puts=found)
+        except TierError as e:
+            log.error("cannot migrate old-format meta records in ssd tier %s: %s", self._config.path, e)
+            return
+        if found:
+            log.warning("moved %d meta records of the old format out of ssd tier %s's values", len(found),
+                        self._config.path)
 
     def _scan(self) -> None:
         # Headers only: the first bytes of each record, no decompression. A record too short to
@@ -228,7 +250,7 @@ class SsdTier(Tier):
             txn.abort()
             if grow_for is not None:  # OutOfSpace at the configured limit
                 current = self._env.info()["map_size"]
-                self._env.set_mapsize(grown_map_size(self._config.path, current, grow_for, self._config.max_map_size))
+                self._env.set_mapsize(grown_map_size(self._config.path, current, grow_for, self._config.max_map_bytes))
 
     def _read(self, keys: Sequence[bytes]) -> list[Stored | None]:
         self._check_open()
@@ -283,11 +305,6 @@ class SsdTier(Tier):
 
     def meta(self) -> MetaMap:
         return self._meta
-
-    def move_to_meta(self, keys: Sequence[bytes]) -> None:
-        """Move values into the meta sub-database in one transaction: all of them or none."""
-        moved = [(key, value) for key, value in zip(keys, self.get_many(keys)) if value is not None]
-        self._commit("move_to_meta", [], [key for key, _ in moved], meta_puts=[(k, bytes(v)) for k, v in moved])
 
     def _read_meta(self, key: bytes) -> bytes | None:
         self._check_open()

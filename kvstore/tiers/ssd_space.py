@@ -40,15 +40,15 @@ def as_out_of_space(path: str, needed: int, exc: lmdb.Error) -> OutOfSpace | Non
                       f"bytes ({free} bytes free): {exc}")
 
 
-def grown_map_size(path: str, current: int, needed: int, max_map_size: int) -> int:
+def grown_map_size(path: str, current: int, needed: int, max_map_bytes: int) -> int:
     """The map size to grow to when a transaction of about ``needed`` bytes did not fit: double
-    it (at least by ``needed``), capped at ``max_map_size`` (0: no cap). OutOfSpace at the cap."""
+    it (at least by ``needed``), capped at ``max_map_bytes`` (0: no cap). OutOfSpace at the cap."""
     want = -(-max(2 * current, current + 2 * needed) // (1 << 20)) << 20  # whole MiB
-    if max_map_size:
-        if current >= max_map_size:
-            raise OutOfSpace(f"ssd tier: {path} is at its map limit of {max_map_size} bytes (max_map_size); a "
+    if max_map_bytes:
+        if current >= max_map_bytes:
+            raise OutOfSpace(f"ssd tier: {path} is at its map limit of {max_map_bytes} bytes (max_map_bytes); a "
                              f"write of about {needed} bytes does not fit")
-        want = min(want, max_map_size)
+        want = min(want, max_map_bytes)
     return want
 
 
