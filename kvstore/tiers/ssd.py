@@ -238,7 +238,8 @@ class SsdTier(Tier):
         self._check_open()
         with _lmdb_errors("get failed"), self._gate.shared(), self._env.begin(db=self._db, buffers=True) as txn:
             filled = ssd_batch.fill(txn, self._codec, keys, dest, offsets, slot_sizes)
-        missing = [i for i, n in enumerate(filled.lengths) if n is None and i not in filled.no_room | filled.unreadable]
+        skip = filled.no_room | filled.unreadable
+        missing = [i for i, n in enumerate(filled.lengths) if n is None and i not in skip]
         filled = filled._replace(unreadable=filled.unreadable | self._lost_among(keys, missing))
         self._touch(keys, filled.lengths)
         return filled
