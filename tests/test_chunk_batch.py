@@ -230,3 +230,17 @@ def test_arguments_that_do_not_describe_the_batch_raise(impl: str) -> None:
         fn([memoryview(BLOBS[0])[::2], *BLOBS[1:]], EXPECTED)
     with pytest.raises(ValueError, match="within"):
         chunk_batch.check_packed(b"".join(BLOBS), [i * SIZE for i in range(N)], [SIZE + 1] * N, EXPECTED)
+
+
+def test_without_the_kernel_the_reference_answers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build without the C extension: the same statuses (and copies) from the same calls."""
+    blobs: list[Any] = list(BLOBS)
+    blobs[1], blobs[3] = None, BLOBS[3][:-1]
+    want = chunk_batch.check(blobs, EXPECTED).status.tolist()
+    monkeypatch.setattr(chunk_batch, "_chunks", None)
+    dest = np.zeros(N * SIZE, np.uint8)
+    r = chunk_batch.check(blobs, EXPECTED, dest=dest.data, dest_offsets=[i * SIZE for i in range(N)])
+    assert r.status.tolist() == want and r.failures() == {1: Status.MISSING, 3: Status.TRUNCATED}
+    assert dest[:SIZE].tobytes() == BLOBS[0]
+    packed = chunk_batch.check_packed(dest.data, [i * SIZE for i in range(N)], [SIZE] * N, EXPECTED)
+    assert packed.failures() == {1: Status.BAD_MAGIC, 3: Status.BAD_MAGIC}  # the slots the copy left as zeros
