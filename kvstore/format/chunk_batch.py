@@ -25,7 +25,7 @@ from typing import NamedTuple, TypeAlias
 import numpy as np
 
 from kvstore.format import chunk
-from kvstore.format.keys import KEY_BYTES, chunk_key_raw
+from kvstore.format.keys import KEY_BYTES, ROOT, chunk_key_raw
 
 try:
     import kvstore.format._chunks as _chunks
@@ -77,7 +77,7 @@ class Expected:
 
     @classmethod
     def chain(cls, keys: Sequence[bytes], layout_id: bytes, namespace: str, chunk_tokens: int,
-              first_index: int = 0, parent: bytes = bytes(KEY_BYTES)) -> Expected:
+              first_index: int = 0, parent: bytes = ROOT) -> Expected:
         """Consecutive chunks of one sequence (a session's), the first at ``first_index`` after ``parent``."""
         keys = list(keys)
         return cls(keys, layout_id, np.arange(first_index, first_index + len(keys), dtype=np.int64) * chunk_tokens,
