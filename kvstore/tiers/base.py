@@ -11,6 +11,7 @@ Records that are not values (session manifests) live in the tier's separate ``me
 from __future__ import annotations
 
 import abc
+import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -71,6 +72,23 @@ def check_value(value: Value) -> memoryview:
     if not view.contiguous:
         raise ValueError("tier values must be contiguous buffers")
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+class Views(NamedTuple):
+    """What ``Tier.read_views`` found: each key's value (None where it is absent or unreadable), and
+    which keys' records are unreadable (damaged framing: ``get`` raises CorruptValue for them)."""
+
+    values: list[Stored | None]
+    unreadable: frozenset[int]  # indices into the keys
+
+
+class Filled(NamedTuple):
+    """What ``Tier.get_many_into`` wrote: each value's length at its offset (None where nothing was
+    written), the keys whose records are unreadable, and the values longer than their slot."""
+
+    lengths: list[int | None]
+    unreadable: frozenset[int]  # indices into the keys
+    no_room: frozenset[int]
 
 
 @dataclass(frozen=True)
@@ -206,6 +224,48 @@ class Tier(abc.ABC):
         """``get`` for each key, in order, None for each miss."""
         return [self.get(key) for key in keys]
 
+    @contextlib.contextmanager
+    def read_views(self, keys: Sequence[bytes]) -> Iterator[Views]:
+        """``get_many`` for a batch read inside the ``with`` block, whose values are valid only there: a
+        tier reading from a memory map (ssd) hands out views into it, with no copy (copy what you
+        keep). A damaged record is reported in ``unreadable``, not raised, so that one does not fail
+        the batch; other failures raise TierError. This default: ``get_many``, and key by key once
+        it raises CorruptValue."""
+        try:
+            views = Views(self.get_many(keys), frozenset())
+        except CorruptValue:
+            values: list[Stored | None] = []
+            bad: set[int] = set()
+            for i, key in enumerate(keys):
+                try:
+                    values.append(self.get(key))
+                except CorruptValue:
+                    values.append(None)
+                    bad.add(i)
+            views = Views(values, frozenset(bad))
+        yield views  # the caller's errors are not ours to catch: raised out of the with block as they are
+
+    def get_many_into(self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int],
+                      slot_sizes: Sequence[int] | None = None) -> Filled:
+        """Write each value found into ``dest[offsets[i]:]`` (a value longer than ``slot_sizes[i]``, or
+        than what is left of ``dest``, is not written: ``no_room``). A tier that can, writes straight
+        from its storage (ssd: from the memory map, compressed records decoded in place); this
+        default copies what ``read_views`` returns."""
+        out = dest.cast("B") if dest.format != "B" or dest.ndim != 1 else dest
+        lengths: list[int | None] = [None] * len(keys)
+        no_room: set[int] = set()
+        with self.read_views(keys) as views:
+            for i, value in enumerate(views.values):
+                if value is None:
+                    continue
+                n = memoryview(value).nbytes
+                if n > room_at(len(out), offsets[i], None if slot_sizes is None else slot_sizes[i]):
+                    no_room.add(i)
+                    continue
+                out[offsets[i] : offsets[i] + n] = memoryview(value).cast("B")
+                lengths[i] = n
+        return Filled(lengths, views.unreadable, frozenset(no_room))
+
     def delete_many(self, keys: Iterable[bytes]) -> int:
         """Remove several keys; returns how many were present."""
         return sum(self.delete(key) for key in keys)
@@ -217,3 +277,11 @@ class Tier(abc.ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def room_at(dest_len: int, offset: int, slot: int | None) -> int:
+    """Bytes a value may take at ``offset`` of a ``dest_len``-byte buffer, in a slot of ``slot`` bytes."""
+    if offset < 0 or (slot is not None and slot < 0):
+        raise ValueError("offsets and slot sizes must be >= 0")
+    room = max(0, dest_len - offset)
+    return room if slot is None else min(room, slot)

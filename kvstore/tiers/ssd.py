@@ -27,20 +27,24 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import lmdb
 
+from kvstore.tiers import ssd_batch
 from kvstore.tiers.base import (
     CorruptValue,
+    Filled,
     MetaMap,
     Stored,
     Tier,
     TierError,
     Usage,
     Value,
+    Views,
     WriteBatch,
     check_key,
     check_value,
 )
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.lmdb_check import inspect
+from kvstore.tiers.lmdb_gate import Gate
 from kvstore.tiers.lmdb_salvage import salvage
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
 from kvstore.tiers.ssd_migrate import LegacyMeta, find_legacy_meta
@@ -62,42 +66,6 @@ def _lmdb_errors(what: str) -> Iterator[None]:
         raise TierError(f"ssd tier: {what}: {exc}") from exc
 
 
-class _Gate:
-    """Many read transactions at once, or the writer's abort-and-resize alone (see ``_abort``)."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._open = 0
-        self._resizing = False
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        with self._cond:
-            self._cond.wait_for(lambda: not self._resizing)
-            self._open += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._open -= 1
-                if not self._open:
-                    self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        # Only holders of the tier's write lock call this, so two exclusives never overlap.
-        # New transactions wait from here on, and the ones open drain.
-        with self._cond:
-            self._resizing = True
-            self._cond.wait_for(lambda: not self._open)
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._resizing = False
-                self._cond.notify_all()
-
-
 class SsdTier(Tier):
     """An LMDB-backed, compressed, durable tier. ``capacity_bytes`` is reported, not enforced.
 
@@ -115,7 +83,7 @@ class SsdTier(Tier):
         self._config = config
         self._codec = RecordCodec(config.zstd_level, compressible_from, config.compact_records)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
-        self._gate = _Gate()  # no transaction may be open while the map is resized
+        self._gate = Gate()  # no transaction may be open while the map is resized
         self._meta_lock = threading.Lock()
         self._sizes: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (stored, raw), LRU
         self._stored = self._raw = 0
@@ -260,11 +228,54 @@ class SsdTier(Tier):
             values: list[Stored | None] = [
                 self._lost(key) if rec is None else self._codec.decode(key, rec) for key, rec in records
             ]
+        self._touch(keys, values)
+        return values
+
+    @contextlib.contextmanager
+    def read_views(self, keys: Sequence[bytes]) -> Iterator[Views]:
+        """One read transaction for the batch, open for the ``with`` block: a value stored raw is a
+        view into the memory map (no copy; invalid once the block ends), a compressed one is decoded.
+        Writers go on meanwhile (LMDB readers see their snapshot); the map is not resized until the
+        block ends, so keep it short: check and copy, then leave."""
+        keys = [check_key(key) for key in keys]
+        self._check_open()
+        with self._gate.shared():
+            with _lmdb_errors("get failed"):
+                txn = self._env.begin(db=self._db, buffers=True)
+            try:
+                with _lmdb_errors("get failed"):
+                    found = ssd_batch.views(txn, self._codec, keys)
+                missing = [i for i, v in enumerate(found.values) if v is None and i not in found.unreadable]
+                found = found._replace(unreadable=found.unreadable | self._lost_among(keys, missing))
+                self._touch(keys, found.values)
+                yield found
+            finally:
+                txn.abort()  # a read transaction: ends the snapshot (and every view into it)
+
+    def get_many_into(self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int],
+                      slot_sizes: Sequence[int] | None = None) -> Filled:
+        """One read transaction: raw records copied from the memory map into ``dest``, compressed ones
+        decoded straight into their slots."""
+        keys = [check_key(key) for key in keys]
+        self._check_open()
+        with _lmdb_errors("get failed"), self._gate.shared(), self._env.begin(db=self._db, buffers=True) as txn:
+            filled = ssd_batch.fill(txn, self._codec, keys, dest, offsets, slot_sizes)
+        skip = filled.no_room | filled.unreadable
+        missing = [i for i, n in enumerate(filled.lengths) if n is None and i not in skip]
+        filled = filled._replace(unreadable=filled.unreadable | self._lost_among(keys, missing))
+        self._touch(keys, filled.lengths)
+        return filled
+
+    def _lost_among(self, keys: Sequence[bytes], missing: Sequence[int]) -> frozenset[int]:
+        """Those of the ``missing`` (a lookup found nothing) that the tier knows it holds (``_lost``)."""
         with self._meta_lock:
-            for key, value in zip(keys, values):
+            return frozenset(i for i in missing if keys[i] in self._sizes)
+
+    def _touch(self, keys: Sequence[bytes], found: Sequence[object]) -> None:
+        with self._meta_lock:
+            for key, value in zip(keys, found):
                 if value is not None and key in self._sizes:
                     self._sizes.move_to_end(key)
-        return values
 
     def _lost(self, key: bytes) -> Stored | None:
         """A key the open scan (or a write) saw, that a lookup cannot find: the B-tree is damaged

@@ -1,0 +1,59 @@
+"""The ssd tier's batch reads: N records in one LMDB read transaction (``SsdTier.read_views`` and
+``SsdTier.get_many_into`` call these with the transaction open).
+
+A record stored raw (flag 0) is handed out as a view into the memory map: no copy, no decode, one
+header check (``RecordCodec.view``); a caller that copies it (``kvstore.format.chunk_batch.check``
+with a destination) makes the one copy out of the tier. A compressed record is decoded, into a
+buffer of its own (``views``) or straight into the caller's slot (``fill``). A record whose framing
+is damaged is reported unreadable, never returned: the store drops it there and reads another copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from kvstore.tiers.base import CorruptValue, Filled, Stored, Views, room_at
+from kvstore.tiers.record import RecordCodec
+
+
+def views(txn: Any, codec: RecordCodec, keys: Sequence[bytes]) -> Views:
+    """Each key's value (None where absent), valid while ``txn`` (opened with ``buffers=True``) is."""
+    records = [txn.get(key) for key in keys]
+    try:  # the common case: every record sound, one comprehension, no Python per record beyond its view
+        return Views([None if r is None else codec.view(k, r) for k, r in zip(keys, records)], frozenset())
+    except CorruptValue:
+        pass
+    values: list[Stored | None] = []
+    bad: set[int] = set()
+    for i, (key, record) in enumerate(zip(keys, records)):
+        try:
+            values.append(None if record is None else codec.view(key, record))
+        except CorruptValue:
+            values.append(None)
+            bad.add(i)
+    return Views(values, frozenset(bad))
+
+
+def fill(txn: Any, codec: RecordCodec, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int],
+         slot_sizes: Sequence[int] | None) -> Filled:
+    """Each key's value written at its offset of ``dest``: raw records copied out of the map,
+    compressed ones decoded in place (no buffer of their own). A slot whose record turns out to be
+    damaged may be partly written; its length is None."""
+    out = dest.cast("B") if dest.format != "B" or dest.ndim != 1 else dest
+    lengths: list[int | None] = [None] * len(keys)
+    bad: set[int] = set()
+    no_room: set[int] = set()
+    for i, key in enumerate(keys):
+        record = txn.get(key)
+        if record is None:
+            continue
+        try:
+            n = codec.raw_length(key, record)
+            if n > room_at(len(out), offsets[i], None if slot_sizes is None else slot_sizes[i]):
+                no_room.add(i)
+                continue
+            lengths[i] = codec.decode_into(key, record, out[offsets[i] : offsets[i] + n])
+        except CorruptValue:
+            bad.add(i)
+    return Filled(lengths, frozenset(bad), frozenset(no_room))
