@@ -9,11 +9,14 @@ know may have been saved through another daemon: the sharing layer catches up fi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 
 from kvstore.errors import InvalidArgument
+from kvstore.format import chunk_batch
+from kvstore.format.chunk_batch import Expected
 from kvstore.format.keys import chain_keys
 from kvstore.format.manifest import check_namespace
 from kvstore.format.page_layout import PageLayout
@@ -109,6 +112,53 @@ class SessionReads:
             self.store.unpin(owned)
             with self.index.lock:
                 self.hits.loads += 1
+
+    @contextlib.contextmanager
+    def read(self, namespace: str, keys: Sequence[bytes]) -> Iterator[list[Stored | None]]:
+        """``load`` as one batch: the verified value of each key (None for a miss), valid inside the
+        ``with`` block only (views into a tier's storage: send or copy them there). Each tier is asked
+        once for the keys no faster tier served, and its answers verified in one pass
+        (``batch_reads.py``; chunks by ``chunk_batch.check``, pages blob by blob)."""
+        check_namespace(namespace)
+        infos = self._owned(namespace, keys)
+        pos = [j for j, info in enumerate(infos) if info is not None]
+        owned = [keys[j] for j in pos]
+        self.store.pin(owned)
+        verify = functools.partial(self._verify, owned, [infos[j] for j in pos])
+        try:
+            with self.sharing.read_ahead(owned, self.store), self.store.read_verified(owned, verify) as got:
+                out: list[Stored | None] = [None] * len(keys)
+                for j, value in zip(pos, got):
+                    out[j] = value
+                served = sum(v is not None for v in got)
+                with self.index.lock:
+                    self.hits.loaded_chunks += served
+                    self.hits.missed_chunks += len(keys) - served
+                yield out
+        finally:
+            self.store.unpin(owned)
+            with self.index.lock:
+                self.hits.loads += 1
+
+    def _verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo | None], at: Sequence[int],
+                values: Sequence[Stored]) -> list[bool]:
+        """Whether each value (of ``keys[at[i]]``, known as ``infos[at[i]]``) is what the index says: the
+        chunks in one ``chunk_batch.check``, engine pages blob by blob (``page_matches``)."""
+        ok = [False] * len(at)
+        known = [infos[j] for j in at]
+        chunks = [i for i, info in enumerate(known) if info is not None and not info.page]
+        if chunks:
+            mine = [info for info in known if info is not None and not info.page]
+            expected = Expected([keys[at[i]] for i in chunks], [m.layout_id for m in mine],
+                                [m.index * self.chunk_tokens for m in mine], self.chunk_tokens, mine[0].namespace,
+                                [m.parent for m in mine])
+            valid = chunk_batch.check([values[i] for i in chunks], expected).valid
+            for i, good in zip(chunks, valid.tolist()):
+                ok[i] = good
+        for i, info in enumerate(known):
+            if info is not None and info.page:
+                ok[i] = self.matcher(keys[at[i]], info)(values[i])
+        return ok
 
     def checks(self, namespace: str, keys: Sequence[bytes]) -> list[tuple[bytes, Check]]:
         """The chunks of ``keys`` that ``namespace`` owns, each with the verification a load applies."""

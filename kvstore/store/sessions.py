@@ -21,6 +21,7 @@ loads; ``session_index.py`` is the in-memory index and its locks.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -51,7 +52,7 @@ from kvstore.store.tiered import TieredStore
 from kvstore.store.turn import SavedTurn, Turn
 from kvstore.store.turn_commit import TurnCommit, new_chunks, next_generation
 from kvstore.store.validate import chunk_batch_keys, chunk_layout, manifest_layout
-from kvstore.tiers.base import WriteBatch
+from kvstore.tiers.base import Stored, WriteBatch
 
 __all__ = ["SessionRef", "SessionStore"]
 log = logging.getLogger(__name__)
@@ -253,6 +254,10 @@ class SessionStore:
     def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
         """For each key, the fastest tier holding a copy validated for ``namespace``, or None."""
         return self._reads.lookup_keys(namespace, keys)
+
+    def read(self, namespace: str, keys: Sequence[bytes]) -> contextlib.AbstractContextManager[list[Stored | None]]:
+        """``load`` as one batch, values valid inside the ``with`` block (``SessionReads.read``)."""
+        return self._reads.read(namespace, keys)
 
     def load(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
         """Verified chunks in order (None for a miss) of those ``namespace`` owns, pinned while read."""

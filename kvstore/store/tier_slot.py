@@ -3,13 +3,14 @@ mark it degraded) instead of failing the store, the tier's counters, and the tie
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, Usage, Value, WriteBatch
+from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, Usage, Value, Views, WriteBatch
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -63,12 +64,16 @@ class TierSlot:
         except CorruptValue:
             raise  # one damaged value, not a failing tier: the caller deletes it
         except TierError as e:
-            c.errors += 1
-            c.last_error, c.degraded = str(e), True
-            log.warning("tier %s failed on %s: %s", self.name, what, e)
+            self._failed(what, e)
             raise
         c.degraded = False
         return out
+
+    def _failed(self, what: str, e: TierError) -> None:
+        c = self.counters
+        c.errors += 1
+        c.last_error, c.degraded = str(e), True
+        log.warning("tier %s failed on %s: %s", self.name, what, e)
 
     def attempt(self, what: str, op: Callable[[Tier], _T], default: _D) -> _T | _D:
         """``call``, with ``default`` for a failure (counted all the same)."""
@@ -86,6 +91,21 @@ class TierSlot:
 
     def get_strict(self, key: bytes) -> Stored | None:
         return self.call("get", lambda t: t.get(key))
+
+    @contextlib.contextmanager
+    def read_views(self, keys: Sequence[bytes]) -> Iterator[Views]:
+        """``Tier.read_views``: values valid inside the ``with`` block. A TierError opening the batch
+        is counted and raised, as ``call`` does; one raised by the block itself is not the tier's."""
+        entered = False
+        try:
+            with self.tier.read_views(keys) as views:
+                entered = True
+                yield views
+        except TierError as e:
+            if not entered and not isinstance(e, CorruptValue):
+                self._failed("read_views", e)
+            raise
+        self.counters.degraded = False
 
     def put(self, key: bytes, value: Stored) -> None:
         self.call("put", lambda t: t.put(key, value))

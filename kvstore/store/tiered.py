@@ -21,12 +21,14 @@ its own writers.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from kvstore.errors import ResourceExhausted, Unavailable
+from kvstore.store.batch_reads import Verify, read_verified
 from kvstore.store.config import StoreConfig
 from kvstore.store.demotion import Demotion, Dirty, Pins
 from kvstore.store.pages import is_valid_blob
@@ -180,6 +182,12 @@ class TieredStore:
                 i = self.durable
             self._up.promote(key, blob, i)
         return blob
+
+    def read_verified(self, keys: Sequence[bytes], verify: Verify) -> contextlib.AbstractContextManager[
+            list[Stored | None]]:
+        """``get`` for a whole batch: each tier asked once, its answers verified in one ``verify`` call;
+        the values are valid inside the ``with`` block only (``batch_reads.py``)."""
+        return read_verified(self._slots, self._up, self.durable, self.config.promote_on_read, keys, verify)
 
     def promote_durably(self, items: list[tuple[bytes, Stored]]) -> int:
         """Copies read from below the durable tier into it, one transaction (``Promotion.promote_durably``)."""

@@ -1,0 +1,84 @@
+"""A load's batch read (SessionStore.read, kvstore/store/batch_reads.py) serves exactly what the per-chunk
+read (SessionStore.load) serves: the same verified bytes, the same misses, a damaged copy dropped from its
+tier and read from the next one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+import pytest
+from store_helpers import SSD_HEADER, Session, build_session, check_chunk, save, store_config, token_stream
+
+from kvstore.store import SessionStore, open_store
+from kvstore.tiers.ssd import DB_NAME
+
+HOST, SSD = 0, 1
+
+
+def session(sid: str, tokens: int, seed: int = 0, ns: str = "ns") -> Session:
+    return build_session(ns, sid, token_stream(seed, tokens))
+
+
+def read_all(ss: SessionStore, ns: str, keys: list[bytes]) -> list[bytes | None]:
+    with ss.read(ns, keys) as got:
+        return [None if v is None else bytes(v) for v in got]
+
+
+def load_all(ss: SessionStore, ns: str, keys: list[bytes]) -> list[bytes | None]:
+    return [None if v is None else bytes(v) for _, v in ss.load(ns, keys)]
+
+
+@pytest.mark.parametrize("zstd_level", [0, 3])  # raw records are views into the map; compressed ones decoded
+def test_read_serves_what_load_serves(tmp_path: Path, zstd_level: int) -> None:
+    ss = open_store(store_config(tmp_path, zstd_level=zstd_level))
+    try:
+        s = session("a", 16 * 12 + 5)
+        save(ss, s)
+        for k in s.keys[::3]:  # some chunks on the ssd tier only, the rest in memory too
+            assert ss.store.demote(k, SSD)
+        keys = list(s.keys)
+        got = read_all(ss, "ns", keys)
+        assert got == load_all(ss, "ns", keys)
+        for i, (k, blob) in enumerate(zip(keys, got)):
+            check_chunk(blob, s.layout, k, s.chunk_ids(i))
+        assert all(ss.store.where(k)[0] == "host" for k in keys)  # what the ssd tier served was promoted
+        assert read_all(ss, "other", keys) == [None] * len(keys)  # another namespace's: a miss, like absent
+        assert read_all(ss, "ns", [bytes(16), *keys[:2]])[0] is None
+    finally:
+        ss.close()
+
+
+def test_a_damaged_copy_is_dropped_and_the_next_tier_serves(tmp_path: Path) -> None:
+    cfg = store_config(tmp_path)
+    ss = open_store(cfg)
+    s = session("a", 16 * 6)
+    save(ss, s)
+    keys = list(s.keys)
+    bad = bytearray(s.blobs[1])
+    bad[200] ^= 1
+    ss.store.tiers[HOST].put(keys[1], bytes(bad))  # the memory copy damaged: the ssd one is served
+    assert read_all(ss, "ns", keys) == list(s.blobs)
+    assert ss.store.counters["host"].verify_failures == 1
+    assert ss.store.where(keys[1]) == ["host", "ssd"]  # the good copy promoted back
+    ss.close()
+
+    path = str(Path(cfg.tiers[SSD].path))  # type: ignore[attr-defined]
+    env = lmdb.open(path, max_dbs=8)
+    with env.begin(write=True, db=env.open_db(DB_NAME)) as txn:
+        record = bytearray(txn.get(keys[2]))
+        record[SSD_HEADER.size + 300] ^= 0x40  # inside the chunk: its checksum fails
+        txn.put(keys[2], bytes(record))
+        txn.put(keys[3], b"\x07garbage")  # damaged framing: unreadable
+        txn.put(keys[4], txn.get(keys[0]))  # a valid chunk under another chunk's key
+    env.close()
+    ss = open_store(cfg)  # a fresh host tier: every read comes from the ssd tier
+    try:
+        got = read_all(ss, "ns", keys)
+        assert [g is None for g in got] == [False, False, True, True, True, False]
+        assert got[0] == s.blobs[0] and got[5] == s.blobs[5]
+        assert ss.store.counters["ssd"].verify_failures == 3
+        assert not any(ss.store.where(k) for k in keys[2:5])  # dropped: never served, gone from the tier
+        assert load_all(ss, "ns", keys) == got
+    finally:
+        ss.close()
