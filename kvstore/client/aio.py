@@ -142,6 +142,13 @@ class AsyncClient:
         manifest, pairs = await self._run(self.client.load_session, namespace, session_id, zero_copy)
         return manifest, self._pull(pairs)
 
+    async def load_session_into(self, namespace: str, session_id: str, out: Any
+                                ) -> tuple[Manifest, list[tuple[int, memoryview]]]:
+        return await self._run(self.client.load_session_into, namespace, session_id, out)
+
+    async def load_chunks_into(self, namespace: str, keys: Sequence[bytes], out: Any) -> list[tuple[int, memoryview]]:
+        return await self._run(self.client.load_chunks_into, namespace, keys, out)
+
     async def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                      ) -> tuple[Manifest, list[tuple[int, Any]]]:
         return await self._run(self.client.load_session_to_device, namespace, session_id, device)

@@ -42,8 +42,10 @@ class ClientConfig:
     retries: int = 4  # attempts after the first, on UNAVAILABLE
     backoff_s: float = 0.1  # first retry delay; doubles each time, with jitter
     shared_memory: bool = True  # use an arena when the daemon runs on this host
-    # that arena's size (0 = no arena: the stream); a larger batch overflows to the stream for that call
+    # that arena's first size (0 = no arena: the stream); it grows to fit a larger load, up to
+    # max_arena_bytes (a 1M-token DeepSeek-V4.1 session is 0.94 GB); a batch larger still takes the stream
     arena_bytes: int = 64 << 20
+    max_arena_bytes: int = 2 << 30
 
 
 def client_config(config: ClientConfig | str | None, overrides: Mapping[str, Any]) -> ClientConfig:

@@ -27,7 +27,7 @@ from kvstore.errors import (
 from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
 from kvstore.transport import convert, fastpb, framing
-from kvstore.transport.carrier import UNKNOWN_ARENA, Piece, Receiver, StreamCarrier, same_host_dir
+from kvstore.transport.carrier import UNKNOWN_ARENA, Piece, Receiver, StreamCarrier, arena_needed, same_host_dir
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -65,6 +65,13 @@ def unknown_arena(e: grpc.RpcError) -> bool:
     """The daemon does not know the arena we named: it restarted, or unmapped it when idle."""
     return (e.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
             and (e.details() or "").startswith(UNKNOWN_ARENA))  # type: ignore[attr-defined]
+
+
+def arena_too_small(e: grpc.RpcError) -> int:
+    """The bytes a load needs that did not fit our arena (the daemon wrote none of it), else 0."""
+    if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # type: ignore[attr-defined]
+        return 0
+    return arena_needed(e.details() or "")  # type: ignore[attr-defined]
 
 
 def retryable(e: grpc.RpcError) -> bool:

@@ -18,15 +18,16 @@ from typing import Any, TypeVar
 
 import grpc
 
+from kvstore.client import into
 from kvstore.client import requests as rq
 from kvstore.client.config import ClientConfig, channel_options, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.requests import SavedSession
-from kvstore.errors import InvalidArgument, KvstoreError
+from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, fastpb, local_channel, shm
-from kvstore.transport.carrier import ARENA, ArenaCarrier, Carrier
+from kvstore.transport.carrier import ARENA, CALLER_MEMORY_REFUSED, ArenaCarrier, Carrier, Receiver
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
@@ -56,6 +57,9 @@ class Client:
         self._conn: rq.Connection | None = None
         self._carrier: Carrier | None = None
         self._used = 0.0  # when the arena last carried a batch
+        self._arena_bytes = self.config.arena_bytes  # grows to fit a load (``_grow``)
+        self._into_refused = ""  # why the daemon cannot write into this process (then: arena, copy)
+        self._used_into = False
         self._lock = threading.Lock()  # one batch in the arena at a time
         self._connecting = threading.Lock()  # one connect or re-attach at a time
         self._tails: set[Any] = set()  # loads answered whole, their status still on its way (rq.answer_pairs)
@@ -142,7 +146,7 @@ class Client:
         """A sealed memfd arena (kvstore/transport/shm.py), its fd passed with AttachArena; None if the memory is
         not there or the daemon refuses it. Other failures (the daemon is down) raise."""
         try:
-            arena = shm.Arena.create_sealed(self.config.arena_bytes)
+            arena = shm.Arena.create_sealed(self._arena_bytes)
         except OSError:
             return None
         attach = local.unary_with_fds(local_channel.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
@@ -181,6 +185,15 @@ class Client:
             self._carrier = None
             self._carrier = self._attach(self._conn)
             return self._carrier
+
+    def _grow(self, need: int) -> Carrier:
+        """An arena large enough for a load of ``need`` bytes (doubling, up to ``max_arena_bytes``), or
+        the stream for a load larger than that."""
+        assert self._conn is not None
+        if need > self.config.max_arena_bytes:
+            return self._conn.stream()
+        self._arena_bytes = min(self.config.max_arena_bytes, max(need, 2 * self._arena_bytes))
+        return self._reattach()
 
     @contextlib.contextmanager
     def _batch(self) -> Iterator[Carrier]:
@@ -256,14 +269,17 @@ class Client:
         part of an answer always comes first, so the arena is held only until it has been read.
         ``expected(first)``: how many blobs the answer holds at most (one per requested chunk)."""
         with self._batch() as carrier:
-            for attempt in range(2):
+            for attempt in range(3):
                 receiver = carrier.receiver(copy=not zero_copy)
                 try:  # a gRPC call raises at its first message, a local one at once
                     stream = rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata)
                     first = next(stream, None)
                 except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and rq.unknown_arena(e):
+                    if attempt < 2 and carrier.arena_id and rq.unknown_arena(e):
                         carrier = self._reattach()
+                        continue
+                    if attempt < 2 and carrier.arena_id and (need := rq.arena_too_small(e)):
+                        carrier = self._grow(need)  # the daemon wrote nothing: asked again, once
                         continue
                     raise rq.domain_error(e) from None
                 c = chunks_of(first) if first is not None else None
@@ -294,6 +310,62 @@ class Client:
         if first is None or first.session is None:
             raise KvstoreError("the daemon ended LoadSession without the manifest")
         return self._versions.saw(convert.session_from_pb(first.session)), pairs
+
+    def load_session_into(self, namespace: str, session_id: str, out: Any
+                          ) -> tuple[Manifest, list[tuple[int, memoryview]]]:
+        """Load a session's chunks into ``out`` (a writable C-contiguous buffer: a numpy array, a CPU or
+        pinned torch tensor, an engine's KV view), back to back from its start, in order: the manifest
+        and (chunk index, view of ``out``) per chunk the store still has. On the daemon's host the
+        daemon writes them there itself, one copy from its tier (kvstore/client/into.py); elsewhere
+        they come through the arena or the stream and are copied in. ResourceExhausted if ``out`` is
+        too small (a session of n chunks needs n times the layout's chunk size)."""
+        dest = into.writable(out)
+        request = pb.LoadSessionRequest(namespace=namespace, session_id=session_id)
+        first, placed = self._into(self._load_session, request, lambda m: m.chunks,
+                                   lambda m: len(m.session.chunk_keys) if m.session is not None else 0, dest)
+        if first is None:
+            m, pairs = self.load_session(namespace, session_id, zero_copy=True)
+            return m, into.copy_into(dest, pairs)
+        if first.session is None:
+            raise KvstoreError("the daemon ended LoadSession without the manifest")
+        return self._versions.saw(convert.session_from_pb(first.session)), placed
+
+    def load_chunks_into(self, namespace: str, keys: Sequence[bytes], out: Any) -> list[tuple[int, memoryview]]:
+        """``load_chunks`` into ``out``, as :meth:`load_session_into` loads a session: (index into
+        ``keys``, view of ``out``) per hit, packed from ``out``'s start in order."""
+        dest, keys = into.writable(out), list(keys)
+        first, placed = self._into(self._load_chunks, pb.LoadChunksRequest(namespace=namespace, keys=keys),
+                                   lambda m: m, lambda _: len(keys), dest)
+        return placed if first is not None else into.copy_into(dest, self.load_chunks(namespace, keys, zero_copy=True))
+
+    def _into(self, rpc: Callable[..., Any], request: Any, chunks_of: rq.ChunksOf, expected: Callable[[Any], int],
+              dest: memoryview) -> tuple[Any, list[tuple[int, memoryview]]]:
+        """A load the daemon writes into ``dest`` itself, over its local socket: (first message, placed
+        pairs), or (None, []) where it cannot (then the caller loads and copies)."""
+        self.connect()
+        local = self._local
+        if local is None or self._into_refused:
+            return None, []
+        if not self._used_into:
+            into.allow_daemon(local.peer_pid())
+            self._used_into = True
+        request.into.CopyFrom(pb.CallerMemory(address=into.address(dest), size=len(dest)))
+        receiver = Receiver(None, copy=False, into=dest)
+        try:
+            stream = rpc(request, timeout=self.config.timeout_s, metadata=self._metadata)
+            first = next(stream, None)
+        except grpc.RpcError as e:
+            err = rq.domain_error(e)
+            if isinstance(err, FailedPrecondition) and str(err).startswith(CALLER_MEMORY_REFUSED):
+                self._into_refused = str(err)  # remembered: this client loads through its arena from now on
+                return None, []
+            raise err from None
+        if first is None:
+            return first, []
+        c = chunks_of(first)
+        placed = rq.answer_pairs(receiver.feed(c) if c is not None else [], stream, receiver, chunks_of,
+                                 expected(first), self._tails)
+        return first, list(placed)  # type: ignore[arg-type]
 
     def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                ) -> tuple[Manifest, list[tuple[int, Any]]]:

@@ -22,6 +22,7 @@ what the call names: an arena id (the caller's own, see server/arenas.py) or non
 from __future__ import annotations
 
 import os
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -36,6 +37,20 @@ from kvstore.v1 import kvstore_pb2 as pb
 # attached: a client that sees it attaches a fresh arena (the daemon restarted, or dropped it)
 UNKNOWN_ARENA = "unknown arena"
 STREAM, ARENA, CALLER_MEMORY = "stream", "arena", "caller memory"
+# the start of the daemon's answer to a load whose chunks do not fit the caller's arena, before it
+# wrote any: "...: it needs N bytes". The client grows its arena to N (up to its limit) and asks again.
+ARENA_TOO_SMALL = "the arena is too small for this load"
+# the start of the daemon's answer when the kernel refuses it writes into the caller (another uid,
+# Yama, seccomp): the client remembers it and loads through its arena from then on
+CALLER_MEMORY_REFUSED = "cannot write into the caller's memory"
+
+
+def arena_needed(details: str) -> int:
+    """The bytes an ARENA_TOO_SMALL answer says the load needs (0 if it is not one)."""
+    if not details.startswith(ARENA_TOO_SMALL):
+        return 0
+    m = re.search(r"needs (\d+) bytes", details)
+    return int(m.group(1)) if m else 0
 
 
 class Piece(NamedTuple):
@@ -186,8 +201,8 @@ class CallerMemoryCarrier(Carrier):
         try:
             cma.write(self.pid, sources, self.address, self.size, offsets)
         except cma.CrossMemoryError as e:
-            raise FailedPrecondition(f"cannot write into the caller's memory: {e.strerror}; load through the "
-                                     f"arena or the stream instead") from e
+            raise FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {e.strerror}; load through the arena or the "
+                                     f"stream instead") from e
 
 
 def _chain(first: tuple[int, Blob], rest: Iterator[tuple[int, Blob]]) -> Iterator[tuple[int, Blob]]:

@@ -153,6 +153,15 @@ class LocalChannel:
         """Connect one socket now (kept for the first call): raises LocalRpcError if that fails."""
         self._give(self._take())
 
+    def peer_pid(self) -> int:
+        """The daemon's pid, as the kernel names the socket's peer (SO_PEERCRED)."""
+        s = self._take()
+        try:
+            creds = s.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        finally:
+            self._give(s)
+        return int(struct.unpack("3i", creds)[0])
+
     def close(self) -> None:
         with self._lock:
             self._closed = True
