@@ -73,7 +73,7 @@ def _session() -> tuple[list[bytes], Expected]:
 BLOBS, EXPECTED = _session()
 SIZE = len(BLOBS[0])
 OFFSETS = [i * SIZE for i in range(N)]
-CODECS = {"raw": {"zstd_level": 0}, "default": {}, "transformed": {"transform_chunks": True}}
+CODECS = {"raw": {"zstd_level": 0}, "default": {}, "transformed": {"compact_records": True}}
 
 
 def _open(path: Path, **kwargs: object) -> SsdTier:

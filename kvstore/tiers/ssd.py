@@ -84,6 +84,7 @@ class SsdTier(Tier):
         self._codec = RecordCodec(config.zstd_level, compressible_from, config.compact_records)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = Gate()  # no transaction may be open while the map is resized
+        self._scratch = ssd_batch.Scratch()  # decoded records of batch reads (read_views)
         self._meta_lock = threading.Lock()
         self._sizes: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (stored, raw), LRU
         self._stored = self._raw = 0
@@ -239,12 +240,12 @@ class SsdTier(Tier):
         block ends, so keep it short: check and copy, then leave."""
         keys = [check_key(key) for key in keys]
         self._check_open()
-        with self._gate.shared():
+        with self._gate.shared(), self._scratch.lending() as lend:  # lent until the block ends
             with _lmdb_errors("get failed"):
                 txn = self._env.begin(db=self._db, buffers=True)
             try:
                 with _lmdb_errors("get failed"):
-                    found = ssd_batch.views(txn, self._codec, keys)
+                    found = ssd_batch.views(txn, self._codec, keys, lend)
                 missing = [i for i, v in enumerate(found.values) if v is None and i not in found.unreadable]
                 found = found._replace(unreadable=found.unreadable | self._lost_among(keys, missing))
                 self._touch(keys, found.values)

@@ -10,16 +10,58 @@ is damaged is reported unreadable, never returned: the store drops it there and 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+
 from kvstore.tiers.base import CorruptValue, Filled, Stored, Views, room_at
-from kvstore.tiers.record import RecordCodec
+from kvstore.tiers.record import HEADER, RAW, RecordCodec
+
+#: Lends a read a buffer of n bytes for its decoded records, valid until the read ends.
+Lend = Callable[[int], memoryview]
 
 
-def views(txn: Any, codec: RecordCodec, keys: Sequence[bytes]) -> Views:
-    """Each key's value (None where absent), valid while ``txn`` (opened with ``buffers=True``) is."""
+class Scratch:
+    """Buffers for the records a batch read decodes, lent for the read and kept for the next: a
+    load of hundreds of megabytes decoded into fresh memory faults in every page of it first (on
+    this kind of machine that costs more than the decoding). At most ``keep`` buffers are kept."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+        self._keep = keep
+
+    @contextlib.contextmanager
+    def lending(self) -> Iterator[Lend]:
+        lent: list[np.ndarray] = []
+
+        def lend(n: int) -> memoryview:
+            with self._lock:
+                fit = [b for b in self._free if len(b) >= n]
+                buf = min(fit, key=len) if fit else None
+                if buf is not None:
+                    self._free.remove(buf)
+            if buf is None:
+                buf = np.empty(max(n, 1 << 20), np.uint8)
+            lent.append(buf)
+            return buf.data[:n]
+
+        try:
+            yield lend
+        finally:
+            with self._lock:
+                self._free = sorted([*self._free, *lent], key=len)[-self._keep :]
+
+
+def views(txn: Any, codec: RecordCodec, keys: Sequence[bytes], lend: Lend | None = None) -> Views:
+    """Each key's value (None where absent), valid while ``txn`` (opened with ``buffers=True``) is and,
+    for a record decoded into a buffer ``lend`` lent, while that is."""
     records = [txn.get(key) for key in keys]
+    if lend is not None and (packed := _decoded(codec, keys, records, lend)) is not None:
+        return packed
     try:  # the common case: every record sound, one comprehension, no Python per record beyond its view
         return Views([None if r is None else codec.view(k, r) for k, r in zip(keys, records)], frozenset())
     except CorruptValue:
@@ -33,6 +75,31 @@ def views(txn: Any, codec: RecordCodec, keys: Sequence[bytes]) -> Views:
             values.append(None)
             bad.add(i)
     return Views(values, frozenset(bad))
+
+
+def _decoded(codec: RecordCodec, keys: Sequence[bytes], records: Sequence[Any], lend: Lend) -> Views | None:
+    """The values when some records are compressed: raw ones as views into the map, compressed ones
+    decoded back to back into one lent buffer. None when a record's framing is damaged (the caller
+    then sorts them out one by one)."""
+    at: list[tuple[int, int, int]] = []  # (index, offset, length) of each compressed record's value
+    total = 0
+    try:
+        for i, (key, r) in enumerate(zip(keys, records)):
+            if r is not None and not (len(r) >= HEADER.size and r[0] == RAW):
+                n = codec.raw_length(key, r)
+                at.append((i, total, n))
+                total += n
+        if not at:
+            return None
+        buf = lend(total)
+        values: list[Stored | None] = [None if r is None else codec.view(k, r) if r[0] == RAW else None
+                                       for k, r in zip(keys, records)]
+        for i, off, n in at:
+            got = codec.decode_into(keys[i], records[i], buf[off : off + n])
+            values[i] = buf[off : off + got]
+    except CorruptValue:
+        return None
+    return Views(values, frozenset())
 
 
 def fill(txn: Any, codec: RecordCodec, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int],
