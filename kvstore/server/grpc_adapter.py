@@ -60,21 +60,25 @@ def _unary(m: Method) -> Callable[..., Any]:
     return unary
 
 
-def _take(answers: Iterator[Any], n: int) -> tuple[list[Any], bool]:
-    """Up to ``n`` answers, and whether there may be more (no extra hop just to learn the end)."""
+def _take(answers: Iterator[Any], n: int) -> tuple[list[Any], bool, Exception | None]:
+    """Up to ``n`` answers, whether there may be more (no extra hop just to learn the end), and what
+    the body raised making them (the answers made before are still sent, as on the local socket)."""
     out: list[Any] = []
-    for a in answers:
-        out.append(a)
-        if len(out) == n:
-            return out, True
-    return out, False
+    try:
+        for a in answers:
+            out.append(a)
+            if len(out) == n:
+                return out, True, None
+    except Exception as e:
+        return out, False, e
+    return out, False, None
 
 
 def _server_streaming(m: Method) -> Callable[..., Any]:
     async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         call = _call(context)
         answers: Iterator[Any] | None = None
-        ahead: asyncio.Future[tuple[list[Any], bool]] | None = None
+        ahead: asyncio.Future[tuple[list[Any], bool, Exception | None]] | None = None
         try:
             answers = m.handler(request, call)
             if m.quick is not None and m.quick(request, call):
@@ -85,11 +89,13 @@ def _server_streaming(m: Method) -> Callable[..., Any]:
             more = True
             while more:
                 # shielded: a cancelled call must not mark the hop done while its thread still runs
-                batch, more = await asyncio.shield(ahead)
+                batch, more, error = await asyncio.shield(ahead)
                 if more:
                     ahead = _hop(_take, answers, MESSAGES_PER_HOP)
                 for a in batch:
                     yield a
+                if error is not None:
+                    raise error
         except Exception as e:
             await _abort(context, m, e)
         finally:
