@@ -13,8 +13,9 @@ daemon drains before it closes the store), in exactly one of three ways, by the 
   says how: handlers.first_checked_by), then the body in one hop.
 
 A body that declares a call quick (handlers.quick_when: a small load the memory tier holds) runs on
-the loop itself: a hop costs more than such a call (0.1-0.45 ms, more under load). Exceptions
-become status codes through status.status_of, as on the local socket.
+the loop itself: a hop costs more than such a call (0.1-0.45 ms, more under load; without this,
+1 MiB loads over gRPC took 11-18% longer, with 1 and with 8 clients). Exceptions become status
+codes through status.status_of, as on the local socket.
 """
 
 from __future__ import annotations
