@@ -5,14 +5,13 @@ arenas clients attach, and counts of how each call's chunks travelled (Stats: Tr
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvstore.errors import InvalidArgument
 from kvstore.server import arena_attach
 from kvstore.server.arenas import Arenas
-from kvstore.server.local import passed_fds
-from kvstore.server.offload import offload
 from kvstore.transport import shm
 from kvstore.transport.carrier import ARENA, STREAM, ArenaCarrier, Carrier, StreamCarrier
 from kvstore.v1 import kvstore_pb2 as pb
@@ -34,6 +33,7 @@ class Carriers:
         self.message_bytes = message_bytes
         self.arenas = arenas or Arenas()
         self._counts = _Counts()
+        self._lock = threading.Lock()  # counted from worker and connection threads at once
 
     @property
     def offered(self) -> list[str]:
@@ -49,16 +49,17 @@ class Carriers:
     def count(self, carrier: Carrier, streamed: bool = False) -> None:
         """After a call: which way its chunks went (``streamed``: a save's data part was non-empty)."""
         c = self._counts
-        if isinstance(carrier, ArenaCarrier):
-            c.arena_calls += 1
-            c.overflow_calls += carrier.overflowed or streamed
-        else:
-            c.stream_calls += 1
+        with self._lock:
+            if isinstance(carrier, ArenaCarrier):
+                c.arena_calls += 1
+                c.overflow_calls += carrier.overflowed or streamed
+            else:
+                c.stream_calls += 1
 
-    async def attach(self, owner: str, request: pb.AttachArenaRequest, context: object = None) -> str:
-        """Attach the caller's arena: the sealed memfd it passed with the call (the local socket), or
-        the ``/dev/shm`` file it names (arena_attach.py says how each is held without SIGBUS risk)."""
-        fds = passed_fds(context)
+    def attach(self, owner: str, request: pb.AttachArenaRequest, fds: list[int]) -> str:
+        """Attach the caller's arena: the sealed memfd it passed with the call (``fds``: only the local
+        socket passes any; this closes them), or the ``/dev/shm`` file it names (arena_attach.py says
+        how each is held without SIGBUS risk)."""
         try:
             if self.shm_dir is None:
                 raise InvalidArgument("shared memory is disabled on this daemon")
@@ -69,24 +70,28 @@ class Carriers:
                 raise InvalidArgument("AttachArena names a path and passes a memfd: one or the other")
             if fds:
                 fd = fds.pop()
-                arena: shm.ArenaMemory = await offload(arena_attach.attach_sealed, fd, request.size, nonce)
+                arena: shm.ArenaMemory = arena_attach.attach_sealed(fd, request.size, nonce)
             elif request.path:
-                arena = await offload(arena_attach.attach_file, request.path, self.shm_dir, request.size, nonce)
+                arena = arena_attach.attach_file(request.path, self.shm_dir, request.size, nonce)
             else:
                 raise InvalidArgument("AttachArena names no arena: a kvstore-cli-* file in the shm directory, "
                                       "or (over the local socket) a sealed memfd passed with the call")
         finally:
             for fd in fds:
                 os.close(fd)
-        self._counts.attaches += 1
+        with self._lock:
+            self._counts.attaches += 1
         return self.arenas.add(owner, arena)
 
     def detach(self, owner: str, arena_id: str) -> None:
-        self._counts.detaches += self.arenas.remove(owner, arena_id)
+        removed = self.arenas.remove(owner, arena_id)
+        with self._lock:
+            self._counts.detaches += removed
 
     def count_local(self) -> None:
         """A call made over the local socket (server/local.py)."""
-        self._counts.local_calls += 1
+        with self._lock:
+            self._counts.local_calls += 1
 
     def stats(self) -> pb.TransportStats:
         c = self._counts

@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from kvstore.server.auth import Auth
 from kvstore.server.config import ConfigError, DaemonConfig, setting
-from kvstore.server.handlers import add_service, methods
+from kvstore.server.grpc_adapter import add_service
+from kvstore.server.handlers import methods
 from kvstore.server.health import DaemonHealth
 from kvstore.server.local import LocalServer, socket_path
 from kvstore.server.malloc_tuning import keep_freed_memory

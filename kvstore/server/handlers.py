@@ -1,24 +1,57 @@
-"""Registering the KVStore servicer so that request bytes that do not parse are the caller's error.
+"""The KVStore methods as both front ends serve them: each servicer body, what it receives of its call,
+and how its messages are (de)serialized.
 
-gRPC's generated ``add_KVStoreServicer_to_server`` deserializes with ``Message.FromString``; when
-that raises, grpc answers before any handler runs: UNKNOWN ("Unexpected <class DecodeError>") in
-grpc.aio 1.85, INTERNAL ("Exception deserializing request!") in the sync server, with a logged
-traceback; there is no server option to change that code. A client's garbage would read as a
-daemon bug. Here each request deserializer returns an ``Undecodable``
-instead of raising, and the handler (``service.rpc``) answers it with INVALID_ARGUMENT.
+A servicer body (service.py) is a plain synchronous function, or a generator for a server-streaming
+method, called as ``body(request, call)`` (a client-streaming body gets an iterable of requests):
+proto messages in and out, a domain exception (kvstore.errors) for a refusal. It blocks as long as
+its store calls do; where that runs is the front end's business: the gRPC adapter
+(grpc_adapter.py) runs it in worker threads, off the event loop; the local socket (local.py) calls
+it on the connection's own thread. ``Call`` is all a body knows of the transport.
+
+Request bytes that do not parse are the caller's error: gRPC's generated
+``add_KVStoreServicer_to_server`` deserializes with ``Message.FromString``, and when that raises,
+grpc answers before any handler runs (UNKNOWN in grpc.aio 1.85, INTERNAL in the sync server, with
+a logged traceback), which would read as a daemon bug. Here each request deserializer returns an
+``Undecodable`` instead of raising, and ``Method.handler`` turns it into INVALID_ARGUMENT when the
+body reaches it (a client stream's messages one by one, in order).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+import contextlib
+import functools
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, TypeVar
 
-import grpc
-
+from kvstore.errors import InvalidArgument
 from kvstore.transport.fastpb import Encoded
 from kvstore.v1 import kvstore_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
+Metadata = Sequence[tuple[str, str | bytes]]
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+@dataclass
+class Call:
+    """What a servicer body knows of its call besides the request: the caller's metadata (its bearer
+    token: auth.py) and the fds it passed with the call (SCM_RIGHTS: an arena's memfd; only the
+    local socket carries fds). The front end closes the fds no body took (``take_fds``)."""
+
+    metadata: Metadata = ()
+    fds: list[int] = field(default_factory=list)
+
+    def take_fds(self) -> list[int]:
+        """The fds passed with this call, now the caller's to close."""
+        fds, self.fds = self.fds, []
+        return fds
+
+    def close_fds(self) -> None:
+        for fd in self.take_fds():
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 class Undecodable:
@@ -28,6 +61,37 @@ class Undecodable:
         self.reason = f"request is not a valid {message_type} message: {error}"
 
 
+def parsed(request: Any) -> Any:
+    """``request``, or INVALID_ARGUMENT when its bytes did not parse."""
+    if isinstance(request, Undecodable):
+        raise InvalidArgument(request.reason)
+    return request
+
+
+# -- what a front end may ask of a body, beyond calling it (set on the body by a decorator) ----------------
+def first_checked_by(check: Callable[[Any, Any, Call], None]) -> Callable[[_F], _F]:
+    """A client-streaming body whose first message ``check(servicer, first, call)`` vets: a cheap,
+    non-blocking check (auth, the header) that a front end collecting the stream runs as soon as the
+    first message arrives, so that a stream that will be refused is not buffered whole first. The
+    body still checks everything itself."""
+    def mark(fn: _F) -> _F:
+        fn.first_check = check  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+def quick_when(predicate: Callable[[Any, Any, Call], bool]) -> Callable[[_F], _F]:
+    """A body that ``predicate(servicer, request, call)`` may declare quick: it will neither block nor
+    run long (a small load the memory tier holds), so a front end with an event loop may run it
+    right there instead of paying worker-thread hops. The predicate itself must be cheap, non-blocking
+    and must not raise."""
+    def mark(fn: _F) -> _F:
+        fn.quick = predicate  # type: ignore[attr-defined]
+        return fn
+    return mark
+
+
+# -- the method table -----------------------------------------------------------------------------------
 def _lenient(cls: Any) -> Callable[[bytes | bytearray], Any]:
     def parse(data: bytes | bytearray) -> Any:
         try:
@@ -35,10 +99,6 @@ def _lenient(cls: Any) -> Callable[[bytes | bytearray], Any]:
         except Exception as e:  # any failure to parse client bytes is the client's error
             return Undecodable(cls.DESCRIPTOR.full_name, e)
     return parse
-
-
-_KINDS = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
-          (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
 
 
 def _serializer(cls: Any) -> Callable[[Any], bytes]:
@@ -51,31 +111,50 @@ def _serializer(cls: Any) -> Callable[[Any], bytes]:
 
 
 class Method(NamedTuple):
-    """One KVStore method as both listeners serve it: gRPC (``add_service``) and the local socket
-    (server/local.py)."""
+    """One KVStore method as both front ends serve it."""
 
-    handler: Callable[..., Any]
+    name: str
+    #: ``handler(request, call)``: the body, requests checked with ``parsed`` (a client-streaming
+    #: method's: an iterable of requests; a server-streaming method's answer: an iterator)
+    handler: Callable[[Any, Call], Any]
     deserialize: Callable[[bytes | bytearray], Any]
     serialize: Callable[[Any], bytes]
     client_streaming: bool
     server_streaming: bool
+    #: ``first_check(first_request, call)`` (``first_checked_by``), or None
+    first_check: Callable[[Any, Call], None] | None
+    #: ``quick(request, call)`` (``quick_when``), or None: never quick
+    quick: Callable[[Any, Call], bool] | None
+
+
+def _checked(body: Callable[[Any, Call], Any], client_streaming: bool) -> Callable[[Any, Call], Any]:
+    if client_streaming:
+        def each(requests: Iterable[Any]) -> Iterator[Any]:
+            for r in requests:
+                yield parsed(r)
+        return lambda requests, call: body(each(requests), call)
+    return lambda request, call: body(parsed(request), call)
+
+
+def _bound(servicer: Any, fn: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    return None if fn is None else functools.partial(fn, servicer)
+
+
+def _quick(servicer: Any, fn: Callable[..., bool] | None) -> Callable[[Any, Call], bool] | None:
+    if fn is None:
+        return None
+    return lambda request, call: not isinstance(request, Undecodable) and fn(servicer, request, call)
 
 
 def methods(servicer: Any) -> dict[str, Method]:
     """Every method of the service by its full path ("/kvstore.v1.KVStore/LoadSession"), with lenient
-    request deserializers and serializers that pass pre-encoded answers through."""
-    return {f"/{SERVICE.full_name}/{m.name}": Method(
-                getattr(servicer, m.name), _lenient(getattr(pb, m.input_type.name)),
-                _serializer(getattr(pb, m.output_type.name)), m.client_streaming, m.server_streaming)
-            for m in SERVICE.methods}
-
-
-def add_service(servicer: Any, server: grpc.aio.Server) -> None:
-    """``add_KVStoreServicer_to_server``, with the lenient deserializers of ``methods``."""
-    handlers = {}
-    for path, m in methods(servicer).items():
-        make = _KINDS[(m.client_streaming, m.server_streaming)]
-        handlers[path.rsplit("/", 1)[1]] = make(m.handler, request_deserializer=m.deserialize,
-                                                response_serializer=m.serialize)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
-    server.add_registered_method_handlers(SERVICE.full_name, handlers)
+    request deserializers and serializers that pass pre-encoded answers through. ``servicer`` must
+    define a body for every method (a missing one fails here, at startup)."""
+    out = {}
+    for m in SERVICE.methods:
+        body = getattr(servicer, m.name)
+        out[f"/{SERVICE.full_name}/{m.name}"] = Method(
+            m.name, _checked(body, m.client_streaming), _lenient(getattr(pb, m.input_type.name)),
+            _serializer(getattr(pb, m.output_type.name)), m.client_streaming, m.server_streaming,
+            _bound(servicer, getattr(body, "first_check", None)), _quick(servicer, getattr(body, "quick", None)))
+    return out

@@ -1,13 +1,14 @@
 """The daemon's local socket: every KVStore method, for same-host clients of the daemon's own user.
 
-The same handlers as the gRPC listener (handlers.methods), the same messages, status codes and
-metadata (auth is unchanged), framed as kvstore/transport/local_channel.py describes. What it saves is gRPC's
-per-call cost on one host (HTTP/2 framing, completion-queue thread hops: ~0.5-0.8 ms a call), which
-dominates a small arena load or save. Each connection has its own thread, which runs the handlers
-with blocking store calls inline and drives them without an event loop (server/offload.py): a call
-wakes one daemon thread and, with its answer, the client; nothing else. The socket file is mode
-0600 in the daemon's shm directory and every connection's peer is checked (SO_PEERCRED) to run as
-the daemon's uid, the same rule the arenas follow (kvstore/transport/shm.py).
+The same servicer bodies as the gRPC listener (handlers.methods), the same messages, status codes
+(status.status_of) and metadata (auth is unchanged), framed as kvstore/transport/local_channel.py
+describes. What it saves is gRPC's per-call cost on one host (HTTP/2 framing, completion-queue
+thread hops: ~0.5-0.8 ms a call), which dominates a small arena load or save. Each connection has
+its own thread, which reads a call, calls its body right there (a plain function: its store calls
+block this thread only, and concurrent connections' saves share fsyncs: group commit) and writes
+the answer: a call wakes one daemon thread and, with its answer, the client; nothing else. The
+socket file is mode 0600 in the daemon's shm directory and every connection's peer is checked
+(SO_PEERCRED) to run as the daemon's uid, the same rule the arenas follow (kvstore/transport/shm.py).
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ import stat
 import struct
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from kvstore.server.handlers import Method
-from kvstore.server.offload import INLINE, Turns, given_up, iterate_inline, run_inline
-from kvstore.server.status import capped
+from kvstore.server.handlers import Call, Method
+from kvstore.server.status import capped, status_of
 from kvstore.transport import local_channel
 from kvstore.transport.local_channel import CALL, END, HEADER, MSG, STATUS, frame
 
@@ -64,38 +64,6 @@ def sweep_stale(shm_dir: Path) -> int:
     if removed:
         log.info("local socket: removed %d stale socket files in %s", removed, shm_dir)
     return removed
-
-
-class LocalContext:
-    """What the handlers use of a grpc.aio.ServicerContext: the call's metadata, and abort; and the
-    fds the client passed with the call (SCM_RIGHTS: an arena's memfd), closed after the call unless
-    a handler took them."""
-
-    def __init__(self, metadata: tuple[tuple[str, str], ...], fds: list[int] | None = None) -> None:
-        self._metadata = metadata
-        self._fds = fds or []
-        self.code = grpc.StatusCode.OK
-        self.details = ""
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._metadata
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        self.code, self.details = code, details
-        raise grpc.aio.AbortError()
-
-    def take_fds(self) -> list[int]:
-        """The fds passed with this call, now the caller's to close."""
-        fds, self._fds = self._fds, []
-        return fds
-
-    def close_fds(self) -> None:
-        _close_all(self.take_fds())
-
-
-def passed_fds(context: object) -> list[int]:
-    """The fds a call passed (only a local-socket call can), now the caller's to close."""
-    return context.take_fds() if isinstance(context, LocalContext) else []
 
 
 def _close_all(fds: list[int]) -> None:
@@ -207,12 +175,9 @@ class _Stream:
 
 
 class LocalServer:
-    """The listener: an accept thread, and one thread per connection that reads a call, runs its
-    handler to the end right there (blocking store calls inline, no event loop: offload.py) and
-    writes the answer. A call costs two wake-ups (the request, the answer) instead of four through
-    the daemon's event loop and a worker thread. The threads take turns running handler code
-    (``offload.Turns``) and give their turn up while they wait, so concurrent clients' store calls
-    run side by side as worker-thread calls did (and their saves share fsyncs: group commit)."""
+    """The listener: an accept thread, and one thread per connection that reads a call, calls its
+    body to the end right there and writes the answer. A call costs two wake-ups (the request, the
+    answer) instead of four through the daemon's event loop and a worker thread."""
 
     def __init__(self, methods: dict[str, Method], path: Path, on_call: Callable[[], None] = lambda: None) -> None:
         self.methods = methods
@@ -222,7 +187,6 @@ class LocalServer:
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
         self._stopping = False
-        self._turns = Turns()
 
     async def start(self) -> None:
         sweep_stale(self.path.parent)
@@ -274,7 +238,6 @@ class LocalServer:
             t.start()
 
     def _serve(self, sock: socket.socket) -> None:
-        INLINE.set(self._turns)  # this thread's context: its handlers' store calls run right here
         stream = _Stream(sock)
         try:
             while (got := stream.frame(at_call=True)) is not None:
@@ -283,12 +246,11 @@ class LocalServer:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
                 path, metadata = local_channel.parse_call(bytes(body))
                 requests = stream.requests()
-                ctx = LocalContext(metadata, stream.take_fds())
+                call = Call(metadata, stream.take_fds())
                 try:
-                    with self._turns.taken():
-                        self._call(self.methods.get(path), path, ctx, requests, _Reply(sock))
+                    self._call(self.methods.get(path), path, call, requests, _Reply(sock))
                 finally:
-                    ctx.close_fds()
+                    call.close_fds()  # those the body did not take
         except (_Protocol, ConnectionError, struct.error, UnicodeDecodeError) as e:
             log.info("local socket: connection dropped: %s", e)
         except OSError as e:  # the socket itself failed (shut down at stop, say)
@@ -301,30 +263,63 @@ class LocalServer:
             stream.close()
             sock.close()
 
-    def _call(self, method: Method | None, path: str, ctx: LocalContext, raw: list[bytes | bytearray],
+    def _call(self, method: Method | None, path: str, call: Call, raw: list[bytes | bytearray],
               out: _Reply) -> None:
+        """One call: its body's answers, then its status. Only what the body raises is its status:
+        a failure to send (the client left) ends the connection."""
         if method is None:
             out.add(_status(grpc.StatusCode.UNIMPLEMENTED, f"no method {path}"))
             out.end()
             return
         self.on_call()
-        try:
-            if method.client_streaming:
-                request: Any = _aiter([method.deserialize(r) for r in raw])
-            elif len(raw) == 1:
-                request = method.deserialize(raw[0])
+        if method.client_streaming:
+            request: Any = [method.deserialize(r) for r in raw]
+        elif len(raw) == 1:
+            request = method.deserialize(raw[0])
+        else:
+            raise _Protocol(f"a unary call with {len(raw)} request messages")
+        status = _status(grpc.StatusCode.OK)
+        if method.server_streaming:
+            try:
+                with contextlib.closing(_answers(method, request, call)) as answers:
+                    for answer in answers:
+                        out.message(method.serialize(answer))
+            except _Raised as e:
+                status = _status(*status_of(method.name, e.error))
+        else:
+            try:
+                answer = method.handler(request, call)
+            except Exception as e:
+                status = _status(*status_of(method.name, e))
             else:
-                raise _Protocol(f"a unary call with {len(raw)} request messages")
-            if method.server_streaming:
-                for answer in iterate_inline(method.handler(request, ctx)):
-                    out.message(method.serialize(answer))
-            else:
-                out.message(method.serialize(run_inline(method.handler(request, ctx))))
-            status = _status(grpc.StatusCode.OK)
-        except grpc.aio.AbortError:
-            status = _status(ctx.code, ctx.details)
+                out.message(method.serialize(answer))
         out.add(status)
         out.end()
+
+
+class _Raised(Exception):
+    """What a streaming body raised, told apart from a failure to send its answers."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _answers(method: Method, request: Any, call: Call) -> Generator[Any, None, None]:
+    """A streaming body's answers; what calling or advancing it raises comes out as ``_Raised``.
+    Closed however it ends: an abandoned stream unpins what it read, here and now."""
+    try:
+        answers = method.handler(request, call)
+    except Exception as e:
+        raise _Raised(e) from e
+    with contextlib.closing(answers):
+        while True:
+            try:
+                answer = next(answers)
+            except StopIteration:
+                return
+            except Exception as e:
+                raise _Raised(e) from e
+            yield answer
 
 
 class _Reply:
@@ -353,13 +348,7 @@ class _Reply:
         if self.parts:
             data = self.parts[0] if len(self.parts) == 1 else b"".join(self.parts)
             self.parts, self.size = [], 0
-            with given_up():  # a client slow to read must not hold up the others
-                self.sock.sendall(data)
-
-
-async def _aiter(items: list[Any]) -> AsyncIterator[Any]:
-    for item in items:
-        yield item
+            self.sock.sendall(data)
 
 
 def _join(threads: list[threading.Thread], timeout_s: float) -> None:

@@ -1,21 +1,18 @@
-"""Exceptions -> gRPC status codes, in one place: every handler of the servicer goes through here.
+"""Exceptions -> gRPC status codes, in one place: both front ends (grpc_adapter.py, local.py) answer
+a servicer body's exception with ``status_of``.
 
 A domain error (kvstore.errors) becomes its status with its message; anything else is INTERNAL and
 logged with its traceback, since it is a daemon bug. Every message is capped (``capped``): what it
 quotes of a request can be as long as the request. Bytes a client sent that do not parse are the
-client's error (INVALID_ARGUMENT), never INTERNAL.
+client's error (INVALID_ARGUMENT), never INTERNAL (``client_bytes``, handlers.parsed).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
-import inspect
 import logging
 import struct
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import grpc
 
@@ -28,7 +25,6 @@ from kvstore.errors import (
     Unauthenticated,
     Unavailable,
 )
-from kvstore.server.handlers import Undecodable
 
 log = logging.getLogger("kvstore.server")
 # the most a status message carries (UTF-8 bytes): ample for any message of ours, with what it quotes
@@ -43,10 +39,6 @@ _STATUS: list[tuple[type[BaseException], grpc.StatusCode]] = [
     (Unavailable, grpc.StatusCode.UNAVAILABLE),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED),
 ]
-
-
-def _status_of(e: BaseException) -> grpc.StatusCode | None:
-    return next((code for cls, code in _STATUS if isinstance(e, cls)), None)
 
 
 def capped(details: str, limit: int = MAX_DETAILS_BYTES) -> str:
@@ -64,20 +56,16 @@ def capped(details: str, limit: int = MAX_DETAILS_BYTES) -> str:
     return head.decode(errors="ignore") + mark + tail.decode(errors="ignore")
 
 
-async def abort(context: grpc.aio.ServicerContext, method: str, e: Exception) -> None:
-    code = _status_of(e)
+def status_of(method: str, e: Exception) -> tuple[grpc.StatusCode, str]:
+    """The status a call of ``method`` that raised ``e`` ends with, and its capped message; logged
+    (an internal error with its traceback: call this from the ``except`` that caught ``e``)."""
+    code = next((code for cls, code in _STATUS if isinstance(e, cls)), None)
     if code is None:
-        log.exception("internal error in %s", method)
-        await context.abort(grpc.StatusCode.INTERNAL, capped(f"internal error: {type(e).__name__}: {e}"))
+        log.error("internal error in %s", method, exc_info=e)
+        return grpc.StatusCode.INTERNAL, capped(f"internal error: {type(e).__name__}: {e}")
     details = capped(str(e))
-    log.info("%s -> %s: %s", method, code.name, details)  # type: ignore[union-attr]
-    await context.abort(code, details)  # type: ignore[arg-type]
-
-
-def parsed(request: Any) -> Any:
-    if isinstance(request, Undecodable):
-        raise InvalidArgument(request.reason)
-    return request
+    log.info("%s -> %s: %s", method, code.name, details)
+    return code, details
 
 
 @contextlib.contextmanager
@@ -88,29 +76,3 @@ def client_bytes(what: str) -> Iterator[None]:
         yield
     except (struct.error, OverflowError) as e:
         raise InvalidArgument(f"{what} do not parse: {e}") from e
-
-
-def rpc(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map domain exceptions to gRPC status codes (unary and server-streaming handlers); a request
-    whose bytes did not parse is INVALID_ARGUMENT before the handler runs."""
-    if inspect.isasyncgenfunction(fn):
-        @functools.wraps(fn)
-        async def stream(self: Any, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            try:
-                async for item in fn(self, parsed(request), context):
-                    yield item
-            except (grpc.aio.AbortError, asyncio.CancelledError):
-                raise
-            except Exception as e:
-                await abort(context, fn.__name__, e)
-        return stream
-
-    @functools.wraps(fn)
-    async def unary(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return await fn(self, parsed(request), context)
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except Exception as e:
-            await abort(context, fn.__name__, e)
-    return unary
