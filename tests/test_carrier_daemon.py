@@ -66,19 +66,37 @@ def test_a_closing_client_detaches_its_arena(daemon: Daemon, ns: str) -> None:
     assert after.arenas == attached.arenas - 1 and after.detaches == attached.detaches + 1
 
 
-def test_a_batch_larger_than_the_arena_takes_the_stream_for_that_call(daemon: Daemon, ns: str) -> None:
+def test_a_save_larger_than_the_arena_overflows_and_a_load_grows_the_arena(daemon: Daemon, ns: str) -> None:
     small, large = make_session(namespace=ns, session_id="small", tokens=300), \
         make_session(namespace=ns, session_id="large", tokens=1200, seed=1)
     with Client(address=daemon.address, arena_bytes=len(small.blobs[0]) + 100) as c:
         before = transport_stats(daemon)
         c.save_session(small.manifest, small.blobs)  # fits
         c.save_session(large.manifest, large.blobs)  # 4 chunks: 1 in the arena, 3 on the stream
-        for s in (small, large):
+        first_arena = c.carrier.arena.size  # type: ignore[attr-defined]
+        for s in (small, large):  # the large load is told the arena is too small, grows it, asks again
             _, chunks = c.load_session(ns, s.session_id, zero_copy=True)
             assert {i: bytes(b) for i, b in chunks} == dict(enumerate(s.blobs))
-        assert c.carrier.name == ARENA  # still: overflow is per call
+        assert c.carrier.name == ARENA
+        assert c.carrier.arena.size >= sum(map(len, large.blobs)) > first_arena  # type: ignore[attr-defined]
+        _, chunks = c.load_session(ns, "large", zero_copy=True)  # now it fits at once
+        assert {i: bytes(b) for i, b in chunks} == dict(enumerate(large.blobs))
     after = transport_stats(daemon)
-    assert after.arena_calls == before.arena_calls + 4 and after.overflow_calls == before.overflow_calls + 2
+    assert after.arena_calls == before.arena_calls + 5 and after.overflow_calls == before.overflow_calls + 1
+    assert after.attaches == before.attaches + 2  # the first arena, and the grown one
+
+
+def test_a_load_larger_than_the_largest_arena_takes_the_stream(daemon: Daemon, ns: str) -> None:
+    large = make_session(namespace=ns, session_id="large", tokens=1200, seed=1)
+    cap = len(large.blobs[0]) + 100
+    with Client(address=daemon.address, arena_bytes=cap, max_arena_bytes=cap) as c:
+        c.save_session(large.manifest, large.blobs)
+        before = transport_stats(daemon)
+        _, chunks = c.load_session(ns, "large")
+        assert {i: bytes(b) for i, b in chunks} == dict(enumerate(large.blobs))
+        assert c.carrier.name == ARENA and c.carrier.arena.size == cap  # type: ignore[attr-defined]
+    after = transport_stats(daemon)
+    assert after.stream_calls == before.stream_calls + 1 and after.attaches == before.attaches
 
 
 def test_a_turn_is_one_call_and_a_failed_commit_publishes_nothing(daemon: Daemon, ns: str) -> None:

@@ -13,7 +13,7 @@ from kvstore.errors import InvalidArgument
 from kvstore.server import arena_attach
 from kvstore.server.arenas import Arenas
 from kvstore.transport import shm
-from kvstore.transport.carrier import ARENA, STREAM, ArenaCarrier, Carrier, StreamCarrier
+from kvstore.transport.carrier import ARENA, STREAM, ArenaCarrier, CallerMemoryCarrier, Carrier, StreamCarrier
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -25,6 +25,7 @@ class _Counts:
     attaches: int = 0
     detaches: int = 0
     local_calls: int = 0
+    caller_memory_calls: int = 0
 
 
 class Carriers:
@@ -39,9 +40,17 @@ class Carriers:
     def offered(self) -> list[str]:
         return [STREAM, ARENA] if self.shm_dir is not None else [STREAM]
 
-    def for_call(self, owner: str, arena_id: str) -> Carrier:
-        """The carrier a call asked for: ``owner``'s arena ``arena_id``, or the stream. Another
-        identity's arena id is as unknown as a made-up one (arenas.py)."""
+    def for_call(self, owner: str, arena_id: str, into: pb.CallerMemory | None = None, pid: int = 0) -> Carrier:
+        """The carrier a call asked for: the caller's own memory ``into`` (a load over the local
+        socket, which names the caller's ``pid``), ``owner``'s arena ``arena_id``, or the stream.
+        Another identity's arena id is as unknown as a made-up one (arenas.py)."""
+        if into is not None:
+            if not pid:
+                raise InvalidArgument("CallerMemory names memory of the calling process: only a call over the "
+                                      "daemon's local socket can (the kernel names its process)")
+            if not into.address or not into.size:
+                raise InvalidArgument("CallerMemory needs an address and a size")
+            return CallerMemoryCarrier(pid, into.address, into.size)
         if not arena_id:
             return StreamCarrier(self.message_bytes)
         return ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)
@@ -53,6 +62,8 @@ class Carriers:
             if isinstance(carrier, ArenaCarrier):
                 c.arena_calls += 1
                 c.overflow_calls += carrier.overflowed or streamed
+            elif isinstance(carrier, CallerMemoryCarrier):
+                c.caller_memory_calls += 1
             else:
                 c.stream_calls += 1
 
@@ -97,4 +108,4 @@ class Carriers:
         c = self._counts
         return pb.TransportStats(arenas=len(self.arenas), arena_calls=c.arena_calls, overflow_calls=c.overflow_calls,
                                  stream_calls=c.stream_calls, attaches=c.attaches, detaches=c.detaches,
-                                 local_calls=c.local_calls)
+                                 local_calls=c.local_calls, caller_memory_calls=c.caller_memory_calls)

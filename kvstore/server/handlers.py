@@ -38,10 +38,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 class Call:
     """What a servicer body knows of its call besides the request: the caller's metadata (its bearer
     token: auth.py) and the fds it passed with the call (SCM_RIGHTS: an arena's memfd; only the
-    local socket carries fds). The front end closes the fds no body took (``take_fds``)."""
+    local socket carries fds), and over the local socket the caller's pid (the process that
+    connected, as the kernel names it: SO_PEERCRED; 0 over gRPC, where no pid can be trusted). The
+    front end closes the fds no body took (``take_fds``)."""
 
     metadata: Metadata = ()
     fds: list[int] = field(default_factory=list)
+    pid: int = 0
 
     def take_fds(self) -> list[int]:
         """The fds passed with this call, now the caller's to close."""

@@ -225,11 +225,12 @@ class LocalServer:
                 sock, _ = self._listener.accept()
             except OSError:
                 return  # the listener was shut down
-            if _peer_uid(sock) != os.getuid():
+            pid, uid = _peer(sock)
+            if uid != os.getuid():
                 log.warning("local socket: refused a peer of another user")
                 sock.close()
                 continue
-            t = threading.Thread(target=self._serve, args=(sock,), name="kvstore-local", daemon=True)
+            t = threading.Thread(target=self._serve, args=(sock, pid), name="kvstore-local", daemon=True)
             with self._lock:
                 if self._stopping:
                     sock.close()
@@ -237,7 +238,7 @@ class LocalServer:
                 self._conns[sock] = t
             t.start()
 
-    def _serve(self, sock: socket.socket) -> None:
+    def _serve(self, sock: socket.socket, pid: int) -> None:
         stream = _Stream(sock)
         try:
             while (got := stream.frame(at_call=True)) is not None:
@@ -246,7 +247,7 @@ class LocalServer:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
                 path, metadata = local_channel.parse_call(bytes(body))
                 requests = stream.requests()
-                call = Call(metadata, stream.take_fds())
+                call = Call(metadata, stream.take_fds(), pid)
                 try:
                     self._call(self.methods.get(path), path, call, requests, _Reply(sock))
                 finally:
@@ -361,6 +362,7 @@ def _status(code: grpc.StatusCode, details: str = "") -> bytes:
     return frame(STATUS, bytes([code.value[0]]) + capped(details).encode(errors="replace"))
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+def _peer(sock: socket.socket) -> tuple[int, int]:
+    """The connecting process's pid and uid, as the kernel recorded them at connect (SO_PEERCRED)."""
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid

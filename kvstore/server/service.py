@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kvstore import __version__
-from kvstore.errors import InvalidArgument, KvstoreError
+from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import chunk, page
 from kvstore.format.layout import PRESETS
 from kvstore.format.manifest import Manifest, check_namespace
@@ -31,7 +31,7 @@ from kvstore.server.status import client_bytes
 from kvstore.store import SessionStore, store_stats
 from kvstore.store.prefetch import Prefetcher
 from kvstore.transport import convert, fastpb, framing, shm
-from kvstore.transport.carrier import Carrier, Piece, Receiver
+from kvstore.transport.carrier import ARENA_TOO_SMALL, ArenaCarrier, Carrier, Piece, Receiver, StreamCarrier
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -69,16 +69,29 @@ class KVStoreService:
         self.auth.check(call.metadata, namespace)
         return namespace
 
-    def _carrier(self, call: Call, arena_id: str) -> Carrier:
-        """The caller's carrier: its own arena, or the stream."""
-        return self.carriers.for_call(self.auth.identity(call.metadata) if arena_id else "", arena_id)
+    def _carrier(self, call: Call, arena_id: str, into: pb.CallerMemory | None = None) -> Carrier:
+        """The caller's carrier: its own memory (``into``), its arena, or the stream."""
+        return self.carriers.for_call(self.auth.identity(call.metadata) if arena_id else "", arena_id, into, call.pid)
 
     def _send(self, carrier: Carrier, namespace: str, keys: list[bytes]) -> Iterator[Piece]:
-        """The verified chunks as they are read, one piece per message (the arena part is written
-        as each chunk is read, while it is still in cache); closed early, it unpins what it read."""
-        hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
-        with contextlib.closing(carrier.send(hits)) as pieces:
-            yield from pieces
+        """The verified chunks, one piece per message. Through an arena or into the caller's memory:
+        read as one batch (each tier asked once, its answers verified in one pass:
+        ``SessionStore.read``), written while the tiers' bytes are in hand, answered in one message;
+        an arena too small for the load is told so before a byte is written (the client grows it:
+        ARENA_TOO_SMALL). On the stream: as they are read, chunk by chunk, so that no read is held
+        open while a remote caller drains the stream; closed early, it unpins what it read."""
+        if isinstance(carrier, StreamCarrier):
+            hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
+            with contextlib.closing(carrier.send(hits)) as pieces:
+                yield from pieces
+        else:
+            with self.sessions.read(namespace, keys) as blobs:
+                items = [(i, b) for i, b in enumerate(blobs) if b is not None]
+                if isinstance(carrier, ArenaCarrier) and (need := sum(len(b) for _, b in items)) > carrier.arena.size:
+                    raise ResourceExhausted(f"{ARENA_TOO_SMALL}: it needs {need} bytes; the arena holds "
+                                            f"{carrier.arena.size}")
+                answer = list(carrier.send(items))
+            yield from answer
         self.carriers.count(carrier)
 
     def _in_memory(self, keys: list[bytes]) -> bool:
@@ -199,7 +212,7 @@ class KVStoreService:
         self._ns(call, request.namespace)
         if any(len(k) != 16 for k in request.keys):
             raise InvalidArgument("chunk keys must be 16 bytes")
-        carrier = self._carrier(call, request.arena_id)
+        carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None)
         for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
             yield piece.message() if piece.handle is not None else fastpb.Encoded(b"".join(piece.encoded()))
 
@@ -207,7 +220,7 @@ class KVStoreService:
     def LoadSession(self, request: pb.LoadSessionRequest, call: Call
                     ) -> Iterator[pb.LoadSessionResponse | fastpb.Encoded]:
         self._ns(call, request.namespace)
-        carrier = self._carrier(call, request.arena_id)  # before any answer
+        carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None)
         m = self.sessions.get(request.namespace, request.session_id)
         session: pb.Session | None = convert.session_to_pb(m)  # in the first message, with the first chunks
         for piece in self._send(carrier, request.namespace, list(m.chunk_keys)):

@@ -42,6 +42,11 @@ class Pins:
         with self._lock:
             return self._pins[key] > 0
 
+    def __len__(self) -> int:
+        """How many chunks are pinned now."""
+        with self._lock:
+            return len(self._pins)
+
 
 class Dirty:
     """Write-back mode: chunks in the fast tier not yet on the durable one (their only copy)."""

@@ -21,6 +21,7 @@ what the call names: an arena id (the caller's own, see server/arenas.py) or non
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 from abc import ABC, abstractmethod
@@ -201,6 +202,9 @@ class CallerMemoryCarrier(Carrier):
         try:
             cma.write(self.pid, sources, self.address, self.size, offsets)
         except cma.CrossMemoryError as e:
+            if e.errno == errno.EFAULT:  # the caller named memory it has not mapped writable: its mistake
+                raise InvalidArgument(f"CallerMemory [{self.address:#x}, +{self.size}) is not writable memory of "
+                                      f"the calling process") from e
             raise FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {e.strerror}; load through the arena or the "
                                      f"stream instead") from e
 

@@ -520,7 +520,7 @@ class StatsResponse(_message.Message):
     def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ..., transport: _Optional[_Union[TransportStats, _Mapping]] = ..., prefetch: _Optional[_Union[PrefetchStats, _Mapping]] = ...) -> None: ...
 
 class TransportStats(_message.Message):
-    __slots__ = ("arenas", "arena_calls", "overflow_calls", "stream_calls", "attaches", "detaches", "local_calls")
+    __slots__ = ("arenas", "arena_calls", "overflow_calls", "stream_calls", "attaches", "detaches", "local_calls", "caller_memory_calls")
     ARENAS_FIELD_NUMBER: _ClassVar[int]
     ARENA_CALLS_FIELD_NUMBER: _ClassVar[int]
     OVERFLOW_CALLS_FIELD_NUMBER: _ClassVar[int]
@@ -528,6 +528,7 @@ class TransportStats(_message.Message):
     ATTACHES_FIELD_NUMBER: _ClassVar[int]
     DETACHES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_CALLS_FIELD_NUMBER: _ClassVar[int]
+    CALLER_MEMORY_CALLS_FIELD_NUMBER: _ClassVar[int]
     arenas: int
     arena_calls: int
     overflow_calls: int
@@ -535,7 +536,8 @@ class TransportStats(_message.Message):
     attaches: int
     detaches: int
     local_calls: int
-    def __init__(self, arenas: _Optional[int] = ..., arena_calls: _Optional[int] = ..., overflow_calls: _Optional[int] = ..., stream_calls: _Optional[int] = ..., attaches: _Optional[int] = ..., detaches: _Optional[int] = ..., local_calls: _Optional[int] = ...) -> None: ...
+    caller_memory_calls: int
+    def __init__(self, arenas: _Optional[int] = ..., arena_calls: _Optional[int] = ..., overflow_calls: _Optional[int] = ..., stream_calls: _Optional[int] = ..., attaches: _Optional[int] = ..., detaches: _Optional[int] = ..., local_calls: _Optional[int] = ..., caller_memory_calls: _Optional[int] = ...) -> None: ...
 
 class EvictSessionRequest(_message.Message):
     __slots__ = ("namespace", "session_id", "tier")
