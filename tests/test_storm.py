@@ -1,8 +1,9 @@
 """The SIGKILL storm, short mode: 50 kill points per write mode against a real daemon.
 
 The harness lives in ``benchmarks/reliability/`` (the long mode, 1,000 kill points, is
-``python benchmarks/reliability/bench_storm.py --kills 1000``). Daemons are forked from a helper process that
-imported the daemon once (a ``Zygote``, kvstore/server/process.py), so a restart costs ~0.1 s instead of ~2 s. Each
+``python benchmarks/reliability/bench_storm.py --kills 1000``). Daemons are forked from a helper process
+that imported the daemon once (a ``Zygote``, benchmarks/reliability/zygote.py), so a restart costs ~0.1 s
+instead of ~2 s. Each
 writer keeps one ``Client`` across every restart, on the same port, as an agent would.
 """
 

@@ -14,7 +14,8 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from kvstore.server.process import DaemonProcess, Exec, Spawner, Zygote, clean_env
+from benchmarks.reliability.zygote import Zygote
+from kvstore.server.process import DaemonProcess, Exec, Spawner, clean_env
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from kvstore.format.manifest import KEY_PREFIX, Manifest, Retention, is_legacy_manifest
@@ -9,10 +10,13 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.pages import compressible_offset
 from kvstore.store.sessions import SessionStore
-from kvstore.store.sharing import sharing_for
+from kvstore.store.shared_manifests import SharedSessions
+from kvstore.store.sharing import NoSharing, Sharing
 from kvstore.store.stats import BytesPerToken, StoreStats, bytes_per_token, store_stats
 from kvstore.store.tiered import TieredStore
-from kvstore.tiers import SsdTierConfig, TierConfig, make_tier
+from kvstore.tiers import RedisTierConfig, SsdTierConfig, TierConfig, make_tier
+from kvstore.tiers.base import Tier
+from kvstore.tiers.redis import RedisTier
 from kvstore.tiers.ssd_migrate import LegacyMeta
 
 __all__ = [
@@ -40,6 +44,16 @@ def _extra(tc: TierConfig) -> dict[str, Any]:
     if isinstance(tc, SsdTierConfig):
         return {"compressible_from": compressible_offset, "legacy_meta": LEGACY_MANIFESTS}
     return {}
+
+
+def sharing_for(config: StoreConfig, tiers: Sequence[Tier]) -> Sharing:
+    """The sharing ``config`` asks for: through the Redis tier configured with ``share_sessions``
+    (``tiers`` are the tiers built from ``config.tiers``, in its order), else none."""
+    for tc, tier in zip(config.tiers, tiers):
+        if isinstance(tc, RedisTierConfig) and tc.share_sessions:
+            assert isinstance(tier, RedisTier), "tiers are built from config.tiers, in its order"
+            return SharedSessions(tier, config.chunk_tokens)
+    return NoSharing()
 
 
 def open_store(config: StoreConfig) -> SessionStore:

@@ -1,5 +1,5 @@
 """Sharing sessions with other daemons: a layer the session store calls unconditionally, chosen once
-from the config when the store is built (``sharing_for``), as TinyDB composes a middleware.
+from the config when the store is built (``kvstore.store.sharing_for``), as TinyDB composes a middleware.
 
 ``NoSharing`` (no Redis tier shares sessions) does nothing: its catch-ups find nothing, its
 publishes publish nothing. ``SharedSessions`` (``shared_manifests.py``) publishes every save to a
@@ -23,14 +23,11 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstore.format.manifest import Manifest
-from kvstore.tiers.config import RedisTierConfig
 
 if TYPE_CHECKING:
-    from kvstore.store.config import StoreConfig
     from kvstore.store.group_commit import Pending
     from kvstore.store.tiered import TieredStore
     from kvstore.store.turn import SavedTurn, Turn
-    from kvstore.tiers.base import Tier
 
 SessionRef = tuple[str, str]  # (namespace, session id)
 #: A version to index: the session, its generation, its manifest (None: deleted).
@@ -106,16 +103,3 @@ class NoSharing(Sharing):
 
     def catch_up(self, namespace: str | None) -> list[Update]:
         return []
-
-
-def sharing_for(config: StoreConfig, tiers: Sequence[Tier]) -> Sharing:
-    """The sharing ``config`` asks for: through the Redis tier configured with ``share_sessions``
-    (``tiers`` are the tiers built from ``config.tiers``, in its order), else none."""
-    for tc, tier in zip(config.tiers, tiers):
-        if isinstance(tc, RedisTierConfig) and tc.share_sessions:
-            from kvstore.store.shared_manifests import SharedSessions
-            from kvstore.tiers.redis import RedisTier
-
-            assert isinstance(tier, RedisTier), "tiers are built from config.tiers, in its order"
-            return SharedSessions(tier, config.chunk_tokens)
-    return NoSharing()
