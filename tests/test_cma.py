@@ -14,11 +14,18 @@ from kvstore.transport import cma
 
 CHILD = textwrap.dedent("""
     import sys, numpy as np
-    buf = np.zeros(4096, np.uint8)
+    buf = np.zeros(int(sys.argv[1]) if len(sys.argv) > 1 else 4096, np.uint8)
     print(buf.ctypes.data, flush=True)
     sys.stdin.readline()  # written meanwhile
     print(bytes(buf).hex(), flush=True)
 """)
+
+
+def spawn(size: int = 4096) -> tuple[subprocess.Popen[str], int]:
+    p = subprocess.Popen([sys.executable, "-c", CHILD, str(size)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None
+    return p, int(p.stdout.readline())
 
 
 @pytest.fixture
@@ -52,6 +59,22 @@ def test_many_pieces_cross_the_iovec_limit(child: tuple[subprocess.Popen[str], i
     pieces = [(cma.address_of(src) + i, 1) for i in range(3000)]
     cma.write(p.pid, pieces, addr, 4096, list(range(3000)))  # 3 system calls
     assert finish(p)[:3000] == src.tobytes()
+
+
+def test_a_long_write_split_over_two_threads_lands_whole() -> None:
+    size = cma.SPLIT_BYTES + (3 << 20)
+    p, addr = spawn(size)
+    try:
+        src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
+        piece = 229_000  # chunk-sized pieces, written in reverse order of their sources
+        starts = list(range(0, size, piece))
+        pieces = [(cma.address_of(src) + s, min(piece, size - s)) for s in reversed(starts)]
+        offsets = list(reversed(starts))
+        cma.write(p.pid, pieces, addr, size, offsets)
+        assert finish(p) == src.tobytes()
+    finally:
+        p.kill()
+        p.wait()
 
 
 def test_a_piece_past_the_destination_moves_nothing(child: tuple[subprocess.Popen[str], int]) -> None:

@@ -347,7 +347,43 @@ out2:
     return ret;
 }
 
+/* addresses(blobs, out): the address of each blob's first byte into out (uint64 [N]; 0 for None), as the
+ * buffer protocol gives it: what a cross-process write (kvstore/transport/cma.py) names as its sources. */
+static PyObject *py_addresses(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "addresses takes 2 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "blobs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_buffer out;
+    if (get_buf(args[1], &out, 1, 8 * n, 0, "out") < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    uint64_t *addr = out.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        addr[i] = 0;
+        if (items[i] == Py_None) continue;
+        Py_buffer v;
+        if (PyObject_GetBuffer(items[i], &v, PyBUF_SIMPLE) < 0) {
+            release(&out);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        addr[i] = (uint64_t)(uintptr_t)v.buf; /* valid while the blob lives: the caller holds it */
+        PyBuffer_Release(&v);
+    }
+    release(&out);
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"addresses", (PyCFunction)(void (*)(void))py_addresses, METH_FASTCALL,
+     "The address of each blob's first byte."},
     {"check", (PyCFunction)(void (*)(void))py_check, METH_FASTCALL, "Check (and copy) a batch of chunk blobs."},
     {"check_packed", (PyCFunction)(void (*)(void))py_check_packed, METH_FASTCALL,
      "Check (and copy) chunk blobs lying in one buffer."},

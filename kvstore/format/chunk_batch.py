@@ -127,6 +127,19 @@ def check(blobs: Sequence[Buffer | None], expected: Expected, *, dest: Buffer | 
     return BatchResult(status)
 
 
+def addresses(blobs: Sequence[Buffer | None]) -> np.ndarray:
+    """uint64 [N]: the address of each contiguous blob's first byte (0 for None), valid while the blob
+    lives (the C kernel in one call, else numpy's view of each)."""
+    out = np.zeros(len(blobs), np.uint64)
+    if _chunks is not None:
+        _chunks.addresses(list(blobs), out)
+    else:
+        for i, b in enumerate(blobs):
+            if b is not None:
+                out[i] = np.frombuffer(b, np.uint8).ctypes.data
+    return out
+
+
 def check_packed(buffer: Buffer, offsets: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray,
                  expected: Expected, *, dest: Buffer | None = None,
                  dest_offsets: Sequence[int] | np.ndarray | None = None,

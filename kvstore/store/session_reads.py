@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 
@@ -30,6 +31,9 @@ from kvstore.store.sharing import Sharing
 from kvstore.store.tiered import TieredStore
 from kvstore.tiers.base import Stored
 
+#: A batch this large is verified by up to VERIFY_THREADS threads.
+VERIFY_SPLIT_BYTES = 16 << 20
+VERIFY_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: How a read verifies one stored copy: True to serve it.
 Check = Callable[[Stored], bool]
 
@@ -152,7 +156,10 @@ class SessionReads:
             expected = Expected([keys[at[i]] for i in chunks], [m.layout_id for m in mine],
                                 [m.index * self.chunk_tokens for m in mine], self.chunk_tokens, mine[0].namespace,
                                 [m.parent for m in mine])
-            valid = chunk_batch.check([values[i] for i in chunks], expected).valid
+            batch = [values[i] for i in chunks]
+            # a long load's checks split over the cores (the kernel releases the GIL): a resume waits on them
+            threads = VERIFY_THREADS if sum(len(b) for b in batch) >= VERIFY_SPLIT_BYTES else 1
+            valid = chunk_batch.check(batch, expected, threads=threads).valid
             for i, good in zip(chunks, valid.tolist()):
                 ok[i] = good
         for i, info in enumerate(known):

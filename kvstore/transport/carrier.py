@@ -29,7 +29,10 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
+import numpy as np
+
 from kvstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from kvstore.format import chunk_batch
 from kvstore.transport import cma, fastpb, framing, shm
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
@@ -173,32 +176,22 @@ class CallerMemoryCarrier(Carrier):
         self.pid, self.address, self.size = pid, address, size
 
     def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
-        handle = pb.ShmHandle(caller_memory=True)
-        held: list[Blob] = []  # the blobs of the batch being written: alive until it is
-        sources: list[tuple[int, int]] = []
-        offsets: list[int] = []
-        off = 0
-        for i, blob in items:
-            n = len(blob)
-            if off + n > self.size:
-                raise ResourceExhausted(f"the destination holds {self.size} bytes; this load needs more than "
-                                        f"{off + n} (chunk {i} does not fit)")
-            held.append(blob)
-            sources.append((cma.address_of(blob), n))
-            offsets.append(off)
-            handle.indices.append(i)
-            handle.offsets.append(off)
-            handle.sizes.append(n)
-            off += n
-            if len(held) == cma.MAX_IOV:
-                self._write(sources, offsets)
-                held, sources, offsets = [], [], []
+        batch = list(items)  # held until written: the tier's bytes, alive while listed here
+        sizes = np.fromiter((len(b) for _, b in batch), np.uint64, len(batch))
+        offsets = np.zeros(len(batch), np.uint64)
+        np.cumsum(sizes[:-1], out=offsets[1:])
+        end = int(offsets[-1] + sizes[-1]) if batch else 0
+        if end > self.size:
+            fit = int(np.searchsorted(offsets + sizes, self.size, side="right"))
+            raise ResourceExhausted(f"the destination holds {self.size} bytes; this load needs {end} "
+                                    f"(chunk {batch[fit][0]} does not fit)")
+        sources = np.stack([chunk_batch.addresses([b for _, b in batch]), sizes], axis=1) if batch else sizes
         self._write(sources, offsets)
-        if handle.indices:
-            handle.size = off
-            yield Piece(handle=handle)
+        if batch:
+            yield Piece(handle=pb.ShmHandle(caller_memory=True, size=end, indices=[i for i, _ in batch],
+                                            offsets=offsets.tolist(), sizes=sizes.tolist()))
 
-    def _write(self, sources: list[tuple[int, int]], offsets: list[int]) -> None:
+    def _write(self, sources: np.ndarray, offsets: np.ndarray) -> None:
         try:
             cma.write(self.pid, sources, self.address, self.size, offsets)
         except cma.CrossMemoryError as e:

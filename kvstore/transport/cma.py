@@ -21,12 +21,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 #: iovecs per process_vm_writev call (the kernel's UIO_MAXIOV)
 MAX_IOV = 1024
+#: a write this large is split over two threads (the copies are the kernel's: they run side by side)
+SPLIT_BYTES = 16 << 20
 PR_SET_PTRACER = 0x59616D61
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -51,7 +54,8 @@ def allow_writes_from(pid: int) -> None:
     _libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(pid), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
 
 
-def write(pid: int, sources: Sequence[tuple[int, int]], dest: int, dest_len: int, offsets: Sequence[int]) -> None:
+def write(pid: int, sources: Sequence[tuple[int, int]] | np.ndarray, dest: int, dest_len: int,
+          offsets: Sequence[int] | np.ndarray) -> None:
     """Copy each (address, length) of ``sources`` (in this process) to ``dest + offsets[i]`` in process
     ``pid``. Every piece must lie inside [dest, dest + dest_len): checked here before any byte moves.
     One system call per ``MAX_IOV`` pieces; raises CrossMemoryError unless every byte was written."""
@@ -72,12 +76,36 @@ def write(pid: int, sources: Sequence[tuple[int, int]], dest: int, dest_len: int
     table[:, 1, 1] = src[:, 1]
     local = np.ascontiguousarray(table[:, 0])
     remote = np.ascontiguousarray(table[:, 1])
-    for start in range(0, n, MAX_IOV):
-        stop = min(n, start + MAX_IOV)
-        want = int(src[start:stop, 1].sum())
-        got = _writev(pid, local[start:].ctypes.data, stop - start, remote[start:].ctypes.data, stop - start, 0)
-        if got != want:
-            err = ctypes.get_errno() if got < 0 else errno.EFAULT
-            raise CrossMemoryError(err, f"process_vm_writev into pid {pid}: {os.strerror(err)} "
-                                        f"({max(got, 0)} of {want} bytes written)")
+    spans = [(start, min(n, start + MAX_IOV)) for start in range(0, n, MAX_IOV)]
+    if n > 1 and int(src[:, 1].sum()) >= SPLIT_BYTES:  # a long load: two system calls at once, on two cores
+        half = n // 2
+        spans = [(a, min(b, half)) for a, b in spans if a < half] + [(max(a, half), b) for a, b in spans if b > half]
+        errors: list[BaseException] = []
+        t = threading.Thread(target=_write_spans, args=(pid, local, remote, src, spans[len(spans) // 2 :], errors))
+        t.start()
+        try:
+            _write_spans(pid, local, remote, src, spans[: len(spans) // 2], errors)
+        finally:
+            t.join()
+        if errors:
+            raise errors[0]
+        return
+    _write_spans(pid, local, remote, src, spans, None)
 
+
+def _write_spans(pid: int, local: np.ndarray, remote: np.ndarray, src: np.ndarray, spans: list[tuple[int, int]],
+                 errors: list[BaseException] | None) -> None:
+    """One process_vm_writev per span of iovecs (ctypes releases the GIL for each)."""
+    assert _writev is not None  # checked by write
+    try:
+        for start, stop in spans:
+            want = int(src[start:stop, 1].sum())
+            got = _writev(pid, local[start:].ctypes.data, stop - start, remote[start:].ctypes.data, stop - start, 0)
+            if got != want:
+                err = ctypes.get_errno() if got < 0 else errno.EFAULT
+                raise CrossMemoryError(err, f"process_vm_writev into pid {pid}: {os.strerror(err)} "
+                                            f"({max(got, 0)} of {want} bytes written)")
+    except BaseException as e:
+        if errors is None:
+            raise
+        errors.append(e)
