@@ -42,9 +42,28 @@ def test_read_serves_what_load_serves(tmp_path: Path, zstd_level: int) -> None:
         assert got == load_all(ss, "ns", keys)
         for i, (k, blob) in enumerate(zip(keys, got)):
             check_chunk(blob, s.layout, k, s.chunk_ids(i))
+        ss.store.settle()  # promoted behind the load
         assert all(ss.store.where(k)[0] == "host" for k in keys)  # what the ssd tier served was promoted
         assert read_all(ss, "other", keys) == [None] * len(keys)  # another namespace's: a miss, like absent
         assert read_all(ss, "ns", [bytes(16), *keys[:2]])[0] is None
+    finally:
+        ss.close()
+
+
+def test_promotion_runs_behind_the_load_and_evict_waits_for_it(tmp_path: Path) -> None:
+    ss = open_store(store_config(tmp_path, zstd_level=3))
+    try:
+        s = session("a", 16 * 8)
+        save(ss, s)
+        keys = list(s.keys)
+        assert ss.evict("ns", "a", "ssd") == len(keys)
+        hits = ss.store.counters["ssd"].hits
+        with ss.read("ns", keys) as got:
+            assert all(g is not None for g in got)
+            assert not any(ss.store.where(k)[0] == "host" for k in keys)  # nothing copied up inside the load
+        assert ss.evict("ns", "a", "ssd") == len(keys)  # waits for the promotion, then moves it all down again
+        assert ss.store.counters["ssd"].hits == hits + len(keys)  # the second read behind is not a hit
+        assert read_all(ss, "ns", keys) == list(s.blobs)
     finally:
         ss.close()
 
@@ -60,6 +79,7 @@ def test_a_damaged_copy_is_dropped_and_the_next_tier_serves(tmp_path: Path) -> N
     ss.store.tiers[HOST].put(keys[1], bytes(bad))  # the memory copy damaged: the ssd one is served
     assert read_all(ss, "ns", keys) == list(s.blobs)
     assert ss.store.counters["host"].verify_failures == 1
+    ss.store.settle()
     assert ss.store.where(keys[1]) == ["host", "ssd"]  # the good copy promoted back
     ss.close()
 

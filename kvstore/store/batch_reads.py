@@ -30,8 +30,12 @@ Verify = Callable[[Sequence[int], Sequence[Stored]], Sequence[bool]]
 
 @contextlib.contextmanager
 def read_verified(slots: Sequence[TierSlot], up: Promotion, durable: int, promote: bool, keys: Sequence[bytes],
-                  verify: Verify) -> Iterator[list[Stored | None]]:
-    """The verified value of each key (None: no tier holds a valid copy), valid inside the block."""
+                  verify: Verify, behind: Callable[[list[int]], None] | None = None, counted: bool = True
+                  ) -> Iterator[list[Stored | None]]:
+    """The verified value of each key (None: no tier holds a valid copy), valid inside the block.
+    ``behind``: what slower tiers served is not copied up here but handed over (its positions in
+    ``keys``) to be read again and promoted after the load (``promote_behind.py``). ``counted``: a
+    tier's hits are counted (not for that second read)."""
     out: list[Stored | None] = [None] * len(keys)
     found_in = [-1] * len(keys)
     failed: list[tuple[TierSlot, bytes]] = []
@@ -56,12 +60,15 @@ def read_verified(slots: Sequence[TierSlot], up: Promotion, durable: int, promot
                     slot.counters.verify_failures += 1
                     log.error("chunk %s failed verification in tier %s: deleted there", keys[j].hex(), slot.name)
                     failed.append((slot, keys[j]))
-                slot.counters.hits += len(valid)
+                slot.counters.hits += len(valid) if counted else 0
                 todo = [j for j in todo if j not in valid]
             yield out
-            # copies of what slower tiers served, for promotion: the views end with this block
-            copies = [(keys[j], bytes(blob), t) for j, (blob, t) in enumerate(zip(out, found_in))
-                      if promote and t > 0 and blob is not None]
+            below = [j for j, (blob, t) in enumerate(zip(out, found_in)) if promote and t > 0 and blob is not None]
+            if behind is not None:
+                if below:
+                    behind(below)
+            else:  # copies of what slower tiers served, for promotion: the views end with this block
+                copies = [(keys[j], bytes(out[j]), found_in[j]) for j in below]  # type: ignore[arg-type]
     finally:
         for slot, key in failed:  # after the read transactions ended (a delete is a write), before promotion
             slot.drop(key)

@@ -32,6 +32,7 @@ from kvstore.store.batch_reads import Verify, read_verified
 from kvstore.store.config import StoreConfig
 from kvstore.store.demotion import Demotion, Dirty, Pins
 from kvstore.store.pages import is_valid_blob
+from kvstore.store.promote_behind import PromoteBehind, subset
 from kvstore.store.promotion import Promotion
 from kvstore.store.tier_slot import TierCounters, TierReport, TierSlot
 from kvstore.tiers.base import MetaMap, OutOfSpace, Stored, Tier, TierError, Usage, WriteBatch
@@ -68,6 +69,7 @@ class TieredStore:
         self._down = Demotion(self._slots, self.durable, self._pins, self._dirty)
         self._make_room = self._down.make_room
         self._up = Promotion(self._slots, self.durable, self._down)
+        self._behind = PromoteBehind()
 
     # -- writes ---------------------------------------------------------------------------------
     def put(self, key: bytes, blob: bytes | memoryview) -> None:
@@ -187,7 +189,20 @@ class TieredStore:
             list[Stored | None]]:
         """``get`` for a whole batch: each tier asked once, its answers verified in one ``verify`` call;
         the values are valid inside the ``with`` block only (``batch_reads.py``)."""
-        return read_verified(self._slots, self._up, self.durable, self.config.promote_on_read, keys, verify)
+        def behind(at: list[int]) -> None:
+            self._behind.submit(functools.partial(self._promote_again, keys, verify, at))
+
+        return read_verified(self._slots, self._up, self.durable, self.config.promote_on_read, keys, verify, behind)
+
+    def _promote_again(self, keys: Sequence[bytes], verify: Verify, at: Sequence[int]) -> None:
+        """Behind a load: read ``keys[at]`` again (verified as any read) and promote what slower tiers serve."""
+        again = [keys[j] for j in at]
+        with read_verified(self._slots, self._up, self.durable, True, again, subset(verify, at), counted=False):
+            pass
+
+    def settle(self) -> None:
+        """Wait for the promotions behind loads (``promote_behind.py``)."""
+        self._behind.settle()
 
     def promote_durably(self, items: list[tuple[bytes, Stored]]) -> int:
         """Copies read from below the durable tier into it, one transaction (``Promotion.promote_durably``)."""
@@ -270,7 +285,9 @@ class TieredStore:
         return self._down.demote(key, to)
 
     def evict(self, keys: Sequence[bytes], tier: str, what: str) -> int:
-        """Move ``what``'s chunks down to the tier named ``tier``; how many moved (``Demotion.evict``)."""
+        """Move ``what``'s chunks down to the tier named ``tier``; how many moved (``Demotion.evict``),
+        once the promotions behind earlier loads are done (nothing moves up behind a move down)."""
+        self._behind.settle()
         return self._down.evict(keys, tier, what)
 
     # -- what the daemon asks of its tiers --------------------------------------------------------
@@ -331,6 +348,7 @@ class TieredStore:
         return [s.report() for s in self._slots]
 
     def close(self) -> None:
+        self._behind.close()
         if len(self._dirty):
             try:
                 self.flush()
