@@ -4,14 +4,14 @@ with ``kvstore.client.requests``.
 
 Unary calls retry with exponential backoff on UNAVAILABLE and carry a deadline. Chunk data moves
 through one carrier (kvstore/transport/carrier.py), chosen once, when the client connects (its first
-``info``, save or load): an arena shared with the daemon when it runs on this host and agrees to
-map it, else the gRPC stream. A batch larger than the arena overflows to the stream for that call.
+``info``, save or load; kvstore/client/link.py): an arena shared with the daemon when it runs on this
+host and agrees to map it, else the gRPC stream. A save larger than the arena overflows to the stream
+for that call; a load larger than it grows the arena. ``load_session_into`` loads into the caller's
+own buffer (kvstore/client/into.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -20,14 +20,15 @@ import grpc
 
 from kvstore.client import into
 from kvstore.client import requests as rq
-from kvstore.client.config import ClientConfig, channel_options, client_config, metadata, target
+from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
+from kvstore.client.link import Link
 from kvstore.client.requests import SavedSession
-from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError
+from kvstore.errors import FailedPrecondition, KvstoreError
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
-from kvstore.transport import convert, fastpb, local_channel, shm
-from kvstore.transport.carrier import ARENA, CALLER_MEMORY_REFUSED, ArenaCarrier, Carrier, Receiver
+from kvstore.transport import convert, local_channel
+from kvstore.transport.carrier import ARENA, CALLER_MEMORY_REFUSED, Carrier, Receiver
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
@@ -48,46 +49,17 @@ class Client:
         self.address = target(self.config.address)
         self._versions = rq.Versions()
         self._metadata = metadata(self.config)
-        opts = channel_options(self.config)
-        self._channel = (grpc.secure_channel(self.address, self.config.tls.credentials(), opts) if self.config.tls
-                         else grpc.insecure_channel(self.address, opts))
-        self._local: local_channel.LocalChannel | None = None
+        self._link = Link(self.config, self.address, self._call, self._metadata)
         self._device_loaders: dict[Any, DeviceLoader] = {}  # torch.device -> its loader, made on first use
-        self._bind(self._channel)
-        self._conn: rq.Connection | None = None
-        self._carrier: Carrier | None = None
-        self._used = 0.0  # when the arena last carried a batch
-        self._arena_bytes = self.config.arena_bytes  # grows to fit a load (``_grow``)
         self._into_refused = ""  # why the daemon cannot write into this process (then: arena, copy)
         self._used_into = False
-        self._lock = threading.Lock()  # one batch in the arena at a time
-        self._connecting = threading.Lock()  # one connect or re-attach at a time
         self._tails: set[Any] = set()  # loads answered whole, their status still on its way (rq.answer_pairs)
 
-    def _bind(self, channel: Any) -> None:
-        """Make the KVStore calls over ``channel``: the gRPC channel, or the daemon's local socket."""
-        self._stub = pb_grpc.KVStoreStub(channel)
-        # the loads, read without copying their chunk bytes (kvstore/transport/fastpb.py)
-        self._load_chunks = channel.unary_stream(
-            "/kvstore.v1.KVStore/LoadChunks", request_serializer=pb.LoadChunksRequest.SerializeToString,
-            response_deserializer=fastpb.parse_chunk_data, _registered_method=True)
-        self._load_session = channel.unary_stream(
-            "/kvstore.v1.KVStore/LoadSession", request_serializer=pb.LoadSessionRequest.SerializeToString,
-            response_deserializer=fastpb.parse_load_session, _registered_method=True)
-
     def close(self) -> None:
-        """Detach the device buffers and the arena (best effort: the daemon unmaps an arena after 300 s
-        idle anyway), close the channel."""
+        """Detach the device buffers and the arena, close the channels."""
         for loader in self._device_loaders.values():
             loader.close()
-        if self._carrier is not None and self._carrier.arena_id:
-            with self._lock, contextlib.suppress(grpc.RpcError):
-                self._stub.DetachArena(pb.DetachArenaRequest(arena_id=self._carrier.arena_id),
-                                       timeout=rq.DETACH_TIMEOUT_S, metadata=self._metadata)
-        self._drop_arena()
-        if self._local is not None:
-            self._local.close()
-        self._channel.close()
+        self._link.close()
 
     def __enter__(self) -> Client:
         return self
@@ -95,15 +67,10 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- connecting: the carrier, chosen once ---------------------------------------------------------
+    # -- connecting: the carrier, chosen once (kvstore/client/link.py) --------------------------------
     def connect(self) -> Carrier:
         """Ask the daemon what it is and pick the carrier (once; later calls return it)."""
-        with self._connecting:
-            if self._carrier is None:
-                conn = rq.connection(self._call(self._stub.GetServerInfo, pb.GetServerInfoRequest()), self.config)
-                self._conn = conn
-                self._carrier = self._attach(conn)
-            return self._carrier
+        return self._link.connect()
 
     @property
     def carrier(self) -> Carrier:
@@ -116,95 +83,16 @@ class Client:
     @property
     def carrier_chosen(self) -> Carrier | None:
         """The carrier if the client has connected, else None: never connects (nor waits)."""
-        return self._carrier
+        return self._link.chosen
 
-    def _attach(self, conn: rq.Connection) -> Carrier:
-        """Same host, and the daemon's local socket answers from here: a fresh sealed arena handed to the
-        daemon over that socket, and every call made over it from now on (kvstore/transport/local_channel.py).
-        Otherwise, or if the daemon refuses the arena or the memory for it is not there: the stream, over gRPC."""
-        path = conn.info.local_socket if conn.arena_dir is not None else ""
-        local = (self._local if self._local is not None and self._local.path == path
-                 else local_channel.reachable(path) if path else None)
-        try:
-            carrier = self._attach_sealed(local, conn) if local is not None else None
-        except BaseException:
-            if local is not None and local is not self._local:
-                local.close()
-            raise
-        if carrier is None:
-            if local is not None and local is not self._local:
-                local.close()
-            self._on_grpc()
-            return conn.stream()
-        if local is not self._local:
-            self._on_grpc()
-            self._local = local
-            self._bind(local)
-        return carrier
+    @property
+    def _stub(self) -> pb_grpc.KVStoreStub:
+        return self._link.stubs.kvstore
 
-    def _attach_sealed(self, local: local_channel.LocalChannel, conn: rq.Connection) -> Carrier | None:
-        """A sealed memfd arena (kvstore/transport/shm.py), its fd passed with AttachArena; None if the memory is
-        not there or the daemon refuses it. Other failures (the daemon is down) raise."""
-        try:
-            arena = shm.Arena.create_sealed(self._arena_bytes)
-        except OSError:
-            return None
-        attach = local.unary_with_fds(local_channel.ATTACH_ARENA, pb.AttachArenaRequest.SerializeToString,
-                                      pb.AttachArenaResponse.FromString)
-        try:
-            req = pb.AttachArenaRequest(path=arena.path, size=arena.size, nonce=arena.nonce)
-            r = self._call(lambda req, **kw: attach(req, [arena.fd], **kw), req)
-        except InvalidArgument:
-            arena.close()
-            return None
-        except BaseException:
-            arena.close()
-            raise
-        arena.release_fd()  # the daemon holds its own; the mapping keeps the memory
-        self._used = time.monotonic()
-        return ArenaCarrier(arena, r.arena_id, conn.message_bytes)
+    @property
+    def _local(self) -> local_channel.LocalChannel | None:
+        return self._link.local
 
-    def _on_grpc(self) -> None:
-        """Calls over gRPC again (a daemon that no longer takes our arena)."""
-        if self._local is not None:
-            self._local.close()
-            self._local = None
-            self._bind(self._channel)
-
-    def _drop_arena(self) -> None:
-        if isinstance(self._carrier, ArenaCarrier):
-            self._carrier.arena.close()
-
-    def _reattach(self) -> Carrier:
-        """The daemon forgot our arena (it restarted, or unmapped it when idle): a new one. If that
-        fails (the daemon is down again), the client is left unconnected, never holding a closed
-        arena: its next call connects afresh, by the same rule."""
-        assert self._conn is not None
-        with self._connecting:
-            self._drop_arena()
-            self._carrier = None
-            self._carrier = self._attach(self._conn)
-            return self._carrier
-
-    def _grow(self, need: int) -> Carrier:
-        """An arena large enough for a load of ``need`` bytes (doubling, up to ``max_arena_bytes``), or
-        the stream for a load larger than that."""
-        assert self._conn is not None
-        if need > self.config.max_arena_bytes:
-            return self._conn.stream()
-        self._arena_bytes = min(self.config.max_arena_bytes, max(need, 2 * self._arena_bytes))
-        return self._reattach()
-
-    @contextlib.contextmanager
-    def _batch(self) -> Iterator[Carrier]:
-        """The carrier for one batch, held for it: an arena carries one batch at a time (threads
-        sharing this client wait), and is re-attached here, not under another thread's batch."""
-        with self._lock if self.connect().arena_id else contextlib.nullcontext():
-            carrier = self.connect()
-            if carrier.arena_id and time.monotonic() - self._used > rq.ARENA_REATTACH_S:
-                carrier = self._reattach()  # the daemon unmaps arenas idle for 300 s
-            self._used = time.monotonic()
-            yield carrier
 
     # -- calls ----------------------------------------------------------------------------------------
     def _call(self, fn: Callable[..., T], request: Any) -> T:
@@ -219,13 +107,13 @@ class Client:
 
     def info(self) -> pb.ServerInfo:
         self.connect()
-        assert self._conn is not None
-        return self._conn.info
+        assert self._link.conn is not None
+        return self._link.conn.info
 
     def health(self) -> str:
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-        stub = health_pb2_grpc.HealthStub(self._channel)
+        stub = health_pb2_grpc.HealthStub(self._link.channel)
         r = self._call(stub.Check, health_pb2.HealthCheckRequest(service=""))
         return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
 
@@ -235,14 +123,14 @@ class Client:
         afresh, once, and the call repeated (so the blobs are kept for it)."""
         if self.connect().arena_id:
             blobs = list(blobs)
-        with self._batch() as carrier:
+        with self._link.batch() as carrier:
             for attempt in range(2):
                 try:
                     return self._stub.SaveChunks(rq.save_requests(header, carrier.send(enumerate(blobs))),
                                                  timeout=self.config.timeout_s, metadata=self._metadata)
                 except grpc.RpcError as e:
                     if attempt == 0 and carrier.arena_id and rq.unknown_arena(e):
-                        carrier = self._reattach()
+                        carrier = self._link.reattach()
                         continue
                     raise rq.domain_error(e) from None
         raise AssertionError("unreachable")
@@ -268,7 +156,7 @@ class Client:
         """Start a load: its first message, and the (index, blob) pairs of the whole answer. The arena
         part of an answer always comes first, so the arena is held only until it has been read.
         ``expected(first)``: how many blobs the answer holds at most (one per requested chunk)."""
-        with self._batch() as carrier:
+        with self._link.batch() as carrier:
             for attempt in range(3):
                 receiver = carrier.receiver(copy=not zero_copy)
                 try:  # a gRPC call raises at its first message, a local one at once
@@ -276,10 +164,10 @@ class Client:
                     first = next(stream, None)
                 except grpc.RpcError as e:
                     if attempt < 2 and carrier.arena_id and rq.unknown_arena(e):
-                        carrier = self._reattach()
+                        carrier = self._link.reattach()
                         continue
                     if attempt < 2 and carrier.arena_id and (need := rq.arena_too_small(e)):
-                        carrier = self._grow(need)  # the daemon wrote nothing: asked again, once
+                        carrier = self._link.grow(need)  # the daemon wrote nothing: asked again, once
                         continue
                     raise rq.domain_error(e) from None
                 c = chunks_of(first) if first is not None else None
@@ -294,7 +182,7 @@ class Client:
         ``zero_copy`` (arena): blobs are views into this client's arena, valid only until its next
         load or save; copy what you keep."""
         keys = list(keys)
-        _, pairs = self._open(self._load_chunks,
+        _, pairs = self._open(self._link.stubs.load_chunks,
                               lambda c: pb.LoadChunksRequest(namespace=namespace, keys=keys, arena_id=c.arena_id),
                               lambda m: m, zero_copy, lambda _: len(keys))
         yield from pairs
@@ -304,7 +192,7 @@ class Client:
         """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has.
         ``zero_copy``: as in :meth:`load_chunks`."""
         first, pairs = self._open(
-            self._load_session,
+            self._link.stubs.load_session,
             lambda c: pb.LoadSessionRequest(namespace=namespace, session_id=session_id, arena_id=c.arena_id),
             lambda m: m.chunks, zero_copy, lambda m: len(m.session.chunk_keys) if m.session is not None else 0)
         if first is None or first.session is None:
@@ -321,7 +209,7 @@ class Client:
         too small (a session of n chunks needs n times the layout's chunk size)."""
         dest = into.writable(out)
         request = pb.LoadSessionRequest(namespace=namespace, session_id=session_id)
-        first, placed = self._into(self._load_session, request, lambda m: m.chunks,
+        first, placed = self._into(self._link.stubs.load_session, request, lambda m: m.chunks,
                                    lambda m: len(m.session.chunk_keys) if m.session is not None else 0, dest)
         if first is None:
             m, pairs = self.load_session(namespace, session_id, zero_copy=True)
@@ -334,7 +222,7 @@ class Client:
         """``load_chunks`` into ``out``, as :meth:`load_session_into` loads a session: (index into
         ``keys``, view of ``out``) per hit, packed from ``out``'s start in order."""
         dest, keys = into.writable(out), list(keys)
-        first, placed = self._into(self._load_chunks, pb.LoadChunksRequest(namespace=namespace, keys=keys),
+        first, placed = self._into(self._link.stubs.load_chunks, pb.LoadChunksRequest(namespace=namespace, keys=keys),
                                    lambda m: m, lambda _: len(keys), dest)
         return placed if first is not None else into.copy_into(dest, self.load_chunks(namespace, keys, zero_copy=True))
 
