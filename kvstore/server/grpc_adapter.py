@@ -141,8 +141,7 @@ def _client_streaming(m: Method) -> Callable[..., Any]:
 
 
 def _behavior(m: Method) -> Callable[..., Any]:
-    if m.client_streaming and m.server_streaming:
-        raise NotImplementedError(f"{m.name}: bidirectional streaming has no adapter")
+    """The adapter of one method's kind (``methods`` refuses a bidirectional one at startup)."""
     if m.client_streaming:
         return _client_streaming(m)
     return _server_streaming(m) if m.server_streaming else _unary(m)

@@ -152,9 +152,13 @@ def _quick(servicer: Any, fn: Callable[..., bool] | None) -> Callable[[Any, Call
 def methods(servicer: Any) -> dict[str, Method]:
     """Every method of the service by its full path ("/kvstore.v1.KVStore/LoadSession"), with lenient
     request deserializers and serializers that pass pre-encoded answers through. ``servicer`` must
-    define a body for every method (a missing one fails here, at startup)."""
+    define a body for every method (a missing one fails here, at startup). The proto has unary,
+    server-streaming and client-streaming methods only; a bidirectional one would have neither a
+    body shape nor a front end here, so it is refused at startup too."""
     out = {}
     for m in SERVICE.methods:
+        if m.client_streaming and m.server_streaming:
+            raise TypeError(f"{m.name}: a bidirectional method, which neither front end serves")
         body = getattr(servicer, m.name)
         out[f"/{SERVICE.full_name}/{m.name}"] = Method(
             m.name, _checked(body, m.client_streaming), _lenient(getattr(pb, m.input_type.name)),
