@@ -164,3 +164,23 @@ def chunk_session(layout: Any, namespace: str, n_chunks: int, chunk_tokens: int,
                           entries={name: chunk.Entries(cs[0][i], cs[1][i]) for name, cs in per_cache.items()})
              for i, k in enumerate(keys)]
     return blobs, keys, ids
+
+
+def drop_page_cache(path: Path) -> str:
+    """Ask the kernel to drop the clean pages of ``path`` (a file, or every file under a directory):
+    fsync, then posix_fadvise DONTNEED, these files only, not the machine's whole cache. Pages a
+    process has mapped and touched stay. Returns "" or why it could not be asked."""
+    if not hasattr(os, "posix_fadvise"):
+        return "posix_fadvise is not available on this platform"
+    files = [path] if path.is_file() else [Path(r) / f for r, _, fs in os.walk(path) for f in fs]
+    for f in files:
+        try:
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            return f"posix_fadvise failed: {e}"
+    return ""

@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import RESULTS, git_state, machine, markdown_table, write_result
-from benchmarks.resume.geometry_raw import RawLmdb, drop_cache, memcpy, resident_fraction
+from benchmarks.common import RESULTS, drop_page_cache, git_state, machine, markdown_table, write_result
+from benchmarks.resume.geometry_raw import RawLmdb, memcpy, resident_fraction
 from benchmarks.resume.geometry_session import LAYOUT, TURN_TOKENS, Session, make_session
 from kvstore.client import Client
 from kvstore.server.process import DaemonProcess
@@ -206,7 +206,7 @@ def _cold_round(r: SizeResult, s: Session, raw: RawLmdb, data: Path) -> None:
     raw_file, tier_file = raw.path / "data.mdb", data / "ssd" / "data.mdb"
     for readahead, metric in ((False, "raw_reads_cold"), (True, "raw_reads_cold_readahead")):
         raw.close()
-        why = drop_cache(raw_file)
+        why = drop_page_cache(raw_file)
         if why:
             r.notes.append(f"page cache not dropped: {why}")
             raw.reopen()
@@ -219,7 +219,7 @@ def _cold_round(r: SizeResult, s: Session, raw: RawLmdb, data: Path) -> None:
     try:
         client = Client(d.address)
         client.info()  # connected before the drop: the load is timed, not the start
-        drop_cache(tier_file)
+        drop_page_cache(tier_file)
         left = resident_fraction(tier_file)
         r.resident.setdefault("ssd tier file", []).append(left or 0.0)
         # pages a process has mapped stay in the cache: the daemon's open maps its whole file (below)

@@ -75,23 +75,6 @@ def memcpy(src: memoryview, dest: np.ndarray) -> float:
     return time.perf_counter() - t
 
 
-def drop_cache(path: Path) -> str:
-    """Ask the kernel to drop ``path``'s clean pages (posix_fadvise DONTNEED, after an fsync); pages a
-    process has mapped and touched stay. Returns "" or why it could not be asked."""
-    if not hasattr(os, "posix_fadvise"):
-        return "posix_fadvise is not available on this platform"
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    except OSError as e:
-        return f"posix_fadvise failed: {e}"
-    return ""
-
-
 def resident_fraction(path: Path) -> float | None:
     """The fraction of ``path``'s pages in the page cache (mincore over a fresh read-only mapping,
     which faults nothing in), or None where mincore is not to be had."""

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import results_dir
+from benchmarks.common import drop_page_cache, results_dir
 from benchmarks.vllm_tier import vllm_tier_workload as W
 
 REPO = W.REPO
@@ -268,7 +268,7 @@ def measure(
         if run.daemon is not None:
             run.daemon.stop()
             run.daemon = None
-        W.drop_page_cache(root)
+        drop_page_cache(root)
         out["cached_after_drop"] = W.cached_fraction(root)
         t0 = time.perf_counter()
         if side.kind == "kvstore":

@@ -456,21 +456,6 @@ def du(path: Path) -> tuple[int, int]:
     return int(a), int(b)
 
 
-def drop_page_cache(path: Path) -> None:
-    """Evict ``path``'s files from the page cache (fsync, then POSIX_FADV_DONTNEED: only these files,
-    not the machine's whole cache). Files still mapped by a process keep their mapped pages."""
-    for root, _, files in os.walk(path):
-        for f in files:
-            p = os.path.join(root, f)
-            with contextlib.suppress(OSError):
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-
-
 def cached_fraction(path: Path) -> float | None:
     """How much of ``path``'s bytes the page cache holds (util-linux ``fincore``), None if unknown."""
     files = [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
