@@ -138,7 +138,8 @@ def page_session(sid: str, keys: list[bytes], tokens: int) -> Manifest:
 
 def test_pages_are_saved_as_a_turn_found_by_key_and_loaded_back_across_a_restart(tmp_path: Path) -> None:
     port = free_port()
-    d = start_daemon(tmp_path / "data", "--port", str(port))
+    zstd = ("--ssd-zstd-level", "1")  # compressed scale rows (the default stores them raw)
+    d = start_daemon(tmp_path / "data", "--port", str(port), *zstd)
     try:
         items = [blob_of(g, s) for s in range(3) for g in (0, 1)]
         keys, blobs = [k for k, _ in items], [b for _, b in items]
@@ -148,13 +149,13 @@ def test_pages_are_saved_as_a_turn_found_by_key_and_loaded_back_across_a_restart
             assert all(c.lookup_keys(NS, keys))
             assert c.lookup_keys("team-b", keys) == [None] * len(keys)
         assert d.stop() == 0
-        d = start_daemon(tmp_path / "data", "--port", str(port))
+        d = start_daemon(tmp_path / "data", "--port", str(port), *zstd)
         with Client(address=d.address) as c:  # the layout and the session survived
             assert [bytes(b) for _, b in c.load_chunks(NS, keys)] == blobs
             assert list(c.load_chunks("team-b", keys)) == []
             s = c.stats().bytes_per_token
             assert (s.tokens, s.unique_chunks, s.formula) == (768, 6, pytest.approx(890.0))
-            assert s.stored < s.raw  # the scale rows compress (FP4 codes hardly do)
+            assert s.stored < s.raw  # at level 1 the scale rows compress (FP4 codes hardly do)
     finally:
         d.stop()
 

@@ -97,7 +97,7 @@ def test_compression_off_and_on_read_each_other(tmp_path: Path) -> None:
 def test_compressible_from_keeps_the_prefix_raw(tmp_path: Path) -> None:
     codes = _random(3, 8192)  # incompressible FP4 codes first, compressible scales last
     value = codes + bytes(100_000)
-    with SsdTier(SsdTierConfig(path=str(tmp_path)), compressible_from=lambda v: 8192) as tier:
+    with SsdTier(SsdTierConfig(path=str(tmp_path), zstd_level=1), compressible_from=lambda v: 8192) as tier:
         tier.put(b"chunk", value)
         tier.put(b"codes", codes)  # all prefix: nothing left to compress
         assert tier.size_of(b"chunk") < 8192 + 1000  # type: ignore[operator]
@@ -111,7 +111,7 @@ def test_compressible_from_keeps_the_prefix_raw(tmp_path: Path) -> None:
 
 
 def test_compressible_from_rejects_bad_offsets(tmp_path: Path) -> None:
-    with SsdTier(SsdTierConfig(path=str(tmp_path)), compressible_from=lambda v: len(v) + 1) as tier:
+    with SsdTier(SsdTierConfig(path=str(tmp_path), zstd_level=1), compressible_from=lambda v: len(v) + 1) as tier:
         with pytest.raises(ValueError, match="compressible_from"):
             tier.put(b"k", b"value")
         assert not tier.contains(b"k")
@@ -265,3 +265,62 @@ def test_open_failure_is_a_tier_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_bytes(b"not a directory")
     with pytest.raises(TierError, match="ssd tier"):
         _open(tmp_path / "file" / "db")
+
+
+def test_records_are_raw_by_default_and_compact_ones_compressed(tmp_path: Path) -> None:
+    """The default stores values raw (an ssd load copies them straight out of the map); compact
+    records asked for without a level are compressed at level 1, not silently stored raw."""
+    value = _random(3, 8192) + bytes(100_000)
+    assert SsdTierConfig().zstd_level == 0
+    assert SsdTierConfig(compact_records=True).record_level == 1
+    assert SsdTierConfig(compact_records=True, zstd_level=5).record_level == 5
+    with SsdTier(SsdTierConfig(path=str(tmp_path / "default")), compressible_from=lambda v: 8192) as tier:
+        tier.put(b"chunk", value)
+        assert tier.get(b"chunk") == value
+    assert HEADER.unpack_from(_records(tmp_path / "default")[b"chunk"]) == (RAW, len(value), len(value))
+
+
+def _sizes(tier: SsdTier) -> dict[bytes, tuple[int, int]]:
+    return dict(tier._sizes)
+
+
+def test_an_open_takes_each_records_size_from_its_header_page_as_lmdb_would(tmp_path: Path) -> None:
+    """The open's sizes come from the structural check's walk (one page per record), not from a
+    cursor over every value: they must be exactly what LMDB's own view gives, for inline values,
+    values on overflow pages, compressed ones and a record too short to hold a header."""
+    values = {b"small": b"x" * 100, b"big": _random(1, 300_000), b"squeezed": COMPRESSIBLE, b"empty": b""}
+    with _open(tmp_path, zstd_level=1) as tier:
+        tier.put_many(values.items())
+    env = lmdb.open(str(tmp_path), max_dbs=8)
+    with env.begin(write=True, db=env.open_db(DB_NAME)) as txn:
+        txn.put(b"stub", b"\x00\x01")  # shorter than a header: counted, unreadable
+    env.close()
+    with _open(tmp_path, zstd_level=1) as tier:
+        from_heads = _sizes(tier)
+        tier._sizes.clear()
+        tier._scan()  # LMDB's view: a cursor over every record
+        assert from_heads == _sizes(tier)
+        assert set(from_heads) == {*values, b"stub"}
+        assert from_heads[b"stub"] == (2, 0) and from_heads[b"big"][1] == 300_000
+        assert from_heads[b"squeezed"][0] < len(COMPRESSIBLE) == from_heads[b"squeezed"][1]
+        assert [tier.get(k) for k in values] == list(values.values())
+
+
+def test_an_open_reads_one_page_per_record_not_the_whole_file(tmp_path: Path) -> None:
+    """A store bigger than RAM must open without reading all of it: after its pages are dropped
+    from the page cache, an open (the check, the sizes) brings back a few percent of the file."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common import drop_page_cache
+    from benchmarks.resume.geometry_raw import resident_fraction
+
+    with _open(tmp_path) as tier:
+        for i in range(8):
+            tier.put_many((f"{i}-{j}".encode(), _random(i * 100 + j, 256 << 10)) for j in range(16))
+    data = tmp_path / "data.mdb"
+    left = None if drop_page_cache(data) else resident_fraction(data)
+    if left is None or left > 0.05:
+        pytest.skip(f"cannot drop {data}'s pages from the page cache here (mincore: {left})")
+    with _open(tmp_path) as tier:
+        assert len(_sizes(tier)) == 128
+        after = resident_fraction(data)
+        assert after is not None and after < 0.25  # 1 page of each 65-page record, and the trees

@@ -174,7 +174,7 @@ def report(res: dict, png: Path) -> str:
         f"{res['tokens_written']:,} tokens in all, {per_boundary:,.0f} tokens per boundary on average. Expired "
         f"sessions reclaimed by the daemons' maintenance pass (reclaimed / expected, per store): "
         + ", ".join(f"{n} {a}/{b}" for n, (a, b) in res["reclaimed"].items()) + ".",
-        "Stores: four `kvstore serve --port 0` daemons (zstd-1 default records, LMDB sync, write-through, "
+        "Stores: four `kvstore serve --port 0` daemons (default records: stored raw, LMDB sync, write-through, "
         "256-token chunks), host tier "
         f"{fin['real / kvstore']['spec']['host_capacity'] // (1 << 20)} MiB at the real geometry and "
         f"{fin['tiny-16 / kvstore']['spec']['host_capacity'] // (1 << 20)} MiB at tiny-16. *kvstore*: the global KV "

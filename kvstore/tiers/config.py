@@ -51,7 +51,7 @@ class HostTierConfig:
 
 @dataclass(frozen=True)
 class SsdTierConfig:
-    """Values zstd-compressed in an LMDB environment on local disk."""
+    """Values in an LMDB environment on local disk, stored raw or zstd-compressed (``zstd_level``)."""
 
     path: str = "kvstore-data/ssd"  # the daemon's is <data_dir>/ssd
     capacity_bytes: int = field(default=0, metadata=option("ssd tier size (its reported capacity), 0 = unlimited"))
@@ -59,15 +59,21 @@ class SsdTierConfig:
     max_map_bytes: int = field(default=0, metadata=option(
         "hard limit of the LMDB file: past it saves fail with RESOURCE_EXHAUSTED and reads go on; "
         "0 = none (the disk is the limit)"))
-    #: 0 = store raw; 1..22 = zstd level (1 compresses E4M3 scales best per second)
-    zstd_level: int = field(default=1, metadata=option("ssd compression level, 0 = off"))
-    #: Chunks as record flag 2 (codes and scales transformed, then compressed: 834 instead of 866
+    #: 0 = store raw (the default); 1..22 = zstd level of a chunk's scales tail (1 compresses E4M3
+    #: scales best per second). Off by default: at deepseek-v4.1-flash level 1 keeps 866 instead of
+    #: 898 B/token at rest (3.6% less) but a whole-session load from this tier took 2.2x as long
+    #: (46 vs 21 ms for 128K tokens: the FP4 codes are copied out of the map and the tails decoded
+    #: before the one copy to the caller; benchmarks/results/resume_geometry.md), and saves 1.3x.
+    zstd_level: int = field(default=0, metadata=option(
+        "ssd compression level of chunks' scales, 0 = off (the default: 3.6% more bytes at rest, "
+        "ssd loads 2.2x as fast)"))
+    #: Chunks as record flag 2 (codes and scales transformed, then compressed: 834 instead of 898
     #: B/token at rest at the real geometry, but encoded ~10x and decoded ~14x slower: 235 / 283 MB/s,
-    #: benchmarks/results/at_rest.md) or, by default, flag 1 (only the scales tail compressed), which
-    #: keeps saves and ssd reads near the disk's speed. For stores bound by capacity, not latency.
+    #: benchmarks/results/at_rest.md), at ``zstd_level`` or, when that is 0, level 1. For stores bound
+    #: by capacity, not latency.
     compact_records: bool = field(default=False, metadata=option(
-        "store chunks in the compact record format: ~4% fewer bytes at rest (834 vs 866 B/token at "
-        "deepseek-v4.1-flash), ~10x slower to encode and decode"))
+        "store chunks in the compact record format (zstd level 1 unless --ssd-zstd-level says another): "
+        "7% fewer bytes at rest (834 vs 898 B/token at deepseek-v4.1-flash), ~10x slower to encode and decode"))
     #: True: a put that returned is on disk; False: flushed on flush()/close()
     sync: bool = field(default=True, metadata=option("fsync every acknowledged write"))
     map_size: int = 1 << 30  # initial LMDB map size (at most max_map_bytes); doubled whenever it fills
@@ -82,6 +88,12 @@ class SsdTierConfig:
             raise InvalidSetting("ssd tier", "map_size", f"must be > 0, got {self.map_size}")
         if self.max_map_bytes < 0:
             raise InvalidSetting("ssd tier", "max_map_bytes", f"must be >= 0 (0 = no limit), got {self.max_map_bytes}")
+
+    @property
+    def record_level(self) -> int:
+        """The zstd level records are written at: ``zstd_level``, or 1 for compact records asked
+        for without a level."""
+        return self.zstd_level or (1 if self.compact_records else 0)
 
     @property
     def initial_map_size(self) -> int:

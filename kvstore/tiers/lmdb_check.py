@@ -7,7 +7,8 @@ assertion (abort), which would kill the daemon at startup or on a read. This wal
 checks what LMDB relies on: every page says it is the page it was reached as, branch pages above
 leaves exactly ``depth`` levels deep, node offsets and sizes inside their page, keys in order,
 overflow pages where values point, long enough for the value, inside the file; no page twice.
-It reads one page per tree page and per big value (the open scan reads those anyway).
+It reads one page per tree page and per big value (the open scan reads those anyway), with the
+kernel's readahead off.
 
 Layout (lmdb.h / mdb.c of LMDB 0.9, 64-bit): a page header ``pgno u64, pad u16, flags u16,
 lower u16, upper u16`` (overflow pages: ``pages u32`` instead of lower/upper), node offsets
@@ -59,6 +60,9 @@ class Inspection:
     data_file: str
     problems: list[str] = field(default_factory=list)
     meta: Meta | None = None
+    #: For a sound file, asked for with ``head_bytes``: per named db, each key's value size and its
+    #: first ``head_bytes`` bytes (what an open needs of each record, without reading any more of it).
+    heads: dict[bytes, dict[bytes, tuple[int, bytes]]] = field(default_factory=dict)
 
 
 class _Walk:
@@ -203,18 +207,28 @@ def _walk(mm: mmap.mmap, meta: Meta) -> tuple[list[str], dict[bytes, list[Record
     return walk.problems[:_MAX_PROBLEMS], dbs
 
 
-def inspect(path: str, data_name: str = "data.mdb") -> Inspection | None:
+def inspect(path: str, data_name: str = "data.mdb", head_bytes: int = 0) -> Inspection | None:
     """Check the data file under ``path`` (None if there is none yet). Both meta pages must be
     sound, their transaction ids consecutive (LMDB writes them alternately: a flipped id would make
-    it pick the older snapshot and silently drop the last commit), and the newer one's trees sound."""
+    it pick the older snapshot and silently drop the last commit), and the newer one's trees sound.
+    ``head_bytes``: a sound file's ``heads`` too (read from the pages the walk read anyway; through
+    LMDB a cursor's every value is read whole, py-lmdb touching each of its pages)."""
     data = os.path.join(path, data_name)
     if not os.path.exists(data) or os.path.getsize(data) == 0:
         return None  # new, or created and never written: LMDB initialises it
     with open(data, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        return _inspect(mm, data)
+        _random_access(mm)
+        return _inspect(mm, data, head_bytes)
 
 
-def _inspect(mm: mmap.mmap, data: str) -> Inspection:
+def _random_access(mm: mmap.mmap) -> None:
+    """No readahead on ``mm``: the walk reads one page of each big value, and the kernel's readahead
+    (often megabytes) would read the rest of every value with it, i.e. the whole file at every open."""
+    if hasattr(mmap, "MADV_RANDOM"):
+        mm.madvise(mmap.MADV_RANDOM)
+
+
+def _inspect(mm: mmap.mmap, data: str, head_bytes: int) -> Inspection:
     out = Inspection(data)
     first = _meta(bytes(mm[:4096]), 0)[0]
     psize = first.psize if first is not None else 4096
@@ -229,20 +243,33 @@ def _inspect(mm: mmap.mmap, data: str) -> Inspection:
         out.problems.append(f"transaction ids {metas[0].txnid} and {metas[1].txnid} are not consecutive")
     # Salvage from the sound meta with the soundest trees, the newer one on a tie.
     ranked = sorted(metas, key=lambda m: m.txnid, reverse=True)
-    walked = [(m, _walk(mm, m)[0]) for m in ranked]
-    walked.sort(key=lambda mw: len(mw[1]))
+    walks = [(m, *_walk(mm, m)) for m in ranked]
+    walked = sorted([(m, problems) for m, problems, _ in walks], key=lambda mw: len(mw[1]))
     if walked:
         out.meta = walked[0][0]
         if ranked[0] is walked[0][0]:
             out.problems += walked[0][1]
         else:
             out.problems += [f"the newer snapshot is damaged: {p}" for p in dict(walked)[ranked[0]]]
+    if head_bytes and out.meta is not None and not out.problems:  # the newest snapshot, the one LMDB opens
+        out.heads = {name: {key: _head(mm, out.meta.psize, value, head_bytes) for key, value in records}
+                     for name, records in walks[0][2].items()}
     return out
+
+
+def _head(mm: mmap.mmap, psize: int, value: bytes | tuple[int, int], n: int) -> tuple[int, bytes]:
+    """(size, first ``n`` bytes) of a value: inline, or on its first (checked) overflow page."""
+    if isinstance(value, bytes):
+        return len(value), value[:n]
+    pgno, size = value
+    start = pgno * psize + _HEAD.size
+    return size, bytes(mm[start : start + min(n, size)])
 
 
 def sound_records(data_file: str, meta: Meta) -> tuple[dict[bytes, list[Record]], list[str]]:
     """Every record reachable through sound pages from ``meta``, per named db, and the problems."""
     with open(data_file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        _random_access(mm)
         problems, dbs = _walk(mm, meta)
     return dbs, problems
 

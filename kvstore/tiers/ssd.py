@@ -1,5 +1,6 @@
-"""SSD tier: values in one LMDB sub-database, each zstd-compressed on its own; meta records
-(session manifests) in a second one, so the two kinds never share a keyspace.
+"""SSD tier: values in one LMDB sub-database, each stored raw (the default: a read is a view into
+the map) or zstd-compressed on its own (``zstd_level``); meta records (session manifests) in a
+second one, so the two kinds never share a keyspace.
 
 A stored record is a 9-byte header and a payload (record.py; docs/FORMAT.md byte by byte)::
 
@@ -7,9 +8,9 @@ A stored record is a 9-byte header and a payload (record.py; docs/FORMAT.md byte
     raw_len u32    length of the original value
     prefix u32     leading bytes stored uncompressed
 
-Flag 2 (chunks, ``compact_records``) keeps the chunk header raw and compresses its FP4 codes and
-its scales in forms zstd shrinks (record_chunk.py); flag 1 (other values, or chunks with
-``compact_records`` off) compresses from ``compressible_from(value)`` on. The sizes in
+With compression on, flag 2 (chunks, ``compact_records``) keeps the chunk header raw and
+compresses its FP4 codes and its scales in forms zstd shrinks (record_chunk.py); flag 1 (other
+values, or chunks with ``compact_records`` off) compresses from ``compressible_from(value)`` on. The sizes in
 the header let an open rebuild usage totals and the key set from headers alone, without
 decompressing. LMDB commits are atomic and crash-safe; with ``sync`` a put that returned has been
 fsynced. The tier never checks contents (the store verifies chunk checksums), only the framing.
@@ -66,6 +67,12 @@ def _lmdb_errors(what: str) -> Iterator[None]:
         raise TierError(f"ssd tier: {what}: {exc}") from exc
 
 
+def _raw_length(record: bytes | memoryview) -> int:
+    """A record's value length from its header; 0 for a record too short to hold one (it still
+    counts: its get raises TierError, and the store deletes it)."""
+    return int(HEADER.unpack_from(record)[1]) if len(record) >= HEADER.size else 0
+
+
 class SsdTier(Tier):
     """An LMDB-backed, compressed, durable tier. ``capacity_bytes`` is reported, not enforced.
 
@@ -81,7 +88,7 @@ class SsdTier(Tier):
         """``legacy_meta``: what meta records of the first format look like among the values; given,
         the open moves any it finds to the meta sub-database first (``ssd_migrate.py``)."""
         self._config = config
-        self._codec = RecordCodec(config.zstd_level, compressible_from, config.compact_records)
+        self._codec = RecordCodec(config.record_level, compressible_from, config.compact_records)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = Gate()  # no transaction may be open while the map is resized
         self._scratch = ssd_batch.Scratch()  # decoded records of batch reads (read_views)
@@ -96,7 +103,7 @@ class SsdTier(Tier):
         #: What an open-time repair of a damaged data file did ("" if the file was sound).
         self.salvaged = ""
         try:
-            found = inspect(config.path)
+            found = inspect(config.path, head_bytes=HEADER.size)
         except (OSError, ValueError, struct.error) as exc:  # unreadable, or beyond what the check parses
             raise TierError(f"ssd tier: cannot check {config.path}: {exc}") from exc
         if found is not None and found.problems:
@@ -123,7 +130,10 @@ class SsdTier(Tier):
             except TierError:
                 self._env.close()
                 raise
-            self._scan()
+            if found is not None and not found.problems:
+                self._scan_heads(found.heads.get(DB_NAME, {}))
+            else:  # new, or salvaged just now: LMDB's own view
+                self._scan()
         self._meta = _LmdbMeta(self)
         if legacy_meta is not None:
             self._migrate(legacy_meta)
@@ -143,12 +153,18 @@ class SsdTier(Tier):
                         self._config.path)
 
     def _scan(self) -> None:
-        # Headers only: the first bytes of each record, no decompression. A record too short to
-        # hold a header still counts (its get raises TierError, and the store deletes it).
+        # Headers only, no decompression: but py-lmdb touches every page of each value a cursor
+        # returns, so this reads the whole file (``_scan_heads`` is the open's way; this one is for
+        # a file LMDB created or a salvage rewrote just now).
         with self._env.begin(db=self._db, buffers=True) as txn:
             for key, record in txn.cursor():
-                raw = HEADER.unpack_from(record)[1] if len(record) >= HEADER.size else 0
-                self._set(bytes(key), len(record), raw)
+                self._set(bytes(key), len(record), _raw_length(record))
+
+    def _scan_heads(self, heads: dict[bytes, tuple[int, bytes]]) -> None:
+        """The sizes from the open's check (``lmdb_check.inspect``: each record's size and header,
+        from one page of it), so that opening a big store does not read all of it."""
+        for key, (stored, head) in heads.items():
+            self._set(key, stored, _raw_length(head))
 
     def _set(self, key: bytes, stored: int, raw: int) -> None:
         self._drop(key)
