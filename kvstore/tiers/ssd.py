@@ -47,9 +47,10 @@ from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.lmdb_check import inspect
 from kvstore.tiers.lmdb_gate import Gate
 from kvstore.tiers.lmdb_salvage import salvage
+from kvstore.tiers.map_advice import MapAdvice
 from kvstore.tiers.record import HEADER, CompressibleFrom, RecordCodec
 from kvstore.tiers.ssd_migrate import LegacyMeta, find_legacy_meta
-from kvstore.tiers.ssd_space import as_out_of_space, check_data_file, grown_map_size
+from kvstore.tiers.ssd_space import DATA_FILE, as_out_of_space, check_data_file, grown_map_size
 
 log = logging.getLogger(__name__)
 DB_NAME = b"chunks"  # the values' sub-database; others may be added beside it (up to _MAX_DBS)
@@ -92,6 +93,7 @@ class SsdTier(Tier):
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = Gate()  # no transaction may be open while the map is resized
         self._scratch = ssd_batch.Scratch()  # decoded records of batch reads (read_views)
+        self._advice = MapAdvice(os.path.join(config.path, DATA_FILE))  # readahead for batch reads
         self._meta_lock = threading.Lock()
         self._sizes: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (stored, raw), LRU
         self._stored = self._raw = 0
@@ -256,7 +258,8 @@ class SsdTier(Tier):
         block ends, so keep it short: check and copy, then leave."""
         keys = [check_key(key) for key in keys]
         self._check_open()
-        with self._gate.shared(), self._scratch.lending() as lend:  # lent until the block ends
+        with (self._gate.shared(), self._advice.reading_ahead(len(keys)),
+              self._scratch.lending() as lend):  # lent until the block ends
             with _lmdb_errors("get failed"):
                 txn = self._env.begin(db=self._db, buffers=True)
             try:
@@ -275,7 +278,8 @@ class SsdTier(Tier):
         decoded straight into their slots."""
         keys = [check_key(key) for key in keys]
         self._check_open()
-        with _lmdb_errors("get failed"), self._gate.shared(), self._env.begin(db=self._db, buffers=True) as txn:
+        with (_lmdb_errors("get failed"), self._gate.shared(), self._advice.reading_ahead(len(keys)),
+              self._env.begin(db=self._db, buffers=True) as txn):
             filled = ssd_batch.fill(txn, self._codec, keys, dest, offsets, slot_sizes)
         skip = filled.no_room | filled.unreadable
         missing = [i for i, n in enumerate(filled.lengths) if n is None and i not in skip]
