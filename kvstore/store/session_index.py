@@ -16,6 +16,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
+from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
 from kvstore.store.chunk_index import ChunkIndex, ChunkInfo
 from kvstore.store.sharing import SessionRef, Update
@@ -71,10 +72,30 @@ class SessionIndex:
         return freed
 
     def replace(self, m: Manifest) -> None:
-        """Index ``m`` as its session's current version, in place of any other."""
+        """Index ``m`` as its session's current version, in place of any other. A session that grew
+        (its chunks those of the version it replaces, and more) changes only what differs: a turn of
+        a long session costs what the turn adds, not what the session holds."""
+        ref = (m.namespace, m.session_id)
         with self.lock:
-            self.remove((m.namespace, m.session_id))
-            self.add(m)
+            old = self._manifests.get(ref)
+            if (old is None or old.engine_pages or m.engine_pages or old.layout_id != m.layout_id
+                    or old.retention.pinned or m.retention.pinned):
+                self.remove(ref)
+                self.add(m)
+                return
+            same = _common_prefix(old.chunk_keys, m.chunk_keys)
+            self._manifests[ref] = m
+            added = m.chunk_keys[same:]
+            kept = set(added)
+            for k in old.chunk_keys[same:]:
+                refs = self._refs.get(k)
+                if refs is not None and k not in kept:
+                    refs.discard(ref)
+                    if not refs:
+                        del self._refs[k]
+            for k in added:
+                self._refs[k].add(ref)
+            self.chunks.add_sequence(m.namespace, m.layout_id, added, same, m.chunk_keys[same - 1] if same else ROOT)
 
     def adopt(self, updates: list[Update], advance: Callable[[SessionRef, int], bool]) -> bool:
         """Index versions other daemons published (``sharing.py``), those ``advance`` accepts (not one
@@ -141,3 +162,14 @@ class SessionIndex:
         """Every chunk a live (unexpired) session references, with that session's layout id."""
         with self.lock:
             return {k: m.layout_id for m in self._manifests.values() if not m.expired(now) for k in m.chunk_keys}
+
+
+def _common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+    """How many leading keys ``a`` and ``b`` share."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, a session grown by a turn: one comparison in C
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

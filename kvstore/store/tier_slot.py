@@ -86,6 +86,9 @@ class TierSlot:
     def has(self, key: bytes) -> bool:
         return self.attempt("contains", lambda t: t.contains(key), False)
 
+    def has_many(self, keys: Sequence[bytes]) -> list[bool]:
+        return self.attempt("contains", lambda t: t.contains_many(keys), [False] * len(keys))
+
     def get(self, key: bytes) -> Stored | None:
         return self.attempt("get", lambda t: t.get(key), None)
 

@@ -245,6 +245,11 @@ class TieredStore:
         Tiers slower than the durable one do not count: they may be shared and expire by TTL."""
         return key in self._dirty or self._slots[self.durable].has(key)
 
+    def holds_durably_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """``holds_durably`` of each key, the durable tier asked once."""
+        held = self._slots[self.durable].has_many(keys)
+        return [h or key in self._dirty for key, h in zip(keys, held)]
+
     # -- meta records (manifests) live in the durable tier's own meta keyspace --------------------
     def _meta(self, what: str, op: Callable[[MetaMap], _T]) -> _T:
         try:

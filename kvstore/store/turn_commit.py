@@ -140,10 +140,10 @@ class TurnCommit:
         """Every chunk ``m`` names is stored, owned by its namespace, and in its place; except the
         positions in ``skip``, whose chunks this save brings (validated against their keys)."""
         infos = self.index.owned(m.namespace, m.chunk_keys)
+        held = self.store.holds_durably_many(m.chunk_keys)
         # Another namespace's chunk and an absent one are one case, answered with one message:
         # a commit must not tell a tenant what another one holds.
-        absent = [i for i, (k, info) in enumerate(zip(m.chunk_keys, infos))
-                  if i not in skip and (info is None or not self.store.holds_durably(k))]
+        absent = [i for i, (info, h) in enumerate(zip(infos, held)) if i not in skip and (info is None or not h)]
         if absent:  # a chunk published to a shared tier is stored
             shared = self.sharing.held([m.chunk_keys[i] for i in absent if infos[i] is not None])
             absent = [i for i in absent if m.chunk_keys[i] not in shared]

@@ -173,6 +173,10 @@ class Tier(abc.ABC):
     def contains(self, key: bytes) -> bool:
         """Whether ``key`` is present. Does not change the eviction order."""
 
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """``contains`` of each key (a tier with an index in memory answers them in one pass)."""
+        return [self.contains(key) for key in keys]
+
     @abc.abstractmethod
     def usage(self) -> Usage:
         """Bytes and items held now, and the configured capacity."""

@@ -1,8 +1,11 @@
 """Host tier: values in process memory, LRU order in an OrderedDict, one lock around both.
 
-Values are kept as ``bytes``; with CUDA present and ``pin_memory`` set they are kept in pinned
-uint8 tensors instead, so a later copy to the GPU is a direct DMA (returned as read-only
-memoryviews over the tensor's memory).
+Values of 64 KiB and more (chunks, page blobs) are copied into buffers of a pool that recycles the
+buffers of dropped values and keeps memory faulted in ahead (``host_pool.py``): a save or a
+promotion copies into memory that is ready, not into fresh pages. Smaller ones are kept as
+``bytes``. With CUDA present and ``pin_memory`` set, values are kept in pinned uint8 tensors
+instead, so a later copy to the GPU is a direct DMA. What is not ``bytes`` is handed out as a
+read-only memoryview.
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from kvstore.tiers.base import Stored, Tier, TierError, Usage, Value, check_key, check_value
 from kvstore.tiers.config import HostTierConfig
+from kvstore.tiers.host_pool import MIN_AHEAD_BYTES, HostPool
 
 
 def _nvidia_driver_present() -> bool:
@@ -54,6 +60,7 @@ class HostTier(Tier):
         self._used = 0
         self._closed = False
         self._pin = _pinned_copier() if config.pin_memory else None
+        self._pool = HostPool(config.reserve_bytes)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -61,17 +68,27 @@ class HostTier(Tier):
 
     def _copy(self, view: memoryview) -> Any:
         # Copy outside the lock: values are up to a few MB and other threads should not wait.
-        if self._pin is None or not len(view):
-            if isinstance(view.obj, bytes) and view.nbytes == len(view.obj):
-                return view.obj  # a whole bytes object is immutable: kept as it is, no copy
-            return view.tobytes()
-        return self._pin(view)
+        if self._pin is not None and len(view):
+            return self._pin(view)
+        if len(view) >= MIN_AHEAD_BYTES:
+            buf = self._pool.take(len(view))
+            buf[:] = np.frombuffer(view, np.uint8)
+            return buf
+        if isinstance(view.obj, bytes) and view.nbytes == len(view.obj):
+            return view.obj  # a whole bytes object is immutable: kept as it is, no copy
+        return view.tobytes()
+
+    def _drop(self, stored: Any) -> None:
+        """A value is no longer the tier's: its pool buffer goes back (reused once no view of it is left)."""
+        if isinstance(stored, np.ndarray):
+            self._pool.give(stored)
 
     @staticmethod
     def _out(stored: Any) -> Stored:
         if isinstance(stored, bytes):
             return stored
-        return memoryview(stored.numpy()).toreadonly()  # read-only: callers must not edit the tier
+        arr: np.ndarray = stored if isinstance(stored, np.ndarray) else stored.numpy()
+        return memoryview(arr.data).toreadonly()  # read-only: callers must not edit the tier
 
     def put(self, key: bytes, value: Value) -> None:
         check_key(key)
@@ -81,6 +98,7 @@ class HostTier(Tier):
             old = self._values.pop(key, None)
             if old is not None:
                 self._used -= len(old)
+                self._drop(old)
             self._values[key] = stored
             self._used += len(stored)
 
@@ -102,6 +120,7 @@ class HostTier(Tier):
             if stored is None:
                 return False
             self._used -= len(stored)
+            self._drop(stored)
             return True
 
     def contains(self, key: bytes) -> bool:
@@ -109,6 +128,13 @@ class HostTier(Tier):
         with self._lock:
             self._check_open()
             return key in self._values
+
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        keys = [check_key(key) for key in keys]
+        with self._lock:
+            self._check_open()
+            values = self._values
+            return [key in values for key in keys]
 
     def size_of(self, key: bytes) -> int | None:
         check_key(key)
@@ -136,3 +162,4 @@ class HostTier(Tier):
             self._closed = True
             self._values.clear()
             self._used = 0
+        self._pool.close()

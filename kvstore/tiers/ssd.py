@@ -355,6 +355,13 @@ class SsdTier(Tier):
             self._check_open()
             return key in self._sizes
 
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        keys = [check_key(key) for key in keys]
+        with self._meta_lock:
+            self._check_open()
+            sizes = self._sizes
+            return [key in sizes for key in keys]
+
     def size_of(self, key: bytes) -> int | None:
         check_key(key)
         with self._meta_lock:

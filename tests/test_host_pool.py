@@ -1,0 +1,94 @@
+"""The host tier's memory pool: a dropped value's buffer is lent again only once nothing refers to
+it (a reader's view of a deleted value keeps its bytes), buffers are faulted in ahead of the saves
+that copy into them, and what the pool keeps free is bounded."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from kvstore.tiers.config import HostTierConfig
+from kvstore.tiers.host import HostTier
+from kvstore.tiers.host_pool import MIN_AHEAD_BYTES, HostPool
+
+N = 256 << 10
+
+
+def _address(view: memoryview | bytes) -> int:
+    return int(np.frombuffer(view, np.uint8).ctypes.data)
+
+
+def _key(i: int) -> bytes:
+    return i.to_bytes(16, "big")
+
+
+def _wait(pred: object, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred() and time.monotonic() < deadline:  # type: ignore[operator]
+        time.sleep(0.01)
+
+
+def test_a_dropped_value_s_memory_is_lent_again_once_unreferenced() -> None:
+    tier = HostTier(HostTierConfig(pin_memory=False, reserve_bytes=0))
+    try:
+        tier.put(_key(1), b"a" * N)
+        view = tier.get(_key(1))
+        assert view is not None
+        first = _address(view)
+        del view
+        assert tier.delete(_key(1))
+        tier.put(_key(2), b"b" * N)
+        again = tier.get(_key(2))
+        assert again is not None and _address(again) == first and bytes(again) == b"b" * N
+    finally:
+        tier.close()
+
+
+def test_a_reader_s_view_of_a_deleted_value_keeps_its_bytes() -> None:
+    tier = HostTier(HostTierConfig(pin_memory=False, reserve_bytes=0))
+    try:
+        tier.put(_key(1), b"a" * N)
+        held = tier.get(_key(1))
+        assert held is not None and held.readonly
+        tier.delete(_key(1))
+        for i in range(2, 6):  # saves of the same size after the delete: none may take that buffer
+            tier.put(_key(i), bytes([i]) * N)
+        assert bytes(held) == b"a" * N
+        assert _address(held) not in {_address(tier.get(_key(i))) for i in range(2, 6)}  # type: ignore[arg-type]
+        tier.put(_key(2), b"c" * N)  # a replaced value gives its buffer back too
+        assert bytes(tier.get(_key(2))) == b"c" * N  # type: ignore[arg-type]
+    finally:
+        tier.close()
+
+
+def test_buffers_are_faulted_in_ahead_of_the_takes() -> None:
+    pool = HostPool(reserve_bytes=8 * N)
+    try:
+        pool.take(N)  # the first of a size is faulted in line; it tells the pool the size
+        _wait(lambda: pool.held_bytes() >= 8 * N)
+        assert pool.held_bytes() == 8 * N
+        before = pool.faulted_in_line
+        bufs = [pool.take(N) for _ in range(8)]
+        assert pool.faulted_in_line == before and all(len(b) == N for b in bufs)
+    finally:
+        pool.close()
+
+
+def test_what_the_pool_keeps_free_is_bounded_and_small_values_stay_bytes() -> None:
+    pool = HostPool(reserve_bytes=4 * N)
+    try:
+        for _ in range(16):
+            pool.give(np.empty(N, np.uint8))
+        assert pool.held_bytes() <= 4 * N
+    finally:
+        pool.close()
+    tier = HostTier(HostTierConfig(pin_memory=False))
+    try:
+        tier.put(_key(1), b"x" * (MIN_AHEAD_BYTES - 1))
+        assert isinstance(tier.get(_key(1)), bytes)
+        tier.put(_key(2), b"y" * MIN_AHEAD_BYTES)
+        got = tier.get(_key(2))
+        assert isinstance(got, memoryview) and got.readonly and bytes(got) == b"y" * MIN_AHEAD_BYTES
+    finally:
+        tier.close()
