@@ -259,10 +259,10 @@ class Client:
                                ) -> tuple[Manifest, list[tuple[int, Any]]]:
         """The manifest and (chunk index, uint8 tensor on ``device``) per chunk the store still has
         (default device: the current CUDA one). On the same host and GPU as a daemon with an HBM
-        tier, copied device to device through CUDA IPC, with no host round trip; otherwise loaded
-        through the host path (kvstore/client/device_load.py; :meth:`device_loader` says which path
-        and why). The tensors are views of a reused buffer, valid until the next
-        such load: clone what you keep."""
+        tier, copied device to device through CUDA IPC, with no host round trip; otherwise through
+        the host path: :meth:`load_session_into` one page-locked host buffer, then one upload
+        (kvstore/client/device_load.py; :meth:`device_loader` says which path and why). The tensors
+        are views of a reused buffer, valid until the next such load: clone what you keep."""
         return self.device_loader(device).load(namespace, session_id)
 
     def device_loader(self, device: Any = None) -> DeviceLoader:
