@@ -171,3 +171,22 @@ def test_loader_sizes_its_first_buffer_from_the_manifest(daemon: Daemon) -> None
         _, chunks = c.load_session_to_device(ns, "large", device="cpu")
         check(chunks, large, torch.device("cpu"))
         assert calls[0] == 1  # no refused first try
+
+
+@needs_cuda
+def test_host_path_from_a_daemons_hbm_tier(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The daemon's batch read out of its HBM tier (HbmTier.read_views), into this process's kept
+    buffer, uploaded: bit-exact, and every chunk was in the HBM tier."""
+    ns = f"d-{uuid.uuid4().hex[:12]}"
+    small, large = sessions(ns)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    data = tmp_path_factory.mktemp("device-load-hbm") / "data"
+    with running_daemon(data, "--hbm-capacity-bytes", str(64 << 20)) as d, Client(address=d.address) as c:
+        save_session(c, small)
+        save_session(c, large)
+        assert c.get_session(ns, "large")[1] == {"hbm": len(large.blobs)}
+        loader = DeviceLoader(c, dev, ipc=False)
+        for s in (large, small, large):
+            _, chunks = loader.load(ns, s.manifest.session_id)
+            check(chunks, s, dev)
+        loader.close()
