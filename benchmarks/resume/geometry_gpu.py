@@ -175,7 +175,6 @@ def host_tier_round(s: Session, r: SizeResult, cfg: GpuConfig, data: Path, dev: 
         _, chunks = loader.load(NS, SID)  # warm-up: buffers sized and registered, connections made
         check_load(chunks, expected, "(a)")
         r.paths["device_host"] = path_of(loader)
-        calls0 = client.stats().transport.caller_memory_calls
         ops: dict[str, Callable[[], object]] = {
             "device_host": lambda: loader.load(NS, SID),
             "into_pinned": lambda: client.load_session_into(NS, SID, own.tensor),
@@ -187,6 +186,7 @@ def host_tier_round(s: Session, r: SizeResult, cfg: GpuConfig, data: Path, dev: 
         ops["into_pinned"]()
         if not torch.equal(own.tensor[:n], host_view(packed)):
             raise Mismatch("(a1): the host buffer holds other bytes than were saved")
+        calls0 = client.stats().transport.caller_memory_calls
         for _ in range(cfg.repeats):
             for name, fn in ops.items():
                 r.seconds.setdefault(name, []).append(sync_timed(fn, dev))

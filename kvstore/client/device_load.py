@@ -170,19 +170,29 @@ class DeviceLoader:
                 need = self._session_bytes(self._client.get_session(namespace, session_id)[0])
                 self._grow(need if need > self._host.size else 2 * self._host.size)
                 continue
-            base = self._host.tensor.data_ptr()
-            spans = [(i, address_of(v) - base, len(v)) for i, v in placed]
-            used = max((a + n for _, a, n in spans), default=0)
+            sizes = [len(v) for _, v in placed]
+            used = sum(sizes)
+            self._check_packed(placed, used)
             if not cuda:  # the host buffer is the device's memory: its views, no copy
-                return manifest, [(i, self._host.tensor[a:a + n]) for i, a, n in spans]
+                return manifest, list(zip((i for i, _ in placed), self._host.tensor[:used].split(sizes)))
             if self._staged is None or self._staged.numel() < used:
                 self._staged = None  # the old one is freed once the caller drops the last load's views
                 self._staged = torch.empty(self._host.size, dtype=torch.uint8, device=self.device)
-            dev = self._staged
-            dev[:used].copy_(self._host.tensor[:used], non_blocking=True)
+            dev = self._staged[:used]
+            dev.copy_(self._host.tensor[:used], non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()  # the host buffer is written again next load
-            return manifest, [(i, dev[a:a + n]) for i, a, n in spans]
+            return manifest, list(zip((i for i, _ in placed), dev.split(sizes)))
         raise KvstoreError("load_session_into did not fit the host buffer after 3 resizes")
+
+    def _check_packed(self, placed: list[tuple[int, memoryview]], used: int) -> None:
+        """``load_session_into`` packs the chunks back to back from the buffer's start, in order: the views
+        are cut from that (one split, not a slice per chunk); its ends are checked against the buffer."""
+        assert self._host is not None
+        base = self._host.tensor.data_ptr()
+        first, last = (placed[0][1], placed[-1][1]) if placed else (None, None)
+        if first is not None and last is not None and (address_of(first) != base
+                                                       or address_of(last) + len(last) != base + used):
+            raise KvstoreError("load_session_into did not pack the chunks from the buffer's start")
 
     def _session_bytes(self, manifest: Manifest) -> int:
         """What a load of ``manifest``'s chunks places: each a chunk of its chunk_tokens tokens. A layout
