@@ -1,12 +1,14 @@
-"""Page-locked host memory that another process can still write into: anonymous memory of our own,
-registered with CUDA (``cudaHostRegister``), for loads the daemon writes straight into a client's
-buffer and the client then uploads in one DMA.
+"""Page-locked host memory a client owns outright: anonymous memory of its own, registered with CUDA
+(``cudaHostRegister``), for loads the daemon writes straight into a client's buffer and the client then
+uploads in one DMA (the device loader's host path, kvstore/client/device_load.py).
 
-Why not torch's ``pin_memory=True``: that memory comes from ``cudaHostAlloc``, which the NVIDIA
-driver maps into the process itself, a mapping the kernel will not pin for another process
-(``process_vm_writev`` into it can fail with EFAULT, and the daemon then refuses the load as memory
-the caller did not map writable). Ordinary anonymous memory, registered afterwards, is both: the
-kernel writes into it like any other page, and the GPU's copy engine reads it at pinned speed.
+Why not torch's ``pin_memory=True``: that memory comes from torch's caching host allocator, which keeps
+a freed block cached for later pinned allocations of the process instead of returning it, so a loader
+that grows its buffer from one session's size to a larger one's would leave the old block page-locked
+for the life of the process. This buffer is unregistered and unmapped when the loader lets it go, and is
+ordinary anonymous memory for the kernel (the daemon's ``process_vm_writev`` writes into it). Both kinds
+upload at the same speed (H200: 52-53 GB/s, benchmarks/results/resume_geometry_gpu.md, which also found
+the daemon's writes into ``pin_memory`` memory accepted there).
 
 Registration needs CUDA; where there is none (or the driver refuses it) the buffer is plain memory
 (``pinned`` False): still correct, its uploads only slower. This module imports without CUDA.
