@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 from kvstore.store import StoreConfig, TieredStore  # noqa: E402
 from kvstore.tiers import HbmTierConfig, HostTierConfig, TierFullError, make_tier  # noqa: E402
 from kvstore.tiers.hbm import HbmTier  # noqa: E402
+from kvstore.tiers.hbm_alloc import aligned  # noqa: E402
 
 
 def _values(seed: int, sizes: list[int]) -> list[bytes]:
@@ -68,6 +69,31 @@ def test_views_outlive_the_blocks_they_came_from(hbm: HbmTier) -> None:
     hbm.delete(b"k")
     hbm.put(b"k2", new)  # likely the same block
     assert view is not None and bytes(view) == old
+
+
+def _address(view: object) -> int:
+    return int(np.frombuffer(view, np.uint8).ctypes.data)  # type: ignore[call-overload]
+
+
+def test_read_views_reads_a_batch_into_one_pinned_buffer_reused_by_the_next_read(hbm: HbmTier) -> None:
+    sizes = [229_376] * 30 + [0, 1, 5_000, 70_001]
+    keys, values = _keys(len(sizes)), _values(10, sizes)
+    for i in range(0, len(keys), 8):  # several extents, as turns leave them
+        hbm.put_many(zip(keys[i:i + 8], values[i:i + 8]))
+    order = [*reversed(keys), b"missing"]
+    with hbm.read_views(order) as views:
+        assert views.unreadable == frozenset() and views.values[-1] is None
+        assert [bytes(v) for v in views.values[:-1] if v is not None] == list(reversed(values))
+        first = _address(views.values[0])
+        assert isinstance(views.values[0], memoryview) and views.values[0].readonly
+    with hbm.read_views(order) as views:
+        assert _address(views.values[0]) == first  # the same pinned buffer, lent again
+        with hbm.read_views(keys[:3]) as inner:  # a read at the same time: a buffer of its own
+            assert [bytes(v or b"") for v in inner.values] == values[:3]
+            assert not first <= _address(inner.values[0]) < first + sum(map(aligned, sizes))
+        assert [bytes(v) for v in views.values[:-1] if v is not None] == list(reversed(values))
+    with hbm.read_views([b"missing", keys[30]]) as views:  # nothing with bytes to copy
+        assert views.values == [None, b""]
 
 
 def test_full_batch_changes_nothing_and_fragmented_space_is_used() -> None:

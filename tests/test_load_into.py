@@ -49,6 +49,23 @@ def test_the_daemon_writes_a_session_into_the_callers_buffer(daemon: Daemon, ns:
     assert all(np.shares_memory(np.frombuffer(v, np.uint8), out) for _, v in placed)
 
 
+def test_a_fresh_clients_first_call_is_written_into_its_buffer(daemon: Daemon, ns: str) -> None:
+    """The first call of a client connects it (binds its calls to the local socket): a load into its
+    buffer as that first call is written by the daemon too, not sent over gRPC and refused there."""
+    s = make_session(namespace=ns, tokens=900)
+    with Client(address=daemon.address) as c:
+        c.save_session(s.manifest, s.blobs)
+    for load in ("session", "chunks"):
+        out = np.zeros(sum(map(len, s.blobs)), np.uint8)
+        before = transport_stats(daemon).caller_memory_calls
+        with Client(address=daemon.address) as fresh:
+            if load == "session":
+                fresh.load_session_into(ns, "s1", out)
+            else:
+                fresh.load_chunks_into(ns, s.keys, out)
+        assert transport_stats(daemon).caller_memory_calls == before + 1 and bytes(out) == packed(s.blobs)
+
+
 def test_grpc_loads_and_copies_in_the_same_way(daemon: Daemon, ns: str) -> None:
     s = make_session(namespace=ns, tokens=900)
     with Client(address=daemon.address) as c:

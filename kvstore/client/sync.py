@@ -209,6 +209,7 @@ class Client:
         too small (a session of n chunks needs n times the layout's chunk size)."""
         dest = into.writable(out)
         request = pb.LoadSessionRequest(namespace=namespace, session_id=session_id)
+        self.connect()  # first: connecting binds the stubs to the local socket, which the daemon's write needs
         first, placed = self._into(self._link.stubs.load_session, request, lambda m: m.chunks,
                                    lambda m: len(m.session.chunk_keys) if m.session is not None else 0, dest)
         if first is None:
@@ -222,6 +223,7 @@ class Client:
         """``load_chunks`` into ``out``, as :meth:`load_session_into` loads a session: (index into
         ``keys``, view of ``out``) per hit, packed from ``out``'s start in order."""
         dest, keys = into.writable(out), list(keys)
+        self.connect()  # as in load_session_into: the stub is taken after the client chose its channel
         first, placed = self._into(self._link.stubs.load_chunks, pb.LoadChunksRequest(namespace=namespace, keys=keys),
                                    lambda m: m, lambda _: len(keys), dest)
         return placed if first is not None else into.copy_into(dest, self.load_chunks(namespace, keys, zero_copy=True))
@@ -259,10 +261,10 @@ class Client:
                                ) -> tuple[Manifest, list[tuple[int, Any]]]:
         """The manifest and (chunk index, uint8 tensor on ``device``) per chunk the store still has
         (default device: the current CUDA one). On the same host and GPU as a daemon with an HBM
-        tier, copied device to device through CUDA IPC, with no host round trip; otherwise loaded
-        through the host path (kvstore/client/device_load.py; :meth:`device_loader` says which path
-        and why). The tensors are views of a reused buffer, valid until the next
-        such load: clone what you keep."""
+        tier, copied device to device through CUDA IPC, with no host round trip; otherwise through
+        the host path: :meth:`load_session_into` one page-locked host buffer, then one upload
+        (kvstore/client/device_load.py; :meth:`device_loader` says which path and why). The tensors
+        are views of a reused buffer, valid until the next such load: clone what you keep."""
         return self.device_loader(device).load(namespace, session_id)
 
     def device_loader(self, device: Any = None) -> DeviceLoader:

@@ -10,24 +10,32 @@ Batches are what make it fast: ``put_many`` places a batch in one extent and upl
 pinned staging buffers on parallel copy lanes (staging.py); ``get_many`` copies a batch back in one
 DMA per run of back-to-back values, straight into one pinned host buffer (from torch's caching
 host allocator, so it is reused once the caller drops the views) whose read-only views it returns.
+``read_views`` (a load's batch read, kvstore/store/batch_reads.py) does the same into a pinned buffer
+the tier lends for the ``with`` block and keeps for the next read (pinned_scratch.py): every key of
+the batch in one pass under the lock, one synchronize.
 ``copy_to`` copies values device to device (the same-GPU handoff, kvstore/server/device_arenas.py).
 This module imports fine without CUDA; only constructing the tier needs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from kvstore.tiers.base import Stored, Tier, TierError, TierFullError, Usage, Value, check_key, check_value
+from kvstore.tiers.base import Stored, Tier, TierError, TierFullError, Usage, Value, Views, check_key, check_value
 from kvstore.tiers.config import HbmTierConfig
 from kvstore.tiers.hbm_alloc import ExtentAllocator, aligned, packed_offsets, paired_runs
+from kvstore.tiers.pinned_scratch import PinnedScratch
 from kvstore.tiers.staging import Stager
 
 __all__ = ["HbmTier", "TierFullError"]
+
+#: the values of a batch read that take arena bytes: (position in the batch, (arena offset, size))
+Sized = list[tuple[int, tuple[int, int]]]
 
 
 class HbmTier(Tier):
@@ -50,6 +58,7 @@ class HbmTier(Tier):
         self._free = ExtentAllocator(config.capacity_bytes)
         self._stager = Stager(self.device, config)
         self._stream = torch.cuda.Stream(self.device)  # reads: device to host, device to device
+        self._scratch = PinnedScratch()  # read_views' host buffers, lent per read and kept
         self._lock = threading.Lock()  # guards the arena, the allocator and the LRU map together
         self._entries: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (offset, size), LRU
         self._used = 0
@@ -126,19 +135,34 @@ class HbmTier(Tier):
         while any view is alive."""
         with self._lock:
             hits = self._hits(keys)
-            sized = [(i, h) for i, h in enumerate(hits) if h is not None and h[1]]
-            dst, span = packed_offsets([h[1] for _, h in sized])
+            sized, dst, span = _planned(hits)
             host = torch.empty(span, dtype=torch.uint8, pin_memory=bool(span))
-            if sized:
-                with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
-                    for src, at, n in paired_runs([h for _, h in sized], dst):
-                        host[at:at + n].copy_(self._arena[src:src + n], non_blocking=True)
-                self._stream.synchronize()  # under the lock: a block may be reused once released
-        view = memoryview(host.numpy().data).toreadonly()
-        out: list[Stored | None] = [None if h is None else b"" for h in hits]
-        for (i, (_, n)), at in zip(sized, dst):
-            out[i] = view[at:at + n]
-        return out
+            self._copy_out(sized, dst, host)
+        return _views(hits, sized, dst, host)
+
+    @contextlib.contextmanager
+    def read_views(self, keys: Sequence[bytes]) -> Iterator[Views]:
+        """``get_many`` into a pinned buffer lent for the block and reused by later reads: the views are
+        valid inside the ``with`` block only (the caller copies or sends them there). The tier holds
+        no framing that can be damaged: nothing is ever unreadable."""
+        with contextlib.ExitStack() as lent:
+            with self._lock:
+                hits = self._hits(keys)
+                sized, dst, span = _planned(hits)
+                host = lent.enter_context(self._scratch.lending(span))
+                self._copy_out(sized, dst, host)
+            yield Views(_views(hits, sized, dst, host), frozenset())
+
+    def _copy_out(self, sized: Sized, dst: Sequence[int], host: torch.Tensor) -> None:
+        """The ``sized`` values copied into ``host`` at ``dst``: one DMA per run of values back to back
+        on both sides, then one synchronize. The caller holds the lock (a block may be reused once
+        released)."""
+        if not sized:
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
+            for src, at, n in paired_runs([h for _, h in sized], dst):
+                host[at:at + n].copy_(self._arena[src:src + n], non_blocking=True)
+        self._stream.synchronize()
 
     def get_tensor(self, key: bytes) -> torch.Tensor | None:
         """The value as a uint8 view on the device, or None on a miss. Marks the key recently used.
@@ -209,5 +233,23 @@ class HbmTier(Tier):
             self._entries.clear()
             self._used = 0
             self._stager.close()
+            self._scratch.clear()
             # Drop the arena; torch's caching allocator keeps the memory for reuse.
             self._arena = self._arena.new_empty(0)
+
+
+def _planned(hits: Sequence[tuple[int, int] | None]) -> tuple[Sized, list[int], int]:
+    """The hits that take arena bytes, where each goes in a packed host buffer, and its size."""
+    sized = [(i, h) for i, h in enumerate(hits) if h is not None and h[1]]
+    dst, span = packed_offsets([h[1] for _, h in sized])
+    return sized, dst, span
+
+
+def _views(hits: Sequence[tuple[int, int] | None], sized: Sized, dst: Sequence[int], host: torch.Tensor
+           ) -> list[Stored | None]:
+    """Each key's value as a read-only view of ``host`` (b"" for an empty value, None for a miss)."""
+    view = memoryview(host.numpy().data).toreadonly()
+    out: list[Stored | None] = [None if h is None else b"" for h in hits]
+    for (i, (_, n)), at in zip(sized, dst):
+        out[i] = view[at:at + n]
+    return out
