@@ -61,8 +61,10 @@ def test_many_pieces_cross_the_iovec_limit(child: tuple[subprocess.Popen[str], i
     assert finish(p)[:3000] == src.tobytes()
 
 
-def test_a_long_write_split_over_two_threads_lands_whole() -> None:
-    size = cma.SPLIT_BYTES + (3 << 20)
+@pytest.mark.parametrize("threads", [2, 4])
+def test_a_long_write_split_over_threads_lands_whole(threads: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cma, "WRITE_THREADS", threads)
+    size = 2 * cma.SPLIT_BYTES + (3 << 20)
     p, addr = spawn(size)
     try:
         src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import itertools
 import os
 import threading
 from collections.abc import Sequence
@@ -28,8 +29,10 @@ import numpy as np
 
 #: iovecs per process_vm_writev call (the kernel's UIO_MAXIOV)
 MAX_IOV = 1024
-#: a write this large is split over two threads (the copies are the kernel's: they run side by side)
+#: a write this large is split over threads, one per half of this, up to WRITE_THREADS (the copies
+#: are the kernel's: they run side by side, one core each)
 SPLIT_BYTES = 16 << 20
+WRITE_THREADS = max(1, min(4, os.cpu_count() or 1))
 PR_SET_PTRACER = 0x59616D61
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -76,21 +79,27 @@ def write(pid: int, sources: Sequence[tuple[int, int]] | np.ndarray, dest: int, 
     table[:, 1, 1] = src[:, 1]
     local = np.ascontiguousarray(table[:, 0])
     remote = np.ascontiguousarray(table[:, 1])
-    spans = [(start, min(n, start + MAX_IOV)) for start in range(0, n, MAX_IOV)]
-    if n > 1 and int(src[:, 1].sum()) >= SPLIT_BYTES:  # a long load: two system calls at once, on two cores
-        half = n // 2
-        spans = [(a, min(b, half)) for a, b in spans if a < half] + [(max(a, half), b) for a, b in spans if b > half]
-        errors: list[BaseException] = []
-        t = threading.Thread(target=_write_spans, args=(pid, local, remote, src, spans[len(spans) // 2 :], errors))
-        t.start()
-        try:
-            _write_spans(pid, local, remote, src, spans[: len(spans) // 2], errors)
-        finally:
-            t.join()
-        if errors:
-            raise errors[0]
+    total = int(src[:, 1].sum())
+    threads = 1 if total < SPLIT_BYTES else min(WRITE_THREADS, n, -(-total // (SPLIT_BYTES // 2)))
+    # a long load: that many system calls at once, on as many cores, each over its own run of pieces
+    bounds = [n * t // threads for t in range(threads + 1)]
+    parts = [[(start, min(b, start + MAX_IOV)) for start in range(a, b, MAX_IOV)]
+             for a, b in itertools.pairwise(bounds)]
+    if threads == 1:
+        _write_spans(pid, local, remote, src, parts[0], None)
         return
-    _write_spans(pid, local, remote, src, spans, None)
+    errors: list[BaseException] = []
+    helpers = [threading.Thread(target=_write_spans, args=(pid, local, remote, src, part, errors))
+               for part in parts[1:]]
+    for h in helpers:
+        h.start()
+    try:
+        _write_spans(pid, local, remote, src, parts[0], errors)
+    finally:
+        for h in helpers:
+            h.join()
+    if errors:
+        raise errors[0]
 
 
 def _write_spans(pid: int, local: np.ndarray, remote: np.ndarray, src: np.ndarray, spans: list[tuple[int, int]],
