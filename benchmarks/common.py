@@ -13,7 +13,7 @@ import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,16 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+def targets_table(first: str, ratios: Mapping[str, Mapping[str, Any]]) -> str:
+    """Ratios against their targets: per name, ``ratio`` (None: not measured), ``target`` (None: shown
+    for reference) and ``met``; a column headed ``first``, then ratio, at most, met."""
+    rows = [[k, "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x",
+             "-" if v["target"] is None else f"{v['target']}x",
+             "-" if v["target"] is None else "n/a" if v["met"] is None else "yes" if v["met"] else "**no**"]
+            for k, v in ratios.items()]
+    return markdown_table([first, "ratio" if first != "ratio" else "measured", "at most", "met"], rows)
 
 
 def write_result(name: str, title: str, body: str) -> Path:

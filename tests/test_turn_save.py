@@ -281,3 +281,31 @@ def test_concurrent_turns_share_one_transaction_and_fail_alone(sessions: Session
     assert txns(sessions) == before + 3
     assert loads_whole(sessions, first) and loads_whole(sessions, good[1])
     assert sessions.get("ns", "g0").chunk_keys in (good[0].keys, again.keys)
+
+
+def test_a_turn_on_a_grown_session_still_finds_a_lost_chunk_of_its_prefix(sessions: SessionStore) -> None:
+    """A turn checks owner and place only of the chunks it changes, but whether every chunk it names is
+    still stored of all of them: a prefix chunk lost from the durable tier since (a damaged copy the
+    store deleted) fails the turn instead of being named by a new version."""
+    ids = token_stream(3, 5 * 16 + 3)
+    first, second = build_session("ns", "a", ids[: 3 * 16]), build_session("ns", "a", ids)
+    turn(sessions, first)
+    for tier in sessions.store.tiers:
+        tier.delete(first.keys[1])
+    with pytest.raises(FailedPrecondition, match="1 referenced chunks are not stored"):
+        turn(sessions, second, first=3)
+    assert sessions.get("ns", "a").chunk_keys == first.keys
+
+
+def test_a_turn_that_reorders_the_prefix_is_checked_from_where_it_differs(sessions: SessionStore) -> None:
+    ids = token_stream(4, 4 * 16)
+    s = build_session("ns", "a", ids)
+    turn(sessions, s)
+    swapped = list(s.keys)
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    m = s.manifest()
+    bad = Manifest(m.session_id, m.namespace, m.layout_id, m.token_count, m.chunk_tokens, tuple(swapped), m.tail,
+                   m.last_token_ids)
+    with pytest.raises(InvalidArgument, match=r"chunk 1 .* is out of place"):
+        sessions.commit(bad)
+    assert sessions.get("ns", "a").chunk_keys == s.keys

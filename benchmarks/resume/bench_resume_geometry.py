@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import RESULTS, drop_page_cache, git_state, machine, markdown_table, write_result
+from benchmarks.common import RESULTS, drop_page_cache, git_state, machine, markdown_table, targets_table, write_result
 from benchmarks.resume.geometry_raw import RawLmdb, memcpy, resident_fraction
 from benchmarks.resume.geometry_session import LAYOUT, TURN_TOKENS, Session, make_session
 from kvstore.client import Client
@@ -276,12 +276,7 @@ def report(results: list[SizeResult], cfg: GeometryConfig, command: str) -> str:
             rows.append([what, f"{m * 1e3:.1f}", f"{nbytes / m / 1e9:.2f}"])
         lines += [f"## {label(r.tokens)} tokens: {r.chunks} chunks, {r.nbytes / 1e6:.0f} MB", "",
                   markdown_table(["", "ms", "GB/s"], rows), ""]
-        lines.append(markdown_table(["target", "ratio", "at most", "met"],
-                                    [[k, "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x",
-                                      "-" if v["target"] is None else f"{v['target']}x",
-                                      "-" if v["target"] is None else "n/a" if v["met"] is None
-                                      else "yes" if v["met"] else "**no**"]
-                                     for k, v in ratios(r).items()]))
+        lines.append(targets_table("target", ratios(r)))
         res = [f"{k} {statistics.median(v):.0%}" for k, v in r.resident.items()]
         if res:
             lines += ["", "Page cache after the drop (mincore): " + ", ".join(res) + " of the file resident."]

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import RESULTS, git_state, machine, markdown_table, write_result
+from benchmarks.common import RESULTS, git_state, machine, markdown_table, targets_table, write_result
 from benchmarks.resume.geometry_raw import memcpy
 from benchmarks.resume.geometry_session import LAYOUT, Session, make_session
 from kvstore.client import Client
@@ -273,12 +273,7 @@ def report(results: list[SizeResult], cfg: GpuConfig, command: str, device: str)
                 rows.append([what, f"{m * 1e3:.1f}", f"{r.nbytes / m / 1e9:.1f}", r.paths.get(metric, "")])
         lines += [f"## {label(r.tokens)} tokens: {r.chunks} chunks, {r.nbytes / 1e6:.0f} MB", "",
                   markdown_table(["", "ms", "GB/s", "path"], rows), ""]
-        lines.append(markdown_table(["ratio", "measured", "at most", "met"],
-                                    [[k, "n/a" if v["ratio"] is None else f"{v['ratio']:.2f}x",
-                                      "-" if v["target"] is None else f"{v['target']}x",
-                                      "-" if v["target"] is None else "n/a" if v["met"] is None
-                                      else "yes" if v["met"] else "**no**"]
-                                     for k, v in ratios(r).items()]))
+        lines.append(targets_table("ratio", ratios(r)))
         lines += [""] + [f"- {n}" for n in r.notes] + [""]
     return "\n".join(lines)
 

@@ -83,7 +83,7 @@ class SessionIndex:
                 self.remove(ref)
                 self.add(m)
                 return
-            same = _common_prefix(old.chunk_keys, m.chunk_keys)
+            same = common_prefix(old.chunk_keys, m.chunk_keys)
             self._manifests[ref] = m
             added = m.chunk_keys[same:]
             kept = set(added)
@@ -164,7 +164,7 @@ class SessionIndex:
             return {k: m.layout_id for m in self._manifests.values() if not m.expired(now) for k in m.chunk_keys}
 
 
-def _common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
+def common_prefix(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     """How many leading keys ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case, a session grown by a turn: one comparison in C

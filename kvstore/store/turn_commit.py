@@ -16,14 +16,17 @@ from kvstore.errors import FailedPrecondition, InvalidArgument
 from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
 from kvstore.results import SaveResult
+from kvstore.store.chunk_index import ChunkInfo
 from kvstore.store.group_commit import Pending
-from kvstore.store.session_index import SessionIndex
+from kvstore.store.session_index import SessionIndex, common_prefix
 from kvstore.store.sharing import Accepted, SessionRef, Sharing
 from kvstore.store.tiered import TieredStore
 from kvstore.store.turn import SavedTurn, Turn
 from kvstore.tiers.base import WriteBatch
 
 Chunks = list[tuple[bytes, bytes | memoryview]]
+#: Stands for the info of a chunk the checks need not look up (``check_chunks``).
+_KNOWN = ChunkInfo("", b"", ROOT, -1)
 
 
 def same_content(a: Manifest, b: Manifest) -> bool:
@@ -139,7 +142,12 @@ class TurnCommit:
     def check_chunks(self, m: Manifest, skip: range | frozenset[int] = range(0)) -> None:
         """Every chunk ``m`` names is stored, owned by its namespace, and in its place; except the
         positions in ``skip``, whose chunks this save brings (validated against their keys)."""
-        infos = self.index.owned(m.namespace, m.chunk_keys)
+        # Chunks in the places the session's current version has them passed the checks below when
+        # it was committed (a chunk's owner and place never change while a version names it): a turn
+        # checks what it adds. Whether they are still stored is asked of every one.
+        same = self._unchanged(m)
+        known: list[ChunkInfo | None] = [_KNOWN] * same
+        infos = known + self.index.owned(m.namespace, m.chunk_keys[same:])
         held = self.store.holds_durably_many(m.chunk_keys)
         # Another namespace's chunk and an absent one are one case, answered with one message:
         # a commit must not tell a tenant what another one holds.
@@ -151,7 +159,8 @@ class TurnCommit:
         if missing:
             raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored in namespace "
                                      f"{m.namespace!r} (first: {missing[0]}); save them before committing")
-        for i, (k, info) in enumerate(zip(m.chunk_keys, infos)):
+        for i in range(same, len(m.chunk_keys)):
+            k, info = m.chunk_keys[i], infos[i]
             if i in skip:
                 continue
             assert info is not None
@@ -164,3 +173,10 @@ class TurnCommit:
             if info.index != i or info.parent != parent:
                 raise InvalidArgument(f"chunk {i} ({k.hex()}) is out of place: it is chunk {info.index} of its "
                                       f"sequence and follows {info.parent.hex()}, not {parent.hex()}")
+
+    def _unchanged(self, m: Manifest) -> int:
+        """How many leading chunks ``m`` names exactly as its session's current version does."""
+        old = self.index.get((m.namespace, m.session_id))
+        if old is None or old.layout_id != m.layout_id or old.engine_pages or m.engine_pages:
+            return 0
+        return common_prefix(old.chunk_keys, m.chunk_keys)
