@@ -92,3 +92,28 @@ def test_what_the_pool_keeps_free_is_bounded_and_small_values_stay_bytes() -> No
         assert isinstance(got, memoryview) and got.readonly and bytes(got) == b"y" * MIN_AHEAD_BYTES
     finally:
         tier.close()
+
+
+def test_a_lent_buffer_put_whole_is_kept_without_a_copy_and_anything_else_is_copied() -> None:
+    tier = HostTier(HostTierConfig(pin_memory=False))
+    try:
+        lent = tier.buffer_for(N)
+        assert lent is not None and not lent.readonly and tier.buffer_for(MIN_AHEAD_BYTES - 1) is None
+        lent[:] = b"s" * N
+        tier.put(_key(1), lent.toreadonly())  # what a save does with its private copy of a chunk
+        got = tier.get(_key(1))
+        assert got is not None and _address(got) == _address(lent) and bytes(got) == b"s" * N
+        again = tier.buffer_for(N)  # lent twice, put twice: the second put of the first copies
+        assert again is not None
+        again[:] = b"t" * N
+        tier.put(_key(2), again)
+        tier.put(_key(3), lent)
+        assert _address(tier.get(_key(2))) == _address(again)  # type: ignore[arg-type]
+        assert _address(tier.get(_key(3))) != _address(lent)  # type: ignore[arg-type]
+        part = tier.buffer_for(2 * N)
+        assert part is not None
+        part[:] = b"p" * (2 * N)
+        tier.put(_key(4), part[:N])  # a slice of a lent buffer is not the buffer: copied
+        assert _address(tier.get(_key(4))) != _address(part) and bytes(tier.get(_key(4))) == b"p" * N  # type: ignore[arg-type]
+    finally:
+        tier.close()

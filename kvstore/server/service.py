@@ -124,7 +124,9 @@ class KVStoreService:
                     commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
         """The arena part of the chunks copied out (it comes first), then the chunks stored and, for
         a turn, its manifest committed in the same durable transaction."""
-        blobs = [*receiver.arena_prefix(header.arena_bytes), *streamed] if header.arena_id else streamed
+        # the arena part copied into buffers the host tier keeps as they are (the save's one copy)
+        prefix = receiver.arena_prefix(header.arena_bytes, self.sessions.store.buffer_for) if header.arena_id else []
+        blobs = [*prefix, *streamed]
         args = (header.namespace, bytes(header.layout_id), bytes(header.parent_key) or bytes(16), header.first_index,
                 blobs)
         if commit is None:

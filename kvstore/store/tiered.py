@@ -76,6 +76,11 @@ class TieredStore:
         """Store a chunk. Write-through: returns once the durable tier holds it (else Unavailable)."""
         self.put_many([(key, blob)])
 
+    def buffer_for(self, n: int) -> memoryview | None:
+        """A writable buffer to build an ``n``-byte value in that the fastest tier, where a save puts
+        it first, keeps as it is (``Tier.buffer_for``); None where there is none to have."""
+        return self._slots[0].tier.buffer_for(n) if self.durable != 0 else None
+
     def put_many(self, items: Sequence[tuple[bytes, bytes | memoryview]]) -> None:
         """Store chunks; the durable tier gets them in one batch (one transaction, one fsync).
         All or nothing: if the durable tier fails, what this call put in a faster tier is removed

@@ -173,6 +173,11 @@ class Tier(abc.ABC):
     def contains(self, key: bytes) -> bool:
         """Whether ``key`` is present. Does not change the eviction order."""
 
+    def buffer_for(self, n: int) -> memoryview | None:
+        """A writable buffer of ``n`` bytes to build a value in that a ``put`` of it (whole, unchanged
+        since) keeps without copying; None where the tier copies anyway (the default)."""
+        return None
+
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         """``contains`` of each key (a tier with an index in memory answers them in one pass)."""
         return [self.contains(key) for key in keys]

@@ -71,12 +71,21 @@ class HostTier(Tier):
         if self._pin is not None and len(view):
             return self._pin(view)
         if len(view) >= MIN_AHEAD_BYTES:
+            if isinstance(view.obj, np.ndarray) and view.nbytes == view.obj.nbytes and self._pool.adopt(view.obj):
+                return view.obj  # the buffer this tier lent for it (``buffer_for``): already a copy
             buf = self._pool.take(len(view))
             buf[:] = np.frombuffer(view, np.uint8)
             return buf
         if isinstance(view.obj, bytes) and view.nbytes == len(view.obj):
             return view.obj  # a whole bytes object is immutable: kept as it is, no copy
         return view.tobytes()
+
+    def buffer_for(self, n: int) -> memoryview | None:
+        """A writable buffer of ``n`` bytes from this tier's pool for a value about to be put (``Tier.
+        buffer_for``): put as it is, it is kept without a copy."""
+        if self._pin is not None or n < MIN_AHEAD_BYTES:
+            return None
+        return memoryview(self._pool.lend(n).data)
 
     def _drop(self, stored: Any) -> None:
         """A value is no longer the tier's: its pool buffer goes back (reused once no view of it is left)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections import OrderedDict, deque
 
 import numpy as np
@@ -49,6 +50,21 @@ class HostPool:
         self._closed = False
         self._thread: threading.Thread | None = None
         self.faulted_in_line = 0  # buffers a take had to fault in itself (none ready)
+        #: buffers ``lend`` handed out that the tier may adopt as a value's (by id, while alive)
+        self._lent: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
+
+    def lend(self, n: int) -> np.ndarray:
+        """``take``, for a caller that fills it and hands it to the tier as a value (``adopt``): a
+        save's private copy of what a client sent becomes the stored value, not a second copy."""
+        buf = self.take(n)
+        with self._lock:
+            self._lent[id(buf)] = buf
+        return buf
+
+    def adopt(self, obj: object) -> bool:
+        """Whether ``obj`` is a buffer ``lend`` handed out and not yet adopted (it is now)."""
+        with self._lock:
+            return self._lent.pop(id(obj), None) is obj
 
     def take(self, n: int) -> np.ndarray:
         """A buffer of exactly ``n`` bytes, contents undefined: recycled, touched ahead, or new."""

@@ -25,7 +25,7 @@ import errno
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
@@ -202,6 +202,15 @@ class CallerMemoryCarrier(Carrier):
                                      f"stream instead") from e
 
 
+def _private_copy(view: Blob, buffer_for: Callable[[int], memoryview | None] | None) -> Blob:
+    """A copy of ``view`` nobody else can change: in a lent buffer (read-only from here on), or bytes."""
+    buf = buffer_for(len(view)) if buffer_for is not None else None
+    if buf is None:
+        return bytes(view)
+    buf[:] = view
+    return buf.toreadonly()
+
+
 def _chain(first: tuple[int, Blob], rest: Iterator[tuple[int, Blob]]) -> Iterator[tuple[int, Blob]]:
     yield first
     yield from rest
@@ -249,10 +258,12 @@ class Receiver:
             raise InvalidArgument("the answer names bytes beyond the destination")
         return [(i, into[o : o + n]) for i, o, n in zip(h.indices, h.offsets, h.sizes)]
 
-    def arena_prefix(self, size: int) -> list[Blob]:
+    def arena_prefix(self, size: int, buffer_for: Callable[[int], memoryview | None] | None = None) -> list[Blob]:
         """A save's arena part, the first ``size`` bytes of the arena: copied out before anything
         reads it (the sender can still write to its arena, and what is verified must be exactly
-        what is stored), then cut into blobs."""
+        what is stored), then cut into blobs. ``buffer_for(n)``: where to copy an n-byte blob (the
+        store's fastest tier lends the buffer it then keeps: ``TieredStore.buffer_for``); None from
+        it, or no ``buffer_for``, and the copy is a bytes object of its own."""
         if self.arena is None:
             raise InvalidArgument("this call names no arena")
         if size > self.arena.arena.size:
@@ -260,9 +271,9 @@ class Receiver:
         whole = framing.BlobAssembler(self.assembler.max_blob)  # the arena part holds whole blobs
         spans = whole.feed(self.arena.arena.contents(size))  # each size read once
         whole.finish()
-        # one immutable copy per blob (a tier may keep it as it is: host.py); a sender that rewrote a
+        # one private copy per blob (a tier may keep it as it is: host.py); a sender that rewrote a
         # header meanwhile gets a copy whose own header disagrees with its length: refused as corrupt
-        return [bytes(v) for v in spans]
+        return [_private_copy(v, buffer_for) for v in spans]
 
     def blobs(self, data: Blob) -> list[Blob]:
         """A save's streamed part: blobs without indices (they are consecutive)."""
