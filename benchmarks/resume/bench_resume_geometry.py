@@ -43,7 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import RESULTS, drop_page_cache, git_state, machine, markdown_table, targets_table, write_result
 from benchmarks.resume.geometry_raw import RawLmdb, memcpy, resident_fraction
-from benchmarks.resume.geometry_session import LAYOUT, TURN_TOKENS, Session, make_session
+from benchmarks.resume.geometry_session import LAYOUT, TURN_TOKENS, Session, label, make_session, section_title
 from kvstore.client import Client
 from kvstore.server.process import DaemonProcess
 
@@ -236,10 +236,6 @@ def _cold_round(r: SizeResult, s: Session, raw: RawLmdb, data: Path) -> None:
 
 
 # -- report ---------------------------------------------------------------------------------------
-def label(tokens: int) -> str:
-    return f"{tokens // 1_048_576}M" if tokens % 1_048_576 == 0 else f"{tokens // 1024}K"
-
-
 def ratios(r: SizeResult) -> dict[str, dict[str, Any]]:
     out = {}
     for name, (num, den, target) in TARGETS.items():
@@ -274,7 +270,7 @@ def report(results: list[SizeResult], cfg: GeometryConfig, command: str) -> str:
             per_turn = metric in ("turn_save", "raw_put")
             nbytes = r.nbytes * TURN_TOKENS // r.tokens if per_turn else r.nbytes
             rows.append([what, f"{m * 1e3:.1f}", f"{nbytes / m / 1e9:.2f}"])
-        lines += [f"## {label(r.tokens)} tokens: {r.chunks} chunks, {r.nbytes / 1e6:.0f} MB", "",
+        lines += [section_title(r.tokens, r.chunks, r.nbytes), "",
                   markdown_table(["", "ms", "GB/s"], rows), ""]
         lines.append(targets_table("target", ratios(r)))
         res = [f"{k} {statistics.median(v):.0%}" for k, v in r.resident.items()]

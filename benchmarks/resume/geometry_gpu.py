@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import RESULTS, git_state, machine, markdown_table, targets_table, write_result
 from benchmarks.resume.geometry_raw import memcpy
-from benchmarks.resume.geometry_session import LAYOUT, Session, make_session
+from benchmarks.resume.geometry_session import LAYOUT, Session, label, make_session, section_title
 from kvstore.client import Client
 from kvstore.client.device_load import DeviceLoader
 from kvstore.cuda.pinned import HostBuffer
@@ -236,10 +236,6 @@ def run_size(tokens: int, cfg: GpuConfig, work: Path, dev: torch.device) -> Size
 
 
 # -- report ---------------------------------------------------------------------------------------
-def label(tokens: int) -> str:
-    return f"{tokens // 1_048_576}M" if tokens % 1_048_576 == 0 else f"{tokens // 1024}K"
-
-
 def ratios(r: SizeResult) -> dict[str, dict[str, Any]]:
     """(a) / ((b) + (c)) against the target, and the others shown beside it."""
     m = r.median
@@ -271,7 +267,7 @@ def report(results: list[SizeResult], cfg: GpuConfig, command: str, device: str)
             m = r.median(metric)
             if m is not None:
                 rows.append([what, f"{m * 1e3:.1f}", f"{r.nbytes / m / 1e9:.1f}", r.paths.get(metric, "")])
-        lines += [f"## {label(r.tokens)} tokens: {r.chunks} chunks, {r.nbytes / 1e6:.0f} MB", "",
+        lines += [section_title(r.tokens, r.chunks, r.nbytes), "",
                   markdown_table(["", "ms", "GB/s", "path"], rows), ""]
         lines.append(targets_table("ratio", ratios(r)))
         lines += [""] + [f"- {n}" for n in r.notes] + [""]

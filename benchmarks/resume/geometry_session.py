@@ -73,3 +73,13 @@ def manifest(s: Session, session_id: str, n_chunks: int) -> Manifest:
     tail = chunk.encode(lay, key=bytes(16), start=tokens, token_ids=np.zeros(0, np.uint32), entries=empty)
     return Manifest(session_id, s.namespace, lay.layout_id, tokens, s.chunk_tokens, tuple(s.keys[:n_chunks]), tail,
                     tuple(int(t) for t in s.ids[max(0, tokens - 128) : tokens]))
+
+
+def label(tokens: int) -> str:
+    """A session size as the reports name it: 128K, 1M."""
+    return f"{tokens // 1_048_576}M" if tokens % 1_048_576 == 0 else f"{tokens // 1024}K"
+
+
+def section_title(tokens: int, chunks: int, nbytes: int) -> str:
+    """The heading of one session size's section in a report."""
+    return f"## {label(tokens)} tokens: {chunks} chunks, {nbytes / 1e6:.0f} MB"

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
-from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
 from kvstore.store.chunk_index import ChunkIndex, ChunkInfo
 from kvstore.store.sharing import SessionRef, Update
@@ -59,14 +58,7 @@ class SessionIndex:
         """Drop a session; returns the chunk keys nobody references any more."""
         with self.lock:
             old = self._manifests.pop(ref, None)
-            freed = []
-            for k in old.chunk_keys if old else ():
-                refs = self._refs.get(k)
-                if refs is not None:
-                    refs.discard(ref)
-                    if not refs:
-                        del self._refs[k]
-                        freed.append(k)
+            freed = self._unref(ref, old.chunk_keys if old else ())
         if old is not None and old.retention.pinned:
             self._unpin(old.chunk_keys)
         return freed
@@ -78,24 +70,39 @@ class SessionIndex:
         ref = (m.namespace, m.session_id)
         with self.lock:
             old = self._manifests.get(ref)
-            if (old is None or old.engine_pages or m.engine_pages or old.layout_id != m.layout_id
-                    or old.retention.pinned or m.retention.pinned):
+            same = self.unchanged_prefix(m)
+            if old is None or not same or old.retention.pinned or m.retention.pinned:
                 self.remove(ref)
                 self.add(m)
                 return
-            same = common_prefix(old.chunk_keys, m.chunk_keys)
             self._manifests[ref] = m
             added = m.chunk_keys[same:]
             kept = set(added)
-            for k in old.chunk_keys[same:]:
-                refs = self._refs.get(k)
-                if refs is not None and k not in kept:
-                    refs.discard(ref)
-                    if not refs:
-                        del self._refs[k]
+            self._unref(ref, [k for k in old.chunk_keys[same:] if k not in kept])
             for k in added:
                 self._refs[k].add(ref)
-            self.chunks.add_sequence(m.namespace, m.layout_id, added, same, m.chunk_keys[same - 1] if same else ROOT)
+            self.chunks.add_sequence(m.namespace, m.layout_id, added, same, m.chunk_keys[same - 1])
+
+    def unchanged_prefix(self, m: Manifest) -> int:
+        """How many leading chunks ``m`` names exactly as its session's current version does (0 for
+        engine pages, which are in no order, or another layout)."""
+        with self.lock:
+            old = self._manifests.get((m.namespace, m.session_id))
+        if old is None or old.layout_id != m.layout_id or old.engine_pages or m.engine_pages:
+            return 0
+        return common_prefix(old.chunk_keys, m.chunk_keys)
+
+    def _unref(self, ref: SessionRef, keys: Iterable[bytes]) -> list[bytes]:
+        """``ref`` no longer references ``keys``; returns those nobody references any more (under ``lock``)."""
+        freed = []
+        for k in keys:
+            refs = self._refs.get(k)
+            if refs is not None:
+                refs.discard(ref)
+                if not refs:
+                    del self._refs[k]
+                    freed.append(k)
+        return freed
 
     def adopt(self, updates: list[Update], advance: Callable[[SessionRef, int], bool]) -> bool:
         """Index versions other daemons published (``sharing.py``), those ``advance`` accepts (not one

@@ -16,17 +16,14 @@ from kvstore.errors import FailedPrecondition, InvalidArgument
 from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
 from kvstore.results import SaveResult
-from kvstore.store.chunk_index import ChunkInfo
 from kvstore.store.group_commit import Pending
-from kvstore.store.session_index import SessionIndex, common_prefix
+from kvstore.store.session_index import SessionIndex
 from kvstore.store.sharing import Accepted, SessionRef, Sharing
 from kvstore.store.tiered import TieredStore
 from kvstore.store.turn import SavedTurn, Turn
 from kvstore.tiers.base import WriteBatch
 
 Chunks = list[tuple[bytes, bytes | memoryview]]
-#: Stands for the info of a chunk the checks need not look up (``check_chunks``).
-_KNOWN = ChunkInfo("", b"", ROOT, -1)
 
 
 def same_content(a: Manifest, b: Manifest) -> bool:
@@ -145,22 +142,22 @@ class TurnCommit:
         # Chunks in the places the session's current version has them passed the checks below when
         # it was committed (a chunk's owner and place never change while a version names it): a turn
         # checks what it adds. Whether they are still stored is asked of every one.
-        same = self._unchanged(m)
-        known: list[ChunkInfo | None] = [_KNOWN] * same
-        infos = known + self.index.owned(m.namespace, m.chunk_keys[same:])
+        same = self.index.unchanged_prefix(m)
+        infos = self.index.owned(m.namespace, m.chunk_keys[same:])  # of chunk same + j
+        unowned = {same + j for j, info in enumerate(infos) if info is None}
         held = self.store.holds_durably_many(m.chunk_keys)
         # Another namespace's chunk and an absent one are one case, answered with one message:
         # a commit must not tell a tenant what another one holds.
-        absent = [i for i, (info, h) in enumerate(zip(infos, held)) if i not in skip and (info is None or not h)]
+        absent = [i for i, h in enumerate(held) if i not in skip and (i in unowned or not h)]
         if absent:  # a chunk published to a shared tier is stored
-            shared = self.sharing.held([m.chunk_keys[i] for i in absent if infos[i] is not None])
+            shared = self.sharing.held([m.chunk_keys[i] for i in absent if i not in unowned])
             absent = [i for i in absent if m.chunk_keys[i] not in shared]
         missing = [m.chunk_keys[i].hex() for i in absent]
         if missing:
             raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored in namespace "
                                      f"{m.namespace!r} (first: {missing[0]}); save them before committing")
         for i in range(same, len(m.chunk_keys)):
-            k, info = m.chunk_keys[i], infos[i]
+            k, info = m.chunk_keys[i], infos[i - same]
             if i in skip:
                 continue
             assert info is not None
@@ -173,10 +170,3 @@ class TurnCommit:
             if info.index != i or info.parent != parent:
                 raise InvalidArgument(f"chunk {i} ({k.hex()}) is out of place: it is chunk {info.index} of its "
                                       f"sequence and follows {info.parent.hex()}, not {parent.hex()}")
-
-    def _unchanged(self, m: Manifest) -> int:
-        """How many leading chunks ``m`` names exactly as its session's current version does."""
-        old = self.index.get((m.namespace, m.session_id))
-        if old is None or old.layout_id != m.layout_id or old.engine_pages or m.engine_pages:
-            return 0
-        return common_prefix(old.chunk_keys, m.chunk_keys)

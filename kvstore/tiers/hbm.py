@@ -11,7 +11,7 @@ pinned staging buffers on parallel copy lanes (staging.py); ``get_many`` copies 
 DMA per run of back-to-back values, straight into one pinned host buffer (from torch's caching
 host allocator, so it is reused once the caller drops the views) whose read-only views it returns.
 ``read_views`` (a load's batch read, kvstore/store/batch_reads.py) does the same into a pinned buffer
-the tier lends for the ``with`` block and keeps for the next read (pinned_scratch.py): every key of
+the tier lends for the ``with`` block and keeps for the next read (scratch.py): every key of
 the batch in one pass under the lock, one synchronize.
 ``copy_to`` copies values device to device (the same-GPU handoff, kvstore/server/device_arenas.py).
 This module imports fine without CUDA; only constructing the tier needs it.
@@ -29,7 +29,7 @@ import torch
 from kvstore.tiers.base import Stored, Tier, TierError, TierFullError, Usage, Value, Views, check_key, check_value
 from kvstore.tiers.config import HbmTierConfig
 from kvstore.tiers.hbm_alloc import ExtentAllocator, aligned, packed_offsets, paired_runs
-from kvstore.tiers.pinned_scratch import PinnedScratch
+from kvstore.tiers.scratch import Scratch
 from kvstore.tiers.staging import Stager
 
 __all__ = ["HbmTier", "TierFullError"]
@@ -58,7 +58,8 @@ class HbmTier(Tier):
         self._free = ExtentAllocator(config.capacity_bytes)
         self._stager = Stager(self.device, config)
         self._stream = torch.cuda.Stream(self.device)  # reads: device to host, device to device
-        self._scratch = PinnedScratch()  # read_views' host buffers, lent per read and kept
+        #: read_views' host buffers, pinned, lent per read and kept
+        self._scratch: Scratch[torch.Tensor] = Scratch(lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True))
         self._lock = threading.Lock()  # guards the arena, the allocator and the LRU map together
         self._entries: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (offset, size), LRU
         self._used = 0
@@ -149,7 +150,7 @@ class HbmTier(Tier):
             with self._lock:
                 hits = self._hits(keys)
                 sized, dst, span = _planned(hits)
-                host = lent.enter_context(self._scratch.lending(span))
+                host = lent.enter_context(self._scratch.lending())(span)
                 self._copy_out(sized, dst, host)
             yield Views(_views(hits, sized, dst, host), frozenset())
 

@@ -252,18 +252,13 @@ def _inspect(mm: mmap.mmap, data: str, head_bytes: int) -> Inspection:
         else:
             out.problems += [f"the newer snapshot is damaged: {p}" for p in dict(walked)[ranked[0]]]
     if head_bytes and out.meta is not None and not out.problems:  # the newest snapshot, the one LMDB opens
-        out.heads = {name: {key: _head(mm, out.meta.psize, value, head_bytes) for key, value in records}
-                     for name, records in walks[0][2].items()}
+        out.heads = {name: {key: (_size(value), read_value(mm, out.meta.psize, value, head_bytes))
+                            for key, value in records} for name, records in walks[0][2].items()}
     return out
 
 
-def _head(mm: mmap.mmap, psize: int, value: bytes | tuple[int, int], n: int) -> tuple[int, bytes]:
-    """(size, first ``n`` bytes) of a value: inline, or on its first (checked) overflow page."""
-    if isinstance(value, bytes):
-        return len(value), value[:n]
-    pgno, size = value
-    start = pgno * psize + _HEAD.size
-    return size, bytes(mm[start : start + min(n, size)])
+def _size(value: bytes | tuple[int, int]) -> int:
+    return len(value) if isinstance(value, bytes) else value[1]
 
 
 def sound_records(data_file: str, meta: Meta) -> tuple[dict[bytes, list[Record]], list[str]]:
@@ -274,10 +269,10 @@ def sound_records(data_file: str, meta: Meta) -> tuple[dict[bytes, list[Record]]
     return dbs, problems
 
 
-def read_value(mm: mmap.mmap, psize: int, value: bytes | tuple[int, int]) -> bytes:
-    """A record's value: inline, or from its (checked) overflow pages."""
+def read_value(mm: mmap.mmap, psize: int, value: bytes | tuple[int, int], limit: int | None = None) -> bytes:
+    """A record's value (its first ``limit`` bytes): inline, or from its (checked) overflow pages."""
     if isinstance(value, bytes):
-        return value
+        return value[:limit]
     pgno, size = value
     start = pgno * psize + _HEAD.size
-    return bytes(mm[start : start + size])
+    return bytes(mm[start : start + (size if limit is None else min(limit, size))])

@@ -57,6 +57,12 @@ class MapAdvice:
         self._madvise = _libc_madvise() if hasattr(mmap, "MADV_RANDOM") else None
         self._lock = threading.Lock()
         self._active = 0
+        self._spans: list[tuple[int, int]] | None = None  # the file's mappings, looked up once per map
+
+    def remapped(self) -> None:
+        """The map moved (LMDB mapped the file anew to grow it): look its mappings up again."""
+        with self._lock:
+            self._spans = None
 
     @contextlib.contextmanager
     def reading_ahead(self, n_keys: int) -> Iterator[None]:
@@ -78,7 +84,9 @@ class MapAdvice:
                     self._advise(mmap.MADV_RANDOM)
 
     def _advise(self, advice: int) -> bool:
-        """``advice`` on every mapping of the file; whether there was one and each took it."""
+        """``advice`` on every mapping of the file (under the lock); whether there was one and each
+        took it."""
         assert self._madvise is not None
-        spans = mappings(self.data_file)
-        return bool(spans) and all(self._madvise(start, length, advice) == 0 for start, length in spans)
+        if not self._spans:
+            self._spans = mappings(self.data_file)
+        return bool(self._spans) and all(self._madvise(start, length, advice) == 0 for start, length in self._spans)

@@ -92,7 +92,7 @@ class SsdTier(Tier):
         self._codec = RecordCodec(config.record_level, compressible_from, config.compact_records)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = Gate()  # no transaction may be open while the map is resized
-        self._scratch = ssd_batch.Scratch()  # decoded records of batch reads (read_views)
+        self._scratch = ssd_batch.scratch()  # decoded records of batch reads (read_views)
         self._advice = MapAdvice(os.path.join(config.path, DATA_FILE))  # readahead for batch reads
         self._meta_lock = threading.Lock()
         self._sizes: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (stored, raw), LRU
@@ -238,6 +238,7 @@ class SsdTier(Tier):
             if grow_for is not None:  # OutOfSpace at the configured limit
                 current = self._env.info()["map_size"]
                 self._env.set_mapsize(grown_map_size(self._config.path, current, grow_for, self._config.max_map_bytes))
+                self._advice.remapped()
 
     def _read(self, keys: Sequence[bytes]) -> list[Stored | None]:
         self._check_open()

@@ -10,50 +10,22 @@ is damaged is reported unreadable, never returned: the store drops it there and 
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from kvstore.tiers.base import CorruptValue, Filled, Stored, Views, room_at
 from kvstore.tiers.record import HEADER, RAW, RecordCodec
+from kvstore.tiers.scratch import Scratch
 
-#: Lends a read a buffer of n bytes for its decoded records, valid until the read ends.
-Lend = Callable[[int], memoryview]
+#: Lends a read a buffer of n bytes for its decoded records, valid until the read ends (``Scratch``).
+Lend = Callable[[int], np.ndarray]
 
 
-class Scratch:
-    """Buffers for the records a batch read decodes, lent for the read and kept for the next: a
-    load of hundreds of megabytes decoded into fresh memory faults in every page of it first (on
-    this kind of machine that costs more than the decoding). At most ``keep`` buffers are kept."""
-
-    def __init__(self, keep: int = 2) -> None:
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-        self._keep = keep
-
-    @contextlib.contextmanager
-    def lending(self) -> Iterator[Lend]:
-        lent: list[np.ndarray] = []
-
-        def lend(n: int) -> memoryview:
-            with self._lock:
-                fit = [b for b in self._free if len(b) >= n]
-                buf = min(fit, key=len) if fit else None
-                if buf is not None:
-                    self._free.remove(buf)
-            if buf is None:
-                buf = np.empty(max(n, 1 << 20), np.uint8)
-            lent.append(buf)
-            return buf.data[:n]
-
-        try:
-            yield lend
-        finally:
-            with self._lock:
-                self._free = sorted([*self._free, *lent], key=len)[-self._keep :]
+def scratch() -> Scratch[np.ndarray]:
+    """The shelf of buffers the ssd tier's batch reads decode records into (pageable memory)."""
+    return Scratch(lambda n: np.empty(n, np.uint8))
 
 
 def views(txn: Any, codec: RecordCodec, keys: Sequence[bytes], lend: Lend | None = None) -> Views:
@@ -91,7 +63,7 @@ def _decoded(codec: RecordCodec, keys: Sequence[bytes], records: Sequence[Any], 
                 total += n
         if not at:
             return None
-        buf = lend(total)
+        buf = lend(total).data
         values: list[Stored | None] = [None if r is None else codec.view(k, r) if r[0] == RAW else None
                                        for k, r in zip(keys, records)]
         for i, off, n in at:
