@@ -262,7 +262,7 @@ def test_a_save_refused_at_its_first_message_is_not_collected_whole_on_grpc(fron
 
     def endless() -> Iterator[pb.SaveChunksRequest]:
         nonlocal sent
-        yield pb.SaveChunksRequest(header=pb.SaveHeader(namespace="ns", parent_key=b"short"))
+        yield pb.SaveChunksRequest(header=pb.SaveHeader(namespace="ns", layout_id=bytes(16), parent_key=b"short"))
         while True:
             sent += 1
             yield pb.SaveChunksRequest(data=b"x" * 1000)
@@ -272,7 +272,7 @@ def test_a_save_refused_at_its_first_message_is_not_collected_whole_on_grpc(fron
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "parent_key" in details  # not DEADLINE_EXCEEDED
     # the local socket reads a call whole before it answers, and answers the same
     local = outcome(lambda: fronts.same_host.SaveChunks(iter([
-        pb.SaveChunksRequest(header=pb.SaveHeader(namespace="ns", parent_key=b"short")),
+        pb.SaveChunksRequest(header=pb.SaveHeader(namespace="ns", layout_id=bytes(16), parent_key=b"short")),
         pb.SaveChunksRequest(data=b"x" * 1000)])))
     assert local == (code, details)
 

@@ -8,6 +8,9 @@ its store calls do; where that runs is the front end's business: the gRPC adapte
 (grpc_adapter.py) runs it in worker threads, off the event loop; the local socket (local.py) calls
 it on the connection's own thread. ``Call`` is all a body knows of the transport.
 
+Every request is checked before its body sees it (``parsed``: request_checks.check_request, the
+shape of its fields), so a quick-path test, an auth check or a tier never sees a malformed key.
+
 Request bytes that do not parse are the caller's error: gRPC's generated
 ``add_KVStoreServicer_to_server`` deserializes with ``Message.FromString``, and when that raises,
 grpc answers before any handler runs (UNKNOWN in grpc.aio 1.85, INTERNAL in the sync server, with
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 
 from kvstore.errors import InvalidArgument
+from kvstore.server.request_checks import check_request, is_valid
 from kvstore.transport.fastpb import Encoded
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -65,9 +69,11 @@ class Undecodable:
 
 
 def parsed(request: Any) -> Any:
-    """``request``, or INVALID_ARGUMENT when its bytes did not parse."""
+    """``request``, parsed and checked: INVALID_ARGUMENT when its bytes did not parse or a field's
+    shape is wrong (request_checks.py: before any body, auth check or tier sees it)."""
     if isinstance(request, Undecodable):
         raise InvalidArgument(request.reason)
+    check_request(request)
     return request
 
 
@@ -146,7 +152,10 @@ def _bound(servicer: Any, fn: Callable[..., Any] | None) -> Callable[..., Any] |
 def _quick(servicer: Any, fn: Callable[..., bool] | None) -> Callable[[Any, Call], bool] | None:
     if fn is None:
         return None
-    return lambda request, call: not isinstance(request, Undecodable) and fn(servicer, request, call)
+
+    def quick(request: Any, call: Call) -> bool:  # a request the body will refuse is never quick
+        return not isinstance(request, Undecodable) and is_valid(request) and fn(servicer, request, call)
+    return quick
 
 
 def methods(servicer: Any) -> dict[str, Method]:

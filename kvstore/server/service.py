@@ -39,7 +39,6 @@ from kvstore.v1 import kvstore_pb2 as pb
 # read, verified and framed on gRPC's event loop it costs ~0.15 ms per MiB (benchmarks/profile_load.py),
 # a worker-thread hop 0.1-0.45 ms (more under load).
 QUICK_LOAD_BYTES = 4 << 20
-MAX_LOOKUP_KEYS = 1 << 16
 #: The largest engine page blob a save buffers (a vLLM chunk of a few blocks of every layer of a group).
 MAX_PAGE_BLOB_BYTES = 64 << 20
 
@@ -94,19 +93,22 @@ class KVStoreService:
             yield from answer
         self.carriers.count(carrier)
 
-    def _in_memory(self, keys: list[bytes]) -> bool:
-        """Whether a load is small and held whole by the fastest tier, a memory tier (a lookup, no
-        read: a chunk demoted meanwhile is still read correctly, just once from a slower tier)."""
+    def _in_memory(self, namespace: str, keys: list[bytes]) -> bool:
+        """Whether a load is small, of chunks ``namespace`` owns, held whole by the fastest tier, a
+        memory tier (a lookup, no read: a chunk demoted meanwhile is still read correctly, just once
+        from a slower tier). Ownership is asked first (``SessionStore.held_in_memory``): whether
+        another namespace holds a key never decides a call's path, so never its latency."""
         return (len(keys) * chunk.HEADER_BYTES <= QUICK_LOAD_BYTES
-                and self.sessions.store.held_in_memory(keys, QUICK_LOAD_BYTES))
+                and self.sessions.held_in_memory(namespace, keys, QUICK_LOAD_BYTES))
 
     def _quick_keys(self, request: pb.LoadChunksRequest, call: Call) -> bool:
-        """LoadChunks of a few chunks the memory tier holds, by a caller the namespace admits."""
+        """LoadChunks of a few chunks of the caller's namespace that the memory tier holds, by a
+        caller the namespace admits."""
         try:
             self._ns(call, request.namespace)
         except KvstoreError:
             return False  # the body answers it
-        return self._in_memory([bytes(k) for k in request.keys])
+        return self._in_memory(request.namespace, [bytes(k) for k in request.keys])
 
     def _quick_session(self, request: pb.LoadSessionRequest, call: Call) -> bool:
         """LoadSession of a session whose manifest is a dict lookup away and whose chunks are few
@@ -118,7 +120,7 @@ class KVStoreService:
             m = self.sessions.get(request.namespace, request.session_id)
         except KvstoreError:
             return False  # the body answers it
-        return self._in_memory(list(m.chunk_keys))
+        return self._in_memory(request.namespace, list(m.chunk_keys))
 
     def _store_turn(self, header: pb.SaveHeader, receiver: Receiver, streamed: list[Blob],
                     commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
@@ -144,9 +146,7 @@ class KVStoreService:
         return min(MAX_PAGE_BLOB_BYTES, max(page.blob_bytes(g, page.MAX_HASH_BYTES) for g in lay.groups))
 
     def _check_header(self, call: Call, header: pb.SaveHeader) -> None:
-        self._ns(call, header.namespace)
-        if len(header.parent_key) not in (0, 16):
-            raise InvalidArgument(f"parent_key must be 16 bytes (or empty for chunk 0), got {len(header.parent_key)}")
+        self._ns(call, header.namespace)  # the fields' shapes: request_checks.py, before this body
         if header.HasField("commit"):  # the commit is authorized by the header's namespace: they must agree
             c = header.commit
             if c.namespace != header.namespace or bytes(c.layout_id) != bytes(header.layout_id):
@@ -211,9 +211,7 @@ class KVStoreService:
 
     @quick_when(_quick_keys)
     def LoadChunks(self, request: pb.LoadChunksRequest, call: Call) -> Iterator[pb.ChunkData | fastpb.Encoded]:
-        self._ns(call, request.namespace)
-        if any(len(k) != 16 for k in request.keys):
-            raise InvalidArgument("chunk keys must be 16 bytes")
+        self._ns(call, request.namespace)  # the keys' count and lengths: request_checks.py, before this body
         carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None)
         for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
             yield piece.message() if piece.handle is not None else fastpb.Encoded(b"".join(piece.encoded()))
@@ -283,8 +281,6 @@ class KVStoreService:
 
     def TouchSession(self, request: pb.TouchSessionRequest, call: Call) -> pb.TouchSessionResponse:
         self._ns(call, request.namespace)
-        if request.retention.ttl_s < 0:
-            raise InvalidArgument(f"ttl_s must be >= 0 (0 = never), got {request.retention.ttl_s}")
         m = self.sessions.touch(request.namespace, request.session_id, convert.retention_from_pb(request.retention))
         return pb.TouchSessionResponse(session=convert.session_to_pb(m))
 
@@ -321,9 +317,7 @@ class KVStoreService:
                                          bytes_per_token=float(lay.bytes_per_token))
 
     def LookupKeys(self, request: pb.LookupKeysRequest, call: Call) -> pb.LookupKeysResponse:
-        self._ns(call, request.namespace)
-        if len(request.keys) > MAX_LOOKUP_KEYS or any(len(k) != 16 for k in request.keys):
-            raise InvalidArgument(f"LookupKeys takes at most {MAX_LOOKUP_KEYS} keys of 16 bytes each")
+        self._ns(call, request.namespace)  # the keys' count and lengths: request_checks.py, before this body
         where = self.sessions.lookup_keys(request.namespace, [bytes(k) for k in request.keys])
         return pb.LookupKeysResponse(tiers=[t or "" for t in where])
 

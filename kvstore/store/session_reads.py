@@ -93,6 +93,15 @@ class SessionReads:
             self.hits.lookups += 1
         return out
 
+    def held_in_memory(self, namespace: str, keys: Sequence[bytes], max_bytes: int) -> bool:
+        """Whether ``namespace`` owns every one of ``keys`` and the fastest tier, a memory tier, holds
+        them in at most ``max_bytes`` together: a front end's quick-path test (a lookup, no read).
+        Ownership first, from the index alone (no catch-up: the sharing layer may be remote), and a
+        tier is asked only about owned keys, so the answer depends on the caller's own data only:
+        another namespace's chunk in memory and a key nobody stored answer alike, in the same time."""
+        infos = self.index.owned(namespace, keys)
+        return all(infos) and self.store.held_in_memory(keys, max_bytes)
+
     def load(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
         """Verified chunks in order (None for a miss), pinned while they are read. Only chunks
         ``namespace`` owns are read at all, and nothing but an owned chunk's failing copy is ever

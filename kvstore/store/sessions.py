@@ -255,6 +255,11 @@ class SessionStore:
         """For each key, the fastest tier holding a copy validated for ``namespace``, or None."""
         return self._reads.lookup_keys(namespace, keys)
 
+    def held_in_memory(self, namespace: str, keys: Sequence[bytes], max_bytes: int) -> bool:
+        """Whether ``namespace`` owns all of ``keys`` and the memory tier holds them within ``max_bytes``
+        (``SessionReads.held_in_memory``: ownership first)."""
+        return self._reads.held_in_memory(namespace, keys, max_bytes)
+
     def read(self, namespace: str, keys: Sequence[bytes]) -> contextlib.AbstractContextManager[list[Stored | None]]:
         """``load`` as one batch, values valid inside the ``with`` block (``SessionReads.read``)."""
         return self._reads.read(namespace, keys)
