@@ -187,8 +187,9 @@ def target(request: pytest.FixtureRequest, fuzzed: Fuzzed) -> Iterator[Target]:
     local.close()
 
 
-def call(t: Target, method: str, request: Any, token: str | None) -> None:
-    """One RPC; any answer but INTERNAL/UNKNOWN (or a dead or hung daemon) is fine."""
+def call(t: Target, method: str, request: Any, token: str | None, case: str = "") -> None:
+    """One RPC; any answer but INTERNAL/UNKNOWN (or a dead or hung daemon) is fine. Counted as
+    ``method``, or as ``method case`` where a case is named."""
     metadata = (("authorization", f"Bearer {token}"),) if token else ()
     fn = getattr(t.stub, method)
     try:
@@ -202,7 +203,7 @@ def call(t: Target, method: str, request: Any, token: str | None) -> None:
     except grpc.RpcError as e:
         code = e.code()  # type: ignore[attr-defined]
         assert code not in BAD_CODES, (t.transport, method, request, code, e.details())  # type: ignore[attr-defined]
-    t.count(method, code)
+    t.count(f"{method} {case}" if case else method, code)
 
 
 # -- strategies -----------------------------------------------------------------------------------
