@@ -8,6 +8,7 @@ stored; a stored one always reopens, and one that does not (damage) never costs 
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from daemon_helpers import free_port, start_daemon, status_of
 
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import page_layout, v41_groups
-from kvstore.format.page_layout import MAX_DEFINITION_BYTES, PageLayout, PageLayoutError
+from kvstore.format import page
+from kvstore.format.manifest import Manifest
+from kvstore.format.page_layout import MAX_DEFINITION_BYTES, MAX_TOKENS, PageLayout, PageLayoutError
 
 V41 = page_layout("deepseek-ai/DeepSeek-V4.1-Flash", "nvfp4_ds_mla", "mxfp4", v41_groups(), 136704, 1,
                   {"tp_size": "1"})
@@ -96,5 +99,60 @@ def test_register_layout_answers_invalid_argument_naming_the_field_and_stores_no
                 assert names in msg, (names, msg)
             assert c.register_layout(V41.definition()) == V41.layout_id
             c.stats()
+    finally:
+        d.stop()
+
+
+# -- Stats and /metrics survive any layout a tenant may register -----------------------------------------
+def extreme() -> PageLayout:
+    """Valid at every bound: a group of 2^24 tokens per block beside one of 1 token, the largest
+    group index; its bytes per token and per-blob token shares make the store's sums lopsided
+    (more payload than stored bytes: an overhead below zero)."""
+    return PageLayout.from_definition(json.dumps({
+        "kind": "engine-pages", "name": "extreme", "engine": "e", "fingerprint": {}, "groups": [
+            {"group": g, "tokens": t, "block_bytes": 16, "pages": [{"name": "p", "offset": 0, "states": 1, "data": 16,
+                                                                   "scale": 0, "arrangement": "split",
+                                                                   "page_bytes": 16}]}
+            for g, t in ((0, MAX_TOKENS), ((1 << 32) - 1, 1))]}).encode())
+
+
+def page_blobs(lay: PageLayout, ns: str, n: int) -> tuple[list[bytes], list[bytes]]:
+    keys, blobs = [], []
+    for i in range(n):
+        for g in lay.groups:
+            h = (i + 1).to_bytes(32, "little")
+            key = page.page_key(lay.layout_id, ns, g.group, h)
+            keys.append(key)
+            blobs.append(page.encode(lay, g.group, h, key, bytes([i % 256]) * g.block_bytes))
+    return keys, blobs
+
+
+def page_manifest(lay: PageLayout, ns: str, sid: str, keys: list[bytes], tokens: int) -> Manifest:
+    return Manifest(sid, ns, lay.layout_id, tokens, 0, tuple(keys), b"", ())
+
+
+def metrics_text(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        assert r.status == 200
+        return str(r.read().decode())
+
+
+def test_stats_and_metrics_answer_for_every_tenant_whatever_layouts_sessions_are_under(tmp_path: Path) -> None:
+    """Before: a layout of 10^30 tokens per block, or one whose bytes per token overflow a double,
+    was stored and then Stats answered INTERNAL and /metrics 500 for everyone; a valid but lopsided
+    layout still does (a negative overhead in a u64 field)."""
+    mport = free_port()
+    d = start_daemon(tmp_path / "data", "--port", str(free_port()), "--metrics-port", str(mport))
+    try:
+        lay = extreme()
+        with Client(address=d.address) as c:
+            assert c.register_layout(lay.definition()) == lay.layout_id
+            keys, blobs = page_blobs(lay, "team-a", 64)
+            c.save_session(page_manifest(lay, "team-a", "s1", keys, (1 << 64) - 1), blobs)
+            c.save_session(page_manifest(lay, "team-a", "s2", keys[:2], (1 << 64) - 1), [])
+            b = c.stats().bytes_per_token
+            assert b.sessions == 2 and b.unique_chunks == 128 and b.tokens > 0 and b.chunk_overhead == 0
+            assert b.formula == pytest.approx(float(lay.bytes_per_token))
+        assert "kvstore_sessions 2.0" in metrics_text(mport)
     finally:
         d.stop()

@@ -43,7 +43,7 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.counters import DamageCounters, HitCounters
 from kvstore.store.group_commit import GroupCommit
-from kvstore.store.layouts import AnyLayout, Layouts
+from kvstore.store.layouts import Layouts
 from kvstore.store.pages import check_page_manifest, page_batch_keys
 from kvstore.store.session_index import SessionIndex
 from kvstore.store.session_reads import Check, SessionReads
@@ -277,10 +277,8 @@ class SessionStore:
     def close(self) -> None:
         self.store.close()
 
-    def live_chunks(self) -> dict[bytes, AnyLayout]:
-        """Every chunk referenced by a live (unexpired) session, with its layout: the sessions
+    def live_chunks(self) -> dict[bytes, bytes]:
+        """Every chunk referenced by a live (unexpired) session, with its layout id: the sessions
         ``list_sessions`` returns, so that chunks and tokens are counted over the same sessions until
         the next GC."""
-        ids = self._index.live_chunks(self.clock())
-        layouts = {lid: self.layouts.known(lid) for lid in set(ids.values())}
-        return {k: layouts[lid] for k, lid in ids.items()}
+        return self._index.live_chunks(self.clock())
