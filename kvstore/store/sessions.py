@@ -70,7 +70,7 @@ class SessionStore:
         self._sharing = sharing if sharing is not None else NoSharing()
         self._index = SessionIndex(store.pin, store.unpin)
         #: Token layouts (presets) and the engine page layouts clients registered.
-        self.layouts = Layouts(store)
+        self.layouts = Layouts(store, config.max_layouts_per_namespace)
         #: Concurrent turn saves share one durable transaction (one fsync) per group; the clock is
         #: read through this store (tests set ``clock``).
         commit = TurnCommit(self._index, store, self._sharing, config.write_mode, lambda: self.clock())
@@ -129,7 +129,7 @@ class SessionStore:
         ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
         written again. Returns their keys."""
         check_namespace(namespace)
-        play = self.layouts.page(layout_id)
+        play = self.layouts.usable(namespace, layout_id)
         if play is not None:
             keys = page_batch_keys(namespace, play, blobs)
         else:
@@ -168,7 +168,7 @@ class SessionStore:
             raise InvalidArgument("the manifest must name the save's namespace and layout")
         check_retention(manifest.retention)
         ct = self.config.chunk_tokens
-        play = self.layouts.page(layout_id)
+        play = self.layouts.usable(namespace, layout_id)
         if play is not None:  # a turn of engine pages: the manifest names them wherever it likes
             check_page_manifest(manifest)
             keys = page_batch_keys(namespace, play, blobs)
