@@ -73,11 +73,14 @@ class Fuzzed:
     arena_ids: list[str]  # attached by the admin and by team-a: unknown to the fuzzer's token
     cases: dict[str, int] = field(default_factory=dict)
     codes: dict[str, int] = field(default_factory=dict)
+    by_case: dict[str, dict[str, int]] = field(default_factory=dict)  # case -> status code -> calls
 
     def count(self, case: str, code: grpc.StatusCode | str) -> None:
         name = code if isinstance(code, str) else code.name
         self.cases[case] = self.cases.get(case, 0) + 1
         self.codes[name] = self.codes.get(name, 0) + 1
+        per = self.by_case.setdefault(case, {})
+        per[name] = per.get(name, 0) + 1
 
 
 @dataclass

@@ -84,6 +84,8 @@ CASES: list[tuple[str, Any, str]] = [
      "EvictSessionRequest.session_id: malformed"),
     ("PrefetchSession", pb.PrefetchSessionRequest(namespace="x" * 65, session_id="s1"),
      "PrefetchSessionRequest.namespace: malformed"),
+    ("RegisterLayout", pb.RegisterLayoutRequest(namespace="a/b", definition=b"{}"),
+     "RegisterLayoutRequest.namespace: malformed"),
     ("DetachArena", pb.DetachArenaRequest(arena_id="a" * 129), "DetachArenaRequest.arena_id is 129 characters"),
     ("LoadSessionToDevice", pb.LoadSessionToDeviceRequest(namespace="ns", session_id="s1", buffer_id="b" * 200),
      "LoadSessionToDeviceRequest.buffer_id is 200 characters"),

@@ -147,6 +147,11 @@ def _touch(r: pb.TouchSessionRequest) -> None:
     check_ttl("retention.ttl_s", r.retention.ttl_s)
 
 
+def _register(r: pb.RegisterLayoutRequest) -> None:
+    if r.namespace:  # "" = every namespace the token covers (the definition: store/layouts.py)
+        check_ns("namespace", r.namespace)
+
+
 def _detach(r: pb.DetachArenaRequest) -> None:
     check_id("arena_id", r.arena_id)
 
@@ -169,6 +174,7 @@ CHECKS: dict[type, Callable[[Any], None]] = {
     pb.TouchSessionRequest: _touch,
     pb.EvictSessionRequest: _named(),
     pb.PrefetchSessionRequest: _named(),
+    pb.RegisterLayoutRequest: _register,
     pb.DetachArenaRequest: _detach,
     pb.LoadSessionToDeviceRequest: _to_device,
 }
