@@ -22,13 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import numpy as np
 import pytest
 from daemon_helpers import CODE, Daemon, SyntheticSession, make_session, running_daemon, save_session
 
 from kvstore.client import Client
+from kvstore.engines.vllm.geometry import page_layout, v41_groups
 from kvstore.errors import KvstoreError
+from kvstore.format import page
 from kvstore.format.keys import ROOT, chain_keys
-from kvstore.format.manifest import Retention
+from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.page_layout import PageLayout
 from kvstore.transport import local_channel, shm
 from kvstore.transport.carrier import UNKNOWN_ARENA, ArenaCarrier, Blob
 from kvstore.v1 import kvstore_pb2 as pb
@@ -41,6 +45,25 @@ TOKENS = """
 "tok-admin" = ["*"]
 """
 A, B = "team-a", "team-b"
+PAGES = page_layout("iso/pages", "nvfp4_ds_mla", "mxfp4", v41_groups(), 4096, 1, {})
+PAGES_B = page_layout("iso/pages-of-b", "nvfp4_ds_mla", "mxfp4", v41_groups(), 4096, 1, {})
+
+
+def page_blob(ns: str, seed: int, lay: PageLayout = PAGES) -> tuple[bytes, bytes]:
+    """(key, blob) of one engine block of ``ns`` (the key hashes layout, namespace, group, block hash)."""
+    g = lay.groups[seed % len(lay.groups)]
+    h = seed.to_bytes(32, "little")
+    key = page.page_key(lay.layout_id, ns, g.group, h)
+    return key, page.encode(lay, g.group, h, key, np.random.default_rng(seed).integers(0, 256, g.block_bytes,
+                                                                                          dtype=np.uint8))
+
+
+def page_manifest(ns: str, sid: str, items: list[tuple[bytes, bytes]], lay: PageLayout = PAGES) -> Manifest:
+    return Manifest(sid, ns, lay.layout_id, 16 * len(items), 0, tuple(k for k, _ in items), b"", (),
+                    retention=Retention(ttl_s=3600))
+
+
+B_PAGES = [page_blob(B, s) for s in range(6)]
 META_A = (("authorization", "Bearer tok-a"),)
 ROUNDS = int(os.environ.get("KVSTORE_ISOLATION_ROUNDS", "1"))
 
@@ -77,8 +100,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         with Client(address=d.address, token="tok-b", arena_bytes=4 << 20) as b:
             for s in b_sessions:
                 save_session(b, s)
+            for lay in (PAGES, PAGES_B):  # PAGES_B: B's alone
+                assert b.register_layout(lay.definition()) == lay.layout_id
+            b.save_session(page_manifest(B, "bp1", B_PAGES), [blob for _, blob in B_PAGES])
+            assert len(list(b.load_chunks(B, [k for k, _ in B_PAGES]))) == len(B_PAGES)  # in the memory tier
         with Client(address=d.address, token="tok-a", arena_bytes=4 << 20) as a:
             save_session(a, a_session)
+            assert a.register_layout(PAGES.definition()) == PAGES.layout_id  # A saves page blobs too
         world = World(d, b_sessions, a_session)
         with Client(address=d.address, token="tok-admin") as admin:
             before = _checksums(admin, B), _checksums(admin, A)
@@ -234,6 +262,130 @@ def test_a_learns_nothing_from_lookups_commits_and_saves(world: World, round_: i
                 assert code != "OK"
         with pytest.raises(KvstoreError):
             c.get_session(A, "stolen")
+
+
+# -- the newer surfaces (issue 27): LookupKeys, page blobs and page sessions, RegisterLayout, loads into
+# -- the caller's own memory -------------------------------------------------------------------------------
+def decoy_pages(round_: int) -> list[tuple[bytes, bytes]]:
+    """Page blobs of the same shape as B's, never saved by anyone."""
+    return [page_blob(B, 1000 + 10 * round_ + s) for s in range(len(B_PAGES))]
+
+
+def _page_names(items: object) -> tuple[bytes | str, ...]:
+    """The keys, and the keys the same blocks have in team-a (a refused save says which it expected)."""
+    assert isinstance(items, list)
+    names: list[bytes | str] = []
+    for key, blob in items:
+        h = page.read_header(blob)
+        names += [key, page.page_key(PAGES.layout_id, A, h.group, h.block_hash)]
+    return tuple(names)
+
+
+def _keys_of(items: object) -> list[bytes]:
+    assert isinstance(items, list)
+    return [k for k, _ in items]
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_a_learns_nothing_from_lookup_keys(world: World, round_: int) -> None:
+    d = world.daemon
+    s = world.b_sessions[0]
+    with Client(address=d.address, token="tok-a", shared_memory=False) as c, \
+            Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as local:
+        assert over_local_socket(local) and not over_local_socket(c)
+        for kind, real, decoy in (("chunk keys", list(s.keys), list(decoy_session(round_).keys)),
+                                  ("page keys", _keys_of(B_PAGES), _keys_of(decoy_pages(round_)))):
+            for ns in (A, B):
+                for transport, x in (("", c), (" local socket", local)):
+                    code, text = probe(world, f"LookupKeys {kind}{transport}",
+                                       lambda k: x.lookup_keys(ns, k), real, decoy)  # noqa: B023
+                    assert code == "PERMISSION_DENIED" or text == repr([None] * len(real)), text
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_a_cannot_read_or_overwrite_b_page_blobs(world: World, round_: int) -> None:
+    d = world.daemon
+    with Client(address=d.address, token="tok-a", shared_memory=False) as stream, \
+            Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as arena:
+        decoy = decoy_pages(round_)
+        for ns in (A, B):
+            for path, c, zero_copy in (("stream", stream, False), ("arena", arena, True)):
+                code, text = probe(world, f"LoadChunks page keys {path}",
+                                   lambda x: loaded(c.load_chunks(ns, _keys_of(x), zero_copy=zero_copy)),  # noqa: B023
+                                   B_PAGES, decoy, _page_names)
+                assert (code, text) in (("OK", "[]"), ("PERMISSION_DENIED", f"token does not cover namespace {B!r}"))
+            # B's page blobs saved by A: under A they are not A's keys; under B, not A's namespace
+            for path, c in (("stream", stream), ("arena", arena)):
+                def save(x: object, c: Client = c, ns: str = ns) -> object:
+                    assert isinstance(x, list)
+                    return c.save_chunks(ns, PAGES.layout_id, ROOT, 0, [b for _, b in x])
+                code, _ = probe(world, f"SaveChunks page blobs {path}", save, B_PAGES, decoy, _page_names)
+                assert code != "OK"
+        # under B's own layout, which A never registered: the answer for a layout nobody registered
+        code, _ = probe(world, "SaveChunks under B's layout", lambda lid: stream.save_chunks(
+            A, lid, ROOT, 0, [page_blob(A, 7, PAGES_B)[1]]), PAGES_B.layout_id, uuid.uuid4().bytes, lambda x: (x,))
+        assert code == "INVALID_ARGUMENT"
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_a_cannot_touch_or_see_b_page_sessions(world: World, round_: int) -> None:
+    d = world.daemon
+    with Client(address=d.address, token="tok-a", shared_memory=False) as c, \
+            Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as local:
+        for ns in (A, B):
+            for transport, x in (("", c), (" local socket", local)):
+                for kind, fn in (("GetSession", lambda sid, x=x: x.get_session(ns, sid)),  # noqa: B023
+                                 ("LoadSession", lambda sid, x=x: loaded(x.load_session(ns, sid)[1])),  # noqa: B023
+                                 ("TouchSession", lambda sid, x=x: x.touch_session(ns, sid, Retention(ttl_s=1))),  # noqa: B023
+                                 ("DeleteSession", lambda sid, x=x: x.delete_session(ns, sid))):  # noqa: B023
+                    code, _ = probe(world, f"{kind} page session{transport}", fn, "bp1",
+                                    f"d{uuid.uuid4().hex[:6]}", lambda x: (x,))
+                    assert code != "OK"
+        # a page session of A's naming B's page blobs: the refusal for blobs nobody stored
+        for transport, x in (("", c), (" local socket", local)):
+            code, _ = probe(world, f"CommitSession naming B's page blobs{transport}", lambda items: x.commit(  # noqa: B023
+                page_manifest(A, "stolen-pages", items)), B_PAGES, decoy_pages(round_), _page_names)
+            assert code != "OK"
+
+
+def test_a_learns_nothing_from_registering_b_layouts(world: World) -> None:
+    """B's layout definitions registered by A answer as a definition nobody registered: OK, with the
+    id the definition itself gives (A computes it anyway); nothing says B holds it."""
+    d = world.daemon
+    fresh = page_layout(f"iso/fresh-{uuid.uuid4().hex[:6]}", "nvfp4_ds_mla", "mxfp4", v41_groups(), 4096, 1, {})
+    with Client(address=d.address, token="tok-a", shared_memory=False) as c, \
+            Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as local:
+        for transport, x in (("", c), (" local socket", local)):
+            for ns in ("", A, B):
+                code, text = probe(world, f"RegisterLayout B's definition{transport}",
+                                   lambda lay: x.register_layout(lay.definition(), ns),  # noqa: B023
+                                   PAGES_B, fresh, lambda lay: (lay.layout_id, lay.name))
+                assert code == ("PERMISSION_DENIED" if ns == B else "OK"), text
+
+
+@pytest.mark.parametrize("round_", range(ROUNDS))
+def test_a_loads_into_its_own_memory_nothing_of_b(world: World, round_: int) -> None:
+    """``load_chunks_into`` / ``load_session_into`` naming B's chunks, page blobs and sessions: the
+    answer for made-up ones, and not a byte of A's buffer written."""
+    d = world.daemon
+    s = world.b_sessions[0]
+    out = np.full(1 << 20, 0xA5, np.uint8)
+    with Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as c:
+        assert over_local_socket(c)
+        for ns in (A, B):
+            for kind, real, decoy in (("chunk keys", list(s.keys), list(decoy_session(round_).keys)),
+                                      ("page keys", _keys_of(B_PAGES), _keys_of(decoy_pages(round_)))):
+                code, text = probe(world, f"load_chunks_into {kind}", lambda k: [
+                    i for i, _ in c.load_chunks_into(ns, k, out)], real, decoy)  # noqa: B023
+                assert (code, text) in (("OK", "[]"), ("PERMISSION_DENIED", f"token does not cover namespace {B!r}"))
+            for sid in (s.session_id, "bp1"):
+                code, _ = probe(world, "load_session_into", lambda x: c.load_session_into(ns, x, out),  # noqa: B023
+                                sid, f"d{uuid.uuid4().hex[:6]}", lambda x: (x,))
+                assert code != "OK"
+    assert (out == 0xA5).all(), "a byte of A's buffer was written"
+    with Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as c:  # the path works: A's own session
+        m, got = c.load_session_into(A, world.a_session.session_id, out)
+        assert [bytes(v) for _, v in got] == list(world.a_session.blobs)
 
 
 # -- shared memory: arena ids, arena files, transfer files ---------------------------------------------
