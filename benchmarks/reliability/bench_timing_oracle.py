@@ -8,8 +8,9 @@ A real daemon with a tokens file (team-a, team-b, an admin). Tenant A saves sess
 chunks and engine page blobs (a registered page layout) and loads them, so that every one sits in
 the memory tier. Then, in each round, in a random order: B asks ``LoadChunks(namespace="team-b")``
 for one of A's keys (A's namespace name and a guessed prompt are enough to compute it) and for a
-made-up key of the same shape; both must answer the same (no chunk). A null pair (made-up against
-made-up) shows what "no difference" looks like on this box.
+made-up key of the same shape; both must answer the same (no chunk). Over gRPC, and over the local
+socket (which has no quick path). A null pair (made-up against made-up) shows what "no difference"
+looks like on this box.
 
 Per pair: the median of each side, the difference of medians, and a two-sided Mann-Whitney U test
 (normal approximation, tie-corrected). Indistinguishable: p well above 0.05 and a difference of
@@ -47,6 +48,7 @@ from kvstore.engines.vllm.geometry import page_layout, v41_groups  # noqa: E402
 from kvstore.format import page  # noqa: E402
 from kvstore.format.manifest import Manifest, Retention  # noqa: E402
 from kvstore.server.process import DaemonProcess, clean_env  # noqa: E402
+from kvstore.transport import local_channel  # noqa: E402
 from kvstore.v1 import kvstore_pb2 as pb  # noqa: E402
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc  # noqa: E402
 
@@ -125,16 +127,19 @@ def measure(rounds: int, sessions: int, data_dir: Path) -> dict[str, dict[str, f
                 assert set(where) == {"host"}, f"not all in the memory tier: {set(where)}"
         with grpc.insecure_channel(d.address) as channel:
             stub = pb_grpc.KVStoreStub(channel)
+            local = local_channel.LocalChannel(stub.GetServerInfo(pb.GetServerInfoRequest()).local_socket)
+            same_host = pb_grpc.KVStoreStub(local)
 
-            def load(token: str, ns: str, key: bytes) -> Callable[[], list[pb.ChunkData]]:
-                req = pb.LoadChunksRequest(namespace=ns, keys=[key])
-                md = (("authorization", f"Bearer {token}"),)
-                return lambda: list(stub.LoadChunks(req, metadata=md, timeout=30))
+            def load(key: bytes, over: pb_grpc.KVStoreStub = stub) -> Callable[[], list[pb.ChunkData]]:
+                req = pb.LoadChunksRequest(namespace=B, keys=[key])
+                md = (("authorization", "Bearer tok-b"),)
+                return lambda: list(over.LoadChunks(req, metadata=md, timeout=30))
 
             pairs: dict[str, tuple[Callable[[bytes], Callable[[], object]], list[bytes]]] = {
-                "B: A's chunk key vs made-up": (lambda k: load("tok-b", B, k), chunk_keys),
-                "B: A's page key vs made-up": (lambda k: load("tok-b", B, k), page_keys),
-                "null: B, made-up vs made-up": (lambda k: load("tok-b", B, k), []),
+                "B: A's chunk key vs made-up": (load, chunk_keys),
+                "B: A's page key vs made-up": (load, page_keys),
+                "B, local socket: A's chunk key vs made-up": (lambda k: load(k, same_host), chunk_keys),
+                "null: B, made-up vs made-up": (load, []),
             }
             rng = random.Random(27)
             times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in pairs}
@@ -152,6 +157,7 @@ def measure(rounds: int, sessions: int, data_dir: Path) -> dict[str, dict[str, f
                             times[name][side == "fake"].append(dt)
                     if name.startswith("B"):
                         assert answers["real"] == answers["fake"] == [], answers
+            local.close()
     finally:
         d.stop()
     out = {}
@@ -164,8 +170,9 @@ def measure(rounds: int, sessions: int, data_dir: Path) -> dict[str, dict[str, f
 
 def render(runs: dict[str, dict]) -> str:
     lines = ["# Timing oracle: another tenant's cache in a load's timing (issue 27, item 2)", "",
-             "Tenant B's `LoadChunks` (over gRPC, its own namespace) of tenant A's keys, which A holds in the "
-             "memory tier, against the same call for made-up keys; interleaved rounds, random order within each "
+             "Tenant B's `LoadChunks` (its own namespace; over gRPC, and once over the local socket) of tenant A's "
+             "keys, which A holds in the memory tier, against the same call for made-up keys; interleaved rounds, "
+             "random order within each "
              "round. Medians in microseconds (client wall time of the whole call); p: two-sided Mann-Whitney U. "
              "The null row (made-up against made-up) shows what no difference looks like on this box. Rerun: "
              "`python benchmarks/reliability/bench_timing_oracle.py --label <label> --write`.", ""]
