@@ -8,8 +8,9 @@ of the key) instead of reaching a tier (whose own guard, "tier keys must be 1 to
 is an internal invariant, an INTERNAL error if a request ever reaches it). A message a method
 receives that has no entry in ``CHECKS`` has no field whose shape alone can be wrong (GetServerInfo,
 Stats) or whose checks need what the call carries (an arena's fd, a device handle: arena_attach.py,
-device_arenas.py). The checks are pure: they depend on the request alone, never on what is stored,
-so an answer here tells nobody anything about another namespace.
+device_arenas.py); a layout definition is checked whole where it is parsed (format/page_layout.py).
+The checks are pure: they depend on the request alone, never on what is stored, so an answer here
+tells nobody anything about another namespace.
 
 A new request message (a new RPC, or a new field of an old one) gets its checks here: a function
 in ``CHECKS``, built from the field checks below.
@@ -91,12 +92,10 @@ def check_session_pb(field: str, s: pb.Session) -> None:
 
 
 # -- per message -----------------------------------------------------------------------------------------
-def _named(field: str = "") -> Callable[[Any], None]:
+def _named(r: Any) -> None:
     """namespace and session_id of a request that names one session."""
-    def check(r: Any) -> None:
-        check_ns(f"{field}namespace", r.namespace)
-        check_session(f"{field}session_id", r.session_id)
-    return check
+    check_ns("namespace", r.namespace)
+    check_session("session_id", r.session_id)
 
 
 def _save(r: pb.SaveChunksRequest) -> None:
@@ -121,7 +120,7 @@ def _load_chunks(r: pb.LoadChunksRequest) -> None:
 
 
 def _load_session(r: pb.LoadSessionRequest) -> None:
-    _named()(r)
+    _named(r)
     check_id("arena_id", r.arena_id)
     if r.HasField("into"):
         check_caller_memory("into", r.into)
@@ -143,7 +142,7 @@ def _list(r: pb.ListSessionsRequest) -> None:
 
 
 def _touch(r: pb.TouchSessionRequest) -> None:
-    _named()(r)
+    _named(r)
     check_ttl("retention.ttl_s", r.retention.ttl_s)
 
 
@@ -157,7 +156,7 @@ def _detach(r: pb.DetachArenaRequest) -> None:
 
 
 def _to_device(r: pb.LoadSessionToDeviceRequest) -> None:
-    _named()(r)
+    _named(r)
     check_id("buffer_id", r.buffer_id)
 
 
@@ -168,12 +167,12 @@ CHECKS: dict[type, Callable[[Any], None]] = {
     pb.LookupRequest: _lookup,
     pb.LookupKeysRequest: _lookup_keys,
     pb.CommitSessionRequest: lambda r: check_session_pb("session", r.session),
-    pb.GetSessionRequest: _named(),
+    pb.GetSessionRequest: _named,
     pb.ListSessionsRequest: _list,
-    pb.DeleteSessionRequest: _named(),
+    pb.DeleteSessionRequest: _named,
     pb.TouchSessionRequest: _touch,
-    pb.EvictSessionRequest: _named(),
-    pb.PrefetchSessionRequest: _named(),
+    pb.EvictSessionRequest: _named,
+    pb.PrefetchSessionRequest: _named,
     pb.RegisterLayoutRequest: _register,
     pb.DetachArenaRequest: _detach,
     pb.LoadSessionToDeviceRequest: _to_device,
