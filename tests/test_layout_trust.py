@@ -8,6 +8,7 @@ stored; a stored one always reopens, and one that does not (damage) never costs 
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +17,8 @@ from typing import Any
 import grpc
 import numpy as np
 import pytest
-from daemon_helpers import free_port, start_daemon, status_of
+from daemon_helpers import REPO, Daemon, clean_env, free_port, kvstore_command, start_daemon, status_of
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import page_layout, v41_groups
@@ -185,6 +187,16 @@ def held_by_ssd(data: Path, keys: list[bytes]) -> list[bool]:
         return tier.contains_many(keys)
 
 
+def layouts_health(d: Daemon) -> tuple[str, int, str]:
+    """kvstore.layouts' status, and what `kvstore health` exits with and prints."""
+    with grpc.insecure_channel(d.address) as channel:
+        r = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service="kvstore.layouts"),
+                                                       timeout=10)
+    cli = subprocess.run([*kvstore_command(), "health", "--address", d.address], cwd=REPO, env=clean_env(),
+                         capture_output=True, text=True, timeout=60)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status), cli.returncode, cli.stdout
+
+
 def test_a_layout_that_does_not_reopen_keeps_its_data_says_so_and_comes_back_registered_again(tmp_path: Path) -> None:
     """Before: the next load returned none of its blobs and deleted them from the ssd tier, and
     Stats failed. Now its blobs are misses no tier is asked for, nothing is deleted, the log, Stats
@@ -203,6 +215,8 @@ def test_a_layout_that_does_not_reopen_keeps_its_data_says_so_and_comes_back_reg
     d = start_daemon(data, *flags)
     try:
         with Client(address=d.address) as c:
+            status, rc, out = layouts_health(d)
+            assert (status, rc) == ("NOT_SERVING", 1) and "kvstore.layouts NOT_SERVING" in out, out
             assert list(c.load_chunks("team-a", keys)) == []  # misses...
             assert c.lookup_keys("team-a", keys) == [None] * len(keys)
             s = c.stats()  # ...that Stats reports, for every tenant's sake
@@ -229,6 +243,7 @@ def test_a_layout_that_does_not_reopen_keeps_its_data_says_so_and_comes_back_reg
         with Client(address=d.address) as c:
             assert [bytes(b) for _, b in c.load_chunks("team-a", keys)] == blobs
             assert not any(V41.layout_hex in t.last_error for t in c.stats().tiers)
+        assert layouts_health(d) == ("SERVING", 0, "SERVING\n")
     finally:
         d.stop()
 
