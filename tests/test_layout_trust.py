@@ -19,12 +19,14 @@ import numpy as np
 import pytest
 from daemon_helpers import REPO, Daemon, clean_env, free_port, kvstore_command, start_daemon, status_of
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from store_helpers import make_tiered, store_config
 
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import page_layout, v41_groups
 from kvstore.format import page
 from kvstore.format.manifest import Manifest
 from kvstore.format.page_layout import MAX_DEFINITION_BYTES, MAX_TOKENS, PageLayout, PageLayoutError
+from kvstore.store.layouts import Layouts
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.ssd import SsdTier
 
@@ -323,3 +325,19 @@ def test_each_namespace_holds_its_own_bounded_set_of_layouts_across_restarts(tmp
             assert [bytes(x) for _, x in b.load_chunks("team-b", keys)] == blobs
     finally:
         d.stop()
+
+
+def test_a_layout_stored_before_holders_were_kept_reopens_global_and_a_held_one_stays_its_holders(
+        tmp_path: Path) -> None:
+    """Upgrading changes no one's access: a definition with no holder record was global, and stays so."""
+    old, held = small("old"), small("held")
+    store = make_tiered(store_config(tmp_path))
+    try:
+        store.put_meta(b"L:" + old.layout_id, old.definition())
+        Layouts(store, 64).register(held.definition(), ["team-a"])
+        again = Layouts(store, 64)
+        assert again.usable("team-b", old.layout_id) == old and again.usable("team-a", old.layout_id) == old
+        assert again.usable("team-a", held.layout_id) == held and again.usable("team-b", held.layout_id) is None
+        assert again.page(held.layout_id) == held and not again.unreadable
+    finally:
+        store.close()
