@@ -27,6 +27,7 @@ from kvstore.format import page
 from kvstore.format.manifest import Manifest
 from kvstore.format.page_layout import MAX_DEFINITION_BYTES, MAX_TOKENS, PageLayout, PageLayoutError
 from kvstore.store.layouts import Layouts
+from kvstore.tiers.base import WriteBatch
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.ssd import SsdTier
 
@@ -339,5 +340,12 @@ def test_a_layout_stored_before_holders_were_kept_reopens_global_and_a_held_one_
         assert again.usable("team-b", old.layout_id) == old and again.usable("team-a", old.layout_id) == old
         assert again.usable("team-a", held.layout_id) == held and again.usable("team-b", held.layout_id) is None
         assert again.page(held.layout_id) == held and not again.unreadable
+        store.commit(WriteBatch(meta_deletes=[b"L:" + held.layout_id]))  # holders left, the definition gone
+        lost = Layouts(store, 64)
+        assert lost.unreadable == {held.layout_id: "its definition is missing"} and lost.page(held.layout_id) is None
+        assert lost.register(held.definition(), ["team-b"]) == held  # anyone's registration writes it again
+        back = Layouts(store, 64)
+        assert back.usable("team-a", held.layout_id) == held and back.usable("team-b", held.layout_id) == held
+        assert not back.unreadable
     finally:
         store.close()
