@@ -21,6 +21,7 @@ from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import chunk, page
 from kvstore.format.layout import PRESETS
 from kvstore.format.manifest import Manifest, check_namespace
+from kvstore.format.page_layout import MAX_BLOCK_BYTES
 from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
@@ -40,8 +41,9 @@ from kvstore.v1 import kvstore_pb2 as pb
 # read, verified and framed on gRPC's event loop it costs ~0.15 ms per MiB (benchmarks/profile_load.py),
 # a worker-thread hop 0.1-0.45 ms (more under load).
 QUICK_LOAD_BYTES = 4 << 20
-#: The largest engine page blob a save buffers (a vLLM chunk of a few blocks of every layer of a group).
-MAX_PAGE_BLOB_BYTES = 64 << 20
+#: The largest engine page blob a save buffers (a vLLM chunk of a few blocks of every layer of a group):
+#: one of the largest block a page layout may have (``MAX_BLOCK_BYTES``), so a registered layout's blobs fit.
+MAX_PAGE_BLOB_BYTES = page.header_bytes(page.MAX_HASH_BYTES) + MAX_BLOCK_BYTES + page.CHECKSUM_BYTES
 
 
 class KVStoreService:

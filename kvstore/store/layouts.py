@@ -83,8 +83,10 @@ class Layouts:
                 continue
             self._pages[lid] = lay
             self._holders.setdefault(lid, {GLOBAL})  # stored before holders were kept: global, as then
-        for holders in self._holders.values():
+        for lid, holders in self._holders.items():
             self._held.update(holders)
+            if lid not in self._pages and lid not in self.unreadable:
+                self._unreadable(lid, "its definition is missing")
 
     def _unreadable(self, layout_id: bytes, why: str) -> None:
         self.unreadable[layout_id] = why
@@ -129,10 +131,12 @@ class Layouts:
         except PageLayoutError as e:
             raise InvalidArgument(str(e)) from None
         lid = lay.layout_id
+        if not namespaces:
+            raise InvalidArgument("a page layout is registered for a namespace; this token covers none")
         with self._lock:
             holders = self._holders.get(lid, set())
             new = [ns for ns in dict.fromkeys(namespaces) if ns not in holders and GLOBAL not in holders]
-            if not new and lid not in self.unreadable:
+            if not new and lid in self._pages:
                 return self._pages[lid]
             for ns in new:
                 if self._held[ns] >= self.max_per_namespace:

@@ -8,6 +8,7 @@ per token: its layout says what those are."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -79,28 +80,35 @@ def _unique_sizes(lay: AnyLayout | None, chunk_tokens: int) -> tuple[Fraction, F
     return Fraction(chunk_tokens), payload, chunk.encoded_size(lay, chunk_tokens)
 
 
+def _bpt(sessions: SessionStore, layout_id: bytes) -> Fraction:
+    lay = sessions.layouts.get(layout_id)
+    return lay.bytes_per_token if lay is not None else Fraction(0)
+
+
 def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     store = sessions.store
     ct = sessions.config.chunk_tokens
     live = sessions.live_chunks()
     manifests = sessions.list_sessions()
-    sizes = {lid: _unique_sizes(sessions.layouts.get(lid), ct) for lid in set(live.values())}
-    per_chunk = [sizes[lid] for lid in live.values()]
-    tokens = round(sum(t for t, _, _ in per_chunk)) + sum(m.tail_tokens for m in manifests)
-    chunk_payload = round(sum(p for _, p, _ in per_chunk))
+    # per layout, then multiplied: a page layout's Fractions may have large denominators (one per group)
+    chunks_of = Counter(live.values())
+    sizes = {lid: _unique_sizes(sessions.layouts.get(lid), ct) for lid in chunks_of}
+    tokens = round(sum((sizes[lid][0] * n for lid, n in chunks_of.items()), Fraction(0)))
+    tokens += sum(m.tail_tokens for m in manifests)
+    chunk_payload = round(sum((sizes[lid][1] * n for lid, n in chunks_of.items()), Fraction(0)))
     payload = chunk_payload
-    raw_chunks = sum(e for _, _, e in per_chunk)
+    raw_chunks = sum(sizes[lid][2] * n for lid, n in chunks_of.items())
     manifest_bytes = 0
-    formula_num = Fraction(0)
-    total_session_tokens = 0
+    session_tokens: Counter[bytes] = Counter()  # of sessions whose layout this store can read
     for m in manifests:
         lay = sessions.layouts.get(m.layout_id)
         tail = lay.chunk_payload_bytes(m.tail_tokens) if isinstance(lay, Layout) else 0
         payload += tail
         manifest_bytes += len(m.encode()) - tail
         if lay is not None:
-            formula_num += lay.bytes_per_token * m.token_count
-            total_session_tokens += m.token_count
+            session_tokens[m.layout_id] += m.token_count
+    total_session_tokens = sum(session_tokens.values())
+    formula_num = sum((_bpt(sessions, lid) * t for lid, t in session_tokens.items()), Fraction(0))
     formula = float(formula_num / total_session_tokens) if total_session_tokens else 0.0
     usage = store.durable_usage()
     stored_manifests = sum(len(m.encode()) for m in manifests)  # kept raw in the meta keyspace
