@@ -107,7 +107,7 @@ class SessionReads:
         Ownership first, from the index alone (no catch-up: the sharing layer may be remote), and a
         tier is asked only about owned keys, so the answer depends on the caller's own data only:
         another namespace's chunk in memory and a key nobody stored answer alike, in the same time."""
-        infos = self.index.owned(namespace, keys)
+        infos = self._readable(self.index.owned(namespace, keys))
         return all(infos) and self.store.held_in_memory(keys, max_bytes)
 
     def load(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
