@@ -66,6 +66,8 @@ CASES: list[tuple[str, Any, str]] = [
      "SaveChunksRequest.header.parent_key (empty for chunk 0) is 5 bytes long"),
     ("SaveChunks", _save(pb.SaveHeader(namespace="ns", layout_id=LAYOUT, commit=_session(chunk_keys=[K, b"k"]))),
      "SaveChunksRequest.header.commit.chunk_keys[1] is 1 bytes long"),
+    ("SaveChunks", _save(pb.SaveHeader(namespace="ns", layout_id=LAYOUT, commit=_session(namespace="other"))),
+     "SaveChunksRequest.header.commit must name the header's namespace and layout"),
     ("CommitSession", pb.CommitSessionRequest(session=_session(chunk_keys=[b"x" * 65536])),
      "CommitSessionRequest.session.chunk_keys[0] is 65536 bytes long"),
     ("CommitSession", pb.CommitSessionRequest(session=_session(layout_id=b"")),

@@ -107,7 +107,9 @@ def _save(r: pb.SaveChunksRequest) -> None:
     if h.parent_key:
         check_key("header.parent_key (empty for chunk 0)", h.parent_key)
     check_id("header.arena_id", h.arena_id)
-    if h.HasField("commit"):
+    if h.HasField("commit"):  # authorized by the header's namespace: the two must agree
+        if h.commit.namespace != h.namespace or h.commit.layout_id != h.layout_id:
+            raise InvalidArgument("header.commit must name the header's namespace and layout")
         check_session_pb("header.commit", h.commit)
 
 

@@ -149,11 +149,9 @@ class KVStoreService:
         return min(MAX_PAGE_BLOB_BYTES, max(page.blob_bytes(g, page.MAX_HASH_BYTES) for g in lay.groups))
 
     def _check_header(self, call: Call, header: pb.SaveHeader) -> None:
-        self._ns(call, header.namespace)  # the fields' shapes: request_checks.py, before this body
-        if header.HasField("commit"):  # the commit is authorized by the header's namespace: they must agree
-            c = header.commit
-            if c.namespace != header.namespace or bytes(c.layout_id) != bytes(header.layout_id):
-                raise InvalidArgument("SaveHeader.commit must name the header's namespace and layout")
+        # the fields' shapes, and a commit naming the header's namespace and layout (it is authorized
+        # by the header's): request_checks.py, before this body
+        self._ns(call, header.namespace)
 
     def _check_first(self, first: pb.SaveChunksRequest, call: Call) -> None:
         """A save's first message: its header, authorized, naming the caller's own arena (if any)."""
