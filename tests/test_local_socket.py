@@ -73,8 +73,8 @@ def test_errors_keep_their_status_codes(daemon: Daemon, ns: str) -> None:
             c.list_sessions("bad namespace with spaces\n")
         # a client-streaming call refused at its header, then the same socket serves the next call
         with pytest.raises(grpc.RpcError) as e:
-            c._stub.SaveChunks(iter([pb.SaveChunksRequest(header=pb.SaveHeader(namespace=ns, parent_key=b"x")),
-                                     pb.SaveChunksRequest(data=b"y" * 1000)]))
+            header = pb.SaveHeader(namespace=ns, layout_id=bytes(16), parent_key=b"x")
+            c._stub.SaveChunks(iter([pb.SaveChunksRequest(header=header), pb.SaveChunksRequest(data=b"y" * 1000)]))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "parent_key" in e.value.details()
         assert c.list_sessions(ns) == []
 
