@@ -163,7 +163,7 @@ class KVStoreTier(SecondaryTierManager):
         self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
         self._clients: dict[tuple[Tenant, str, int], Client] = {}
         self._clients_lock = threading.Lock()
-        self._registered = False
+        self._registered: set[Tenant] = set()  # page layouts are per namespace: registered by each tenant
         #: each request's page session; None: its tenant is unknown, it is never offloaded
         self._requests: dict[str, _Session | None] = {}
         self._sessions: OrderedDict[tuple[Tenant, str], _Session] = OrderedDict()  # the most recent MAX_SESSIONS
@@ -219,9 +219,9 @@ class KVStoreTier(SecondaryTierManager):
                 c = Client(address=self.address, token=tenant.token, timeout_s=self.timeout_s, retries=0,
                            shared_memory=arena > 0, arena_bytes=arena)
                 self._clients[(tenant, role, threading.get_ident())] = c
-        if not self._registered:
-            c.register_layout(self.layout.definition())
-            self._registered = True
+        if tenant not in self._registered:
+            c.register_layout(self.layout.definition(), tenant.namespace)
+            self._registered.add(tenant)
         return c
 
     def _available(self) -> bool:
@@ -237,7 +237,7 @@ class KVStoreTier(SecondaryTierManager):
         if self._available():
             log.warning("kvstore tier: %s failed (%s); treating kvstore as down for %.0f s", what, e, self.down_s)
         self._down_until = time.monotonic() + self.down_s
-        self._registered = False  # a restarted daemon may be a fresh one
+        self._registered.clear()  # a restarted daemon may be a fresh one
 
     def _tenant(self, ctx: ReqContext) -> Tenant | None:
         params = ctx.kv_transfer_params or {}
