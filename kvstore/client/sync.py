@@ -28,8 +28,9 @@ from kvstore.errors import FailedPrecondition, KvstoreError
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, local_channel
-from kvstore.transport.carrier import ARENA, CALLER_MEMORY_REFUSED, Carrier, Receiver
+from kvstore.transport.carrier import ARENA, Carrier, Receiver
 from kvstore.transport.framing import Blob
+from kvstore.transport.sender import CALLER_MEMORY_REFUSED
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
