@@ -23,11 +23,6 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from daemon_helpers import make_session, running_daemon, save_session
-
-from kvstore.client import Client
 from kvstore.transport import cma, local_channel
 from kvstore.transport.local_channel import END, HEADER, MSG, call_frame, frame
 from kvstore.v1 import kvstore_pb2 as pb
@@ -104,6 +99,11 @@ def reuse(tmp: Path) -> dict[str, Any]:
     """The process that connected exits and a new process gets its pid (forced: this driver runs as
     init of its own pid namespace). A call then sent on the connection by the process that received it
     must be written into that process, never into the new one that holds the old pid."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from daemon_helpers import make_session, running_daemon, save_session  # torch: only this role needs it
+
+    from kvstore.client import Client
+
     s = make_session(namespace="reuse", session_id="s1", tokens=900)
     packed = b"".join(s.blobs)
     with running_daemon(tmp / "data") as d:

@@ -61,7 +61,8 @@ def test_a_forked_child_loads_into_its_own_buffer(daemon: Daemon, session: tuple
     same addresses, stay untouched."""
     s, _ = session
     with Client(address=daemon.address) as c:
-        c.list_sessions(s.namespace)  # connected: the child inherits a pooled local socket
+        c.connect()  # the parent connects: the child inherits its client and a pooled local socket
+        assert c._local is not None and c._local._free
         out_session = np.zeros(len(packed(s)), np.uint8)
         out_chunks = np.zeros(len(packed(s)), np.uint8)
         r, w = os.pipe()
