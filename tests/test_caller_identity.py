@@ -22,10 +22,11 @@ from pathlib import Path
 import caller_identity_driver as drv
 import numpy as np
 import pytest
-from daemon_helpers import Daemon, SyntheticSession, make_session, running_daemon, save_session
+from daemon_helpers import Daemon, SyntheticSession, make_session, running_daemon, save_session, start_daemon
 
 from kvstore.client import Client
 from kvstore.errors import FailedPrecondition
+from kvstore.server.process import Exec, kvstore_command
 from kvstore.transport import cma, shm
 from kvstore.transport.sender import CALLER_MEMORY_REFUSED, SCM_PIDFD, Sender, Senders
 
@@ -167,6 +168,30 @@ def test_a_new_process_with_the_connecting_pid_gets_nothing(tmp_path: Path) -> N
     assert report["written_into_caller"] and not report["written_into_new_process"]
 
 
+@pytest.mark.skipif(os.getuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1) to run the daemon in a pid namespace of its own")
+def test_a_client_the_daemon_cannot_see_loads_through_its_arena(tmp_path: Path) -> None:
+    """The daemon in a pid namespace of its own (a container without ``--pid=host``) cannot name this
+    process: the kernel says pid 0. Its load into caller memory is refused, saying why, and the client
+    loads through its arena instead: the right bytes in its own buffer."""
+    s = make_session(namespace="hidden", tokens=1300)
+    unshared = Exec(["unshare", "--pid", "--fork", "--kill-child", *kvstore_command()])
+    d = start_daemon(tmp_path / "data", spawner=unshared)
+    try:
+        with Client(address=d.address) as c:
+            save_session(c, s)
+            assert c.uses_shared_memory
+            out = np.zeros(len(packed(s)), np.uint8)
+            _, placed = c.load_session_into(s.namespace, s.session_id, out)
+            assert out.tobytes() == packed(s) and [bytes(v) for _, v in placed] == list(s.blobs)
+            assert c._into_refused.startswith(CALLER_MEMORY_REFUSED) and "can see" in c._into_refused
+            out[:] = 0
+            assert len(c.load_chunks_into(s.namespace, s.keys, out)) == len(s.keys)
+            assert out.tobytes() == packed(s)
+    finally:
+        d.kill()  # unshare(1) does not pass SIGTERM on; --kill-child takes the daemon with it
+
+
 # -- the sender of a stream's bytes, read by read (no daemon) -----------------------------------------
 def _reads_of(*senders: int) -> list[list[tuple[int, int, bytes]]]:
     """The ancillary data of one read per pid, as the kernel gives it (credentials; a pidfd of this
@@ -193,7 +218,12 @@ def test_a_calls_sender_is_the_one_process_that_sent_every_read() -> None:
     with pytest.raises(FailedPrecondition, match=CALLER_MEMORY_REFUSED), senders.of_call().reaching():
         pass
     senders.close()
-    assert len(os.listdir("/proc/self/fd")) == before  # every pidfd received was closed
+    creds_only = Senders(pidfds=False)  # a kernel without SO_PASSPIDFD: the pid is opened when a write needs it
+    creds_only.saw([(socket.SOL_SOCKET, socket.SCM_CREDENTIALS, struct.pack("3i", os.getpid(), os.getuid(), 0))])
+    with creds_only.of_call().reaching() as pid:
+        assert pid == os.getpid()
+    creds_only.close()
+    assert len(os.listdir("/proc/self/fd")) == before  # every pidfd received or opened was closed
 
 
 def test_a_sender_that_exited_is_never_written() -> None:
