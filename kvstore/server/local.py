@@ -36,8 +36,9 @@ import grpc
 
 from kvstore.server.handlers import Call, Method
 from kvstore.server.status import capped, status_of
-from kvstore.transport import local_channel, sender
+from kvstore.transport import local_channel
 from kvstore.transport.local_channel import CALL, END, HEADER, MSG, STATUS, frame
+from kvstore.transport.sender import ANCILLARY_BYTES, Sender, Senders, ask_kernel
 
 log = logging.getLogger("kvstore.server")
 READ_BUFFER = 1 << 16  # a connection's read buffer: a call's small frames in one recv
@@ -88,7 +89,7 @@ class _Stream:
     the call being read (``take_fds``), its sender in ``senders`` (``begin_call``, ``sender``)."""
 
     MAX_FDS = 4  # a call passes one (AttachArena); more are received and closed, never kept
-    ANCILLARY = socket.CMSG_SPACE(MAX_FDS * 4) + sender.ANCILLARY_BYTES
+    ANCILLARY = socket.CMSG_SPACE(MAX_FDS * 4) + ANCILLARY_BYTES
 
     def __init__(self, sock: socket.socket, pidfds: bool) -> None:
         self.sock = sock
@@ -96,7 +97,7 @@ class _Stream:
         self.view = memoryview(self.buf)
         self.start = self.end = 0
         self.fds: list[int] = []
-        self.senders = sender.Senders(pidfds)
+        self.senders = Senders(pidfds)
 
     def _recv_into(self, into: memoryview) -> int:
         n, ancillary, _, _ = self.sock.recvmsg_into([into], self.ANCILLARY, socket.MSG_CMSG_CLOEXEC)
@@ -111,7 +112,7 @@ class _Stream:
         """Before a call's first frame is read: its sender is named by the reads from here on."""
         self.senders.begin(buffered=self.end > self.start)
 
-    def sender(self) -> sender.Sender:
+    def sender(self) -> Sender:
         """After a call's last frame was read: the one process that sent it, or why none can be named."""
         return self.senders.of_call()
 
@@ -202,7 +203,7 @@ class LocalServer:
         self.path = path
         self.on_call = on_call  # counts calls for Stats
         self._listener: socket.socket | None = None
-        self._pidfds = False  # the kernel names each read's sender with a pidfd too (sender.ask_kernel)
+        self._pidfds = False  # the kernel names each read's sender with a pidfd too (ask_kernel)
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
         self._stopping = False
@@ -217,7 +218,7 @@ class LocalServer:
             listener.bind(str(self.path))
         finally:
             os.umask(old)
-        self._pidfds = sender.ask_kernel(listener)  # before listen: every connection inherits it
+        self._pidfds = ask_kernel(listener)  # before listen: every connection inherits it
         listener.listen(128)
         self._listener = listener
         threading.Thread(target=self._accept, name="kvstore-local-accept", daemon=True).start()
