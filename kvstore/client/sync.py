@@ -12,6 +12,7 @@ own buffer (kvstore/client/into.py).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -28,8 +29,9 @@ from kvstore.errors import FailedPrecondition, KvstoreError
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, local_channel
-from kvstore.transport.carrier import ARENA, CALLER_MEMORY_REFUSED, Carrier, Receiver
+from kvstore.transport.carrier import ARENA, Carrier, Receiver
 from kvstore.transport.framing import Blob
+from kvstore.transport.sender import CALLER_MEMORY_REFUSED
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -52,7 +54,7 @@ class Client:
         self._link = Link(self.config, self.address, self._call, self._metadata)
         self._device_loaders: dict[Any, DeviceLoader] = {}  # torch.device -> its loader, made on first use
         self._into_refused = ""  # why the daemon cannot write into this process (then: arena, copy)
-        self._used_into = False
+        self._ptracer_named_by = 0  # the process that named the daemon its ptracer (not inherited by a fork)
         self._tails: set[Any] = set()  # loads answered whole, their status still on its way (rq.answer_pairs)
 
     def close(self) -> None:
@@ -236,9 +238,9 @@ class Client:
         local = self._local
         if local is None or self._into_refused:
             return None, []
-        if not self._used_into:
+        if self._ptracer_named_by != (pid := os.getpid()):  # a forked child names the daemon again (Yama)
             into.allow_daemon(local.peer_pid())
-            self._used_into = True
+            self._ptracer_named_by = pid
         request.into.CopyFrom(pb.CallerMemory(address=into.address(dest), size=len(dest)))
         receiver = Receiver(None, copy=False, into=dest)
         try:

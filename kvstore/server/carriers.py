@@ -14,6 +14,7 @@ from kvstore.server import arena_attach
 from kvstore.server.arenas import Arenas
 from kvstore.transport import shm
 from kvstore.transport.carrier import ARENA, STREAM, ArenaCarrier, CallerMemoryCarrier, Carrier, StreamCarrier
+from kvstore.transport.sender import Sender
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -40,17 +41,19 @@ class Carriers:
     def offered(self) -> list[str]:
         return [STREAM, ARENA] if self.shm_dir is not None else [STREAM]
 
-    def for_call(self, owner: str, arena_id: str, into: pb.CallerMemory | None = None, pid: int = 0) -> Carrier:
+    def for_call(self, owner: str, arena_id: str, into: pb.CallerMemory | None = None,
+                 sender: Sender | None = None) -> Carrier:
         """The carrier a call asked for: the caller's own memory ``into`` (a load over the local
-        socket, which names the caller's ``pid``), ``owner``'s arena ``arena_id``, or the stream.
-        Another identity's arena id is as unknown as a made-up one (arenas.py)."""
+        socket, whose ``sender`` the kernel named: kvstore/transport/sender.py), ``owner``'s arena
+        ``arena_id``, or the stream. Another identity's arena id is as unknown as a made-up one
+        (arenas.py)."""
         if into is not None:
-            if not pid:
+            if sender is None:
                 raise InvalidArgument("CallerMemory names memory of the calling process: only a call over the "
                                       "daemon's local socket can (the kernel names its process)")
             if not into.address or not into.size:
                 raise InvalidArgument("CallerMemory needs an address and a size")
-            return CallerMemoryCarrier(pid, into.address, into.size)
+            return CallerMemoryCarrier(sender, into.address, into.size)
         if not arena_id:
             return StreamCarrier(self.message_bytes)
         return ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, TypeVar
 from kvstore.errors import InvalidArgument
 from kvstore.server.request_checks import check_request, is_valid
 from kvstore.transport.fastpb import Encoded
+from kvstore.transport.sender import Sender
 from kvstore.v1 import kvstore_pb2 as pb
 
 SERVICE = pb.DESCRIPTOR.services_by_name["KVStore"]
@@ -42,13 +43,15 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 class Call:
     """What a servicer body knows of its call besides the request: the caller's metadata (its bearer
     token: auth.py) and the fds it passed with the call (SCM_RIGHTS: an arena's memfd; only the
-    local socket carries fds), and over the local socket the caller's pid (the process that
-    connected, as the kernel names it: SO_PEERCRED; 0 over gRPC, where no pid can be trusted). The
-    front end closes the fds no body took (``take_fds``)."""
+    local socket carries fds), and over the local socket the process that sent this request
+    (``sender``: named by the kernel on the request's own messages, kvstore/transport/sender.py;
+    the only process a body may read or write the memory of, through ``sender.reaching()``; None
+    over gRPC, where no process can be named). The front end closes the fds no body took
+    (``take_fds``)."""
 
     metadata: Metadata = ()
     fds: list[int] = field(default_factory=list)
-    pid: int = 0
+    sender: Sender | None = None
 
     def take_fds(self) -> list[int]:
         """The fds passed with this call, now the caller's to close."""

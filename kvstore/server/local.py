@@ -9,6 +9,11 @@ block this thread only, and concurrent connections' saves share fsyncs: group co
 the answer: a call wakes one daemon thread and, with its answer, the client; nothing else. The
 socket file is mode 0600 in the daemon's shm directory and every connection's peer is checked
 (SO_PEERCRED) to run as the daemon's uid, the same rule the arenas follow (kvstore/transport/shm.py).
+
+Who a call comes from is learned per call, never from the connect: the kernel names the sender of
+every read (SCM_CREDENTIALS and a pidfd, SCM_PIDFD), and a call's sender (``Call.sender``) is the one
+process that sent all its bytes (kvstore/transport/sender.py). A load into the caller's memory is
+written into that process only: a forked child, or a process handed the socket, is its own caller.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from kvstore.server.handlers import Call, Method
 from kvstore.server.status import capped, status_of
 from kvstore.transport import local_channel
 from kvstore.transport.local_channel import CALL, END, HEADER, MSG, STATUS, frame
+from kvstore.transport.sender import ANCILLARY_BYTES, Sender, Senders, ask_kernel
 
 log = logging.getLogger("kvstore.server")
 READ_BUFFER = 1 << 16  # a connection's read buffer: a call's small frames in one recv
@@ -78,25 +84,37 @@ class _Protocol(Exception):
 
 class _Stream:
     """One connection's frames, read with recvmsg into one buffer, so that fds passed with a call
-    (SCM_RIGHTS) arrive with it (a plain recv would drop them); a call's frames usually arrive in one
-    segment: one recvmsg for them all. Fds are kept for the call being read (``take_fds``)."""
+    (SCM_RIGHTS) and the kernel's name for each read's sender arrive with it (a plain recv would drop
+    both); a call's frames usually arrive in one segment: one recvmsg for them all. Fds are kept for
+    the call being read (``take_fds``), its sender in ``senders`` (``begin_call``, ``sender``)."""
 
     MAX_FDS = 4  # a call passes one (AttachArena); more are received and closed, never kept
+    ANCILLARY = socket.CMSG_SPACE(MAX_FDS * 4) + ANCILLARY_BYTES
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, pidfds: bool) -> None:
         self.sock = sock
         self.buf = bytearray(READ_BUFFER)
         self.view = memoryview(self.buf)
         self.start = self.end = 0
         self.fds: list[int] = []
+        self.senders = Senders(pidfds)
 
     def _recv_into(self, into: memoryview) -> int:
-        n, ancillary, _, _ = self.sock.recvmsg_into([into], socket.CMSG_SPACE(self.MAX_FDS * 4),
-                                                    socket.MSG_CMSG_CLOEXEC)
+        n, ancillary, _, _ = self.sock.recvmsg_into([into], self.ANCILLARY, socket.MSG_CMSG_CLOEXEC)
         for level, kind, data in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 self.fds.extend(array.array("i", data[: len(data) - len(data) % 4]))
+        if n:
+            self.senders.saw(ancillary)  # closes the pidfds it does not keep
         return n
+
+    def begin_call(self) -> None:
+        """Before a call's first frame is read: its sender is named by the reads from here on."""
+        self.senders.begin(buffered=self.end > self.start)
+
+    def sender(self) -> Sender:
+        """After a call's last frame was read: the one process that sent it, or why none can be named."""
+        return self.senders.of_call()
 
     def _fill(self, n: int) -> int:
         """At least ``n`` (at most the buffer's size) bytes buffered, unless the peer closed first;
@@ -171,6 +189,7 @@ class _Stream:
 
     def close(self) -> None:
         _close_all(self.take_fds())
+        self.senders.close()
         self.view.release()
 
 
@@ -184,6 +203,7 @@ class LocalServer:
         self.path = path
         self.on_call = on_call  # counts calls for Stats
         self._listener: socket.socket | None = None
+        self._pidfds = False  # the kernel names each read's sender with a pidfd too (ask_kernel)
         self._conns: dict[socket.socket, threading.Thread] = {}
         self._lock = threading.Lock()
         self._stopping = False
@@ -198,6 +218,7 @@ class LocalServer:
             listener.bind(str(self.path))
         finally:
             os.umask(old)
+        self._pidfds = ask_kernel(listener)  # before listen: every connection inherits it
         listener.listen(128)
         self._listener = listener
         threading.Thread(target=self._accept, name="kvstore-local-accept", daemon=True).start()
@@ -225,12 +246,11 @@ class LocalServer:
                 sock, _ = self._listener.accept()
             except OSError:
                 return  # the listener was shut down
-            pid, uid = _peer(sock)
-            if uid != os.getuid():
+            if _peer_uid(sock) != os.getuid():
                 log.warning("local socket: refused a peer of another user")
                 sock.close()
                 continue
-            t = threading.Thread(target=self._serve, args=(sock, pid), name="kvstore-local", daemon=True)
+            t = threading.Thread(target=self._serve, args=(sock,), name="kvstore-local", daemon=True)
             with self._lock:
                 if self._stopping:
                     sock.close()
@@ -238,16 +258,19 @@ class LocalServer:
                 self._conns[sock] = t
             t.start()
 
-    def _serve(self, sock: socket.socket, pid: int) -> None:
-        stream = _Stream(sock)
+    def _serve(self, sock: socket.socket) -> None:
+        stream = _Stream(sock, self._pidfds)
         try:
-            while (got := stream.frame(at_call=True)) is not None:
+            while True:
+                stream.begin_call()
+                if (got := stream.frame(at_call=True)) is None:
+                    break
                 kind, body = got
                 if kind != CALL:
                     raise _Protocol(f"expected a call, got frame kind {kind}")
                 path, metadata = local_channel.parse_call(bytes(body))
                 requests = stream.requests()
-                call = Call(metadata, stream.take_fds(), pid)
+                call = Call(metadata, stream.take_fds(), stream.sender())
                 try:
                     self._call(self.methods.get(path), path, call, requests, _Reply(sock))
                 finally:
@@ -362,7 +385,8 @@ def _status(code: grpc.StatusCode, details: str = "") -> bytes:
     return frame(STATUS, bytes([code.value[0]]) + capped(details).encode(errors="replace"))
 
 
-def _peer(sock: socket.socket) -> tuple[int, int]:
-    """The connecting process's pid and uid, as the kernel recorded them at connect (SO_PEERCRED)."""
-    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return pid, uid
+def _peer_uid(sock: socket.socket) -> int:
+    """The connecting process's uid, as the kernel recorded it at connect (SO_PEERCRED). Its pid is
+    not kept: who sends each call is named per call (``_Stream.sender``)."""
+    _, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return int(uid)

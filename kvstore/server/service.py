@@ -73,7 +73,8 @@ class KVStoreService:
 
     def _carrier(self, call: Call, arena_id: str, into: pb.CallerMemory | None = None) -> Carrier:
         """The caller's carrier: its own memory (``into``), its arena, or the stream."""
-        return self.carriers.for_call(self.auth.identity(call.metadata) if arena_id else "", arena_id, into, call.pid)
+        owner = self.auth.identity(call.metadata) if arena_id else ""
+        return self.carriers.for_call(owner, arena_id, into, call.sender)
 
     def _send(self, carrier: Carrier, namespace: str, keys: list[bytes]) -> Iterator[Piece]:
         """The verified chunks, one piece per message. Through an arena or into the caller's memory:

@@ -35,6 +35,7 @@ from kvstore.errors import FailedPrecondition, InvalidArgument, ResourceExhauste
 from kvstore.format import chunk_batch
 from kvstore.transport import cma, fastpb, framing, shm
 from kvstore.transport.framing import Blob
+from kvstore.transport.sender import CALLER_MEMORY_REFUSED, Sender
 from kvstore.v1 import kvstore_pb2 as pb
 
 # the start of the daemon's answer to an arena id it does not know, or that another identity
@@ -44,9 +45,6 @@ STREAM, ARENA, CALLER_MEMORY = "stream", "arena", "caller memory"
 # the start of the daemon's answer to a load whose chunks do not fit the caller's arena, before it
 # wrote any: "...: it needs N bytes". The client grows its arena to N (up to its limit) and asks again.
 ARENA_TOO_SMALL = "the arena is too small for this load"
-# the start of the daemon's answer when the kernel refuses it writes into the caller (another uid,
-# Yama, seccomp): the client remembers it and loads through its arena from then on
-CALLER_MEMORY_REFUSED = "cannot write into the caller's memory"
 
 
 def arena_needed(details: str) -> int:
@@ -166,14 +164,16 @@ class ArenaCarrier(Carrier):
 
 class CallerMemoryCarrier(Carrier):
     """Daemon side of a load into the caller's memory: blobs written back to back from the start of
-    [address, address + size) of process ``pid`` (the local socket's peer, never a pid a request
-    names), ``cma.MAX_IOV`` blobs a system call, each while the tier's bytes are still in hand."""
+    [address, address + size) of the process that sent the request (``sender``, named by the kernel
+    on the request's own messages: kvstore/transport/sender.py; never a pid a request names, nor one
+    remembered from the connect), ``cma.MAX_IOV`` blobs a system call, each while the tier's bytes
+    are still in hand."""
 
     name = CALLER_MEMORY
 
-    def __init__(self, pid: int, address: int, size: int) -> None:
+    def __init__(self, sender: Sender, address: int, size: int) -> None:
         super().__init__()
-        self.pid, self.address, self.size = pid, address, size
+        self.sender, self.address, self.size = sender, address, size
 
     def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
         batch = list(items)  # held until written: the tier's bytes, alive while listed here
@@ -193,7 +193,8 @@ class CallerMemoryCarrier(Carrier):
 
     def _write(self, sources: np.ndarray, offsets: np.ndarray) -> None:
         try:
-            cma.write(self.pid, sources, self.address, self.size, offsets)
+            with self.sender.reaching() as pid:
+                cma.write(pid, sources, self.address, self.size, offsets)
         except cma.CrossMemoryError as e:
             if e.errno == errno.EFAULT:  # the caller named memory it has not mapped writable: its mistake
                 raise InvalidArgument(f"CallerMemory [{self.address:#x}, +{self.size}) is not writable memory of "

@@ -2,12 +2,14 @@
 
 A load into the caller's memory (``Client.load_session_into``) names a destination in the client's
 address space (an address and a length: a numpy array, a pinned torch tensor, an engine's KV view).
-Over the local socket the daemon learns the caller's pid from the kernel (SO_PEERCRED), never from the
-request, and copies each verified chunk from where the tier holds it (the host tier's bytes, LMDB's
-map) into that destination with ``process_vm_writev(2)``: one copy from the tier, no shared mapping, no
-arena to size. A client can only make the daemon write into its own process, within the ranges it
-named (the kernel refuses addresses the process has not mapped writable: EFAULT, a failed call, no
-partial write is acknowledged).
+Over the local socket the daemon learns from the kernel which process sent that very request (its
+messages carry the sender's credentials and a pidfd: kvstore/transport/sender.py), never from the
+request nor from the connect, and copies each verified chunk from where the tier holds it (the host
+tier's bytes, LMDB's map) into that destination with ``process_vm_writev(2)``, only while the sender's
+pidfd says it is alive: one copy from the tier, no shared mapping, no arena to size. A client can only
+make the daemon write into its own process, within the ranges it named (the kernel refuses addresses
+the process has not mapped writable: EFAULT, a failed call, no partial write is acknowledged); a
+forked child or a process handed the socket is a caller of its own.
 
 The kernel allows it when the daemon may ptrace the client: same uid and, under Yama's
 ``ptrace_scope`` 1, only if the client named the daemon its ptracer (``allow_writes_from``). Where it is
