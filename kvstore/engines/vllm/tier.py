@@ -49,9 +49,11 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import vllm
+from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     LookupResult,
     Medium,
@@ -68,18 +70,40 @@ from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
 
 from kvstore.engines.vllm.daemon import DaemonLink
-from kvstore.engines.vllm.geometry import EngineGroup, page_layout
+from kvstore.engines.vllm.geometry import INDEXER_DTYPES, Derived, EngineGroup, derive
 from kvstore.engines.vllm.sessions import Sessions, Tenant, block_key
 from kvstore.engines.vllm.transfer import Transfer
 from kvstore.errors import KvstoreError
 from kvstore.format.manifest import Retention
-from kvstore.format.page_layout import PageLayout
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
 log = logging.getLogger(__name__)
 TESTED_VLLM = ("0.33.0",)
+
+
+@dataclass
+class TierStats:
+    """What the tier did, for its user: ``opaque_blocks`` counts blocks stored whole because no derived page
+    layout fits vLLM's (``geometry.py``): 0 for every layout vLLM's planner makes for V4.1."""
+
+    blocks_stored: int = 0
+    opaque_blocks: int = 0
+
+
+def _model_shape(model: str) -> tuple[list[int] | None, int]:
+    """The model's per-layer compression ratios and indexer head size, as vLLM read its config
+    (None: not read, so every block is opaque)."""
+    try:
+        from vllm.transformers_utils.config import get_config
+
+        hf = get_config(model, trust_remote_code=False)
+    except Exception as e:  # an engine without this model's config here: opaque blocks, said once
+        log.warning("kvstore tier: the config of %r could not be read (%s)", model, e)
+        return None, 128
+    ratios = getattr(hf, "compress_ratios", None)
+    return ([int(r) for r in ratios] if ratios is not None else None), int(getattr(hf, "index_head_dim", 128))
 
 
 class _Lookups(AsyncLookupManager):
@@ -126,12 +150,17 @@ class KVStoreTier(SecondaryTierManager):
     def __init__(self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
                  address: str = "", namespace: str = "vllm", token: str = "",
                  tenants: dict[str, dict[str, str]] | None = None, session_ttl_s: float = 86400.0,
-                 indexer_dtype: str = "mxfp4", mxfp8_record: bool = False, n_load_threads: int = 2,
+                 indexer_dtype: str | None = None, n_load_threads: int = 2,
                  n_store_threads: int = 2, timeout_s: float = 10.0, down_s: float = 5.0, arena_bytes: int = 32 << 20,
                  enable_kv_events: bool = False, locality: str | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        self.layout = self._layout(offloading_spec.config, indexer_dtype, mxfp8_record)
+        self.geometry = self._layout(offloading_spec.config, indexer_dtype)
+        self.layout = self.geometry.layout
+        self.stats = TierStats()
+        if self.geometry.opaque:  # shown once, counted per block stored (``stats``)
+            log.warning("kvstore tier: vLLM's blocks match no derived page layout (%s): each is stored whole as one "
+                        "opaque page (verified, no scale compression, block padding kept)", self.geometry.reason)
         self.daemon = DaemonLink(address, self.layout, timeout_s, down_s, arena_bytes)
         mapped = {salt: Tenant(t["namespace"], t.get("token", "")) for salt, t in (tenants or {}).items()}
         self.sessions = Sessions(self.layout, Tenant(namespace, token), mapped,
@@ -162,12 +191,12 @@ class KVStoreTier(SecondaryTierManager):
         return self.sessions.tenants
 
     # -- geometry ---------------------------------------------------------------------------------
-    def _layout(self, cfg: Any, indexer_dtype: str, mxfp8_record: bool) -> PageLayout:
-        """The page layout of this engine's chunks, from its OffloadingConfig (read at run time)."""
+    def _layout(self, cfg: Any, indexer_dtype: str | None) -> Derived:
+        """The page layout of this engine's chunks, from its OffloadingConfig and its model's config."""
         copies = 1 if cfg.replicated_layout else max(1, cfg.parallel.world_size)
-        block_bytes = cfg.worker_kv_bytes_per_block * copies * cfg.cache.blocks_per_chunk
-        if not 0 < block_bytes <= self.block_size_bytes:
-            block_bytes = self.block_size_bytes
+        stride = cfg.worker_kv_bytes_per_block * copies
+        if not 0 < stride * cfg.cache.blocks_per_chunk <= self.block_size_bytes:
+            stride = self.block_size_bytes // cfg.cache.blocks_per_chunk
         # an OffloadKey names its group by the KV cache config's group id (the scheduler's group_idx), not by
         # its place among the offloaded groups: V4.1's SWA groups are not offloaded but keep their ids
         groups = [EngineGroup(g.group_id, g.tokens_per_block, tuple(g.layer_names)) for g in cfg.groups]
@@ -177,11 +206,16 @@ class KVStoreTier(SecondaryTierManager):
                        "pcp_size": str(p.pcp_size), "dcp_size": str(p.dcp_size), "world_size": str(p.world_size),
                        "replicated": str(bool(cfg.replicated_layout)).lower(),
                        "canonical": str(bool(cfg.canonical_layout)).lower(), "engine_version": vllm.__version__}
-        # the canonical byte layout, several TP copies per chunk: arrangements geometry.py does not derive, so
-        # every block is kept whole (an unknown cache dtype is the same: one opaque page per block)
+        # ``auto`` / ``fp8`` reach the scheduler unresolved (V4.1's attention resolves them in the workers) as the
+        # model's dtype: they are the record V4.1's kernel prefers, fp8_ds_mla
+        dtype = cfg.model.dtype if cfg.model.dtype.endswith("_ds_mla") else "fp8_ds_mla"
+        ratios, head_dim = _model_shape(cfg.model.name)
+        # the canonical byte layout, several TP copies per chunk: arrangements this derivation does not know
         direct = not cfg.canonical_layout and copies == 1
-        return page_layout(cfg.model.name, cfg.model.dtype if direct else f"{cfg.model.dtype}+opaque", indexer_dtype,
-                           groups, block_bytes, cfg.cache.blocks_per_chunk, fingerprint, mxfp8_record=mxfp8_record)
+        sm100 = current_platform.is_device_capability_family(100)  # V4.1's own records (attention.py)
+        return derive(cfg.model.name, dtype if direct else f"{dtype}+opaque", sm100, groups, stride,
+                      cfg.cache.blocks_per_chunk, ratios, fingerprint,
+                      INDEXER_DTYPES if indexer_dtype is None else (indexer_dtype,), head_dim)
 
     def _key(self, tenant: Tenant, key: OffloadKey) -> bytes:
         return block_key(self.layout, tenant, get_offload_group_idx(key), get_offload_block_hash(key))
@@ -221,6 +255,9 @@ class KVStoreTier(SecondaryTierManager):
         ends = [ctx.get_offload_key_position(k) for k in keys]
         if self._events is not None:
             self._store_keys[job_metadata.job_id] = keys
+        self.stats.blocks_stored += len(keys)
+        if self.geometry.opaque:
+            self.stats.opaque_blocks += len(keys)
         self._start()
         self._stores.submit(self._run, job_metadata.job_id, len(keys), self.transfer.store, s, keys, cids, ends)
 
@@ -298,4 +335,4 @@ class KVStoreTier(SecondaryTierManager):
             self._idle.notify_all()
 
 
-__all__ = ["TESTED_VLLM", "KVStoreTier", "Tenant"]
+__all__ = ["TESTED_VLLM", "KVStoreTier", "Tenant", "TierStats"]
