@@ -267,6 +267,9 @@ class Engine:
         self.scheduler = Scheduler(vllm_config=self.cfg, kv_cache_config=sched_cfg,
                                    structured_output_manager=StructuredOutputManager(self.cfg),
                                    block_size=block_size, hash_block_size=hash_size, log_stats=True)
+        self.published: list[Any] = []  # the KV event batches the scheduler published
+        publish = self.scheduler.kv_event_publisher.publish
+        self.scheduler.kv_event_publisher.publish = lambda b: (self.published.append(b), publish(b))[-1]
         hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
         init_none_hash(hash_fn)
         self.hasher = get_request_block_hasher(hash_size, hash_fn, self.cfg.num_hash_lookahead_tokens)
