@@ -93,6 +93,11 @@ def test_a_block_that_does_not_match_the_geometry_is_kept_whole_as_one_opaque_pa
     assert all(g.block_bytes == stride and [p.name for p in g.pages] == ["opaque"] for g in d.layout.groups)
 
 
+def test_the_tiers_indexer_dtype_breaks_a_tie_the_stride_cannot() -> None:
+    d = derive("m", "nvfp4_ds_mla", True, [v41_group(4)], 4 << 20, 1, RATIOS, {}, ("mxfp4",))
+    assert d.records is not None and d.records.indexer_dtype == "mxfp4" and d.layout.groups[0].block_bytes == 227840
+
+
 def test_the_fingerprint_is_part_of_the_id() -> None:
     other = v41(fingerprint={"tp_size": "2"})
     assert other.groups == LAYOUT.groups and other.layout_id != LAYOUT.layout_id
