@@ -152,7 +152,7 @@ def engine_sizes(tokens: int) -> dict[str, int]:
     """vLLM's KV cache (allocated on the CPU here) just large enough for the prompt (the planner wants room
     for max_model_len in every group, the SWA ones included: ~30 KB a token), and a CPU tier for all its blocks."""
     blocks = tokens // BLOCK_TOKENS + 8
-    return {"max_model_len": tokens + 2 * BLOCK_TOKENS, "kv_bytes": max(768 << 20, tokens * 36_000),
+    return {"max_model_len": tokens + 2 * BLOCK_TOKENS, "kv_bytes": max(768 << 20, tokens * 32_000),
             "cpu_bytes": blocks * 512_000}
 
 

@@ -20,6 +20,7 @@ capability the record family needs (SM100 for Blackwell's ``nvfp4_ds_mla``; 9.0 
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -418,6 +419,12 @@ class Engine:
     def shutdown(self) -> None:
         self.worker.shutdown()
         self.connector.shutdown()
+        # the KV cache tensor is referenced from cycles (the publisher's hook, the connector's worker): drop it
+        # now rather than at the next cycle collection, or a benchmark's engines pile up gigabytes
+        self.kv_caches.clear()
+        self.buf = np.zeros(0, np.uint8)
+        self.worker = None
+        gc.collect()
 
 
 def prompt(seed: str, blocks: int, tail: int = 10) -> list[int]:
