@@ -198,6 +198,7 @@ class CopyWorker:
     def wait(self, job_ids: set[int]) -> None: ...
 
     def shutdown(self) -> None:
+        self.gpu = self.cpu = torch.zeros(0, dtype=torch.int8)  # the KV cache and the region: not held past here
         self.region.cleanup()
 
 
