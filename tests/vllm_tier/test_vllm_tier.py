@@ -448,3 +448,23 @@ def test_kv_events_say_what_this_tier_stored(daemon: Daemon) -> None:
         assert len(stored) == 2, [e for b in eng.published for e in b.events]
     finally:
         eng.shutdown()
+
+
+def test_a_block_no_derived_layout_fits_is_kept_whole_counted_and_said(daemon: Daemon,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A tier told the wrong indexer dtype (fp8 pages do not fit Blackwell's MXFP4 block): every block is one
+    opaque page, still bit-exact, counted in the tier's stats and named in a warning, never silently."""
+    tokens = prompt("opaque", 2)
+    with caplog.at_level("WARNING", logger="kvstore.engines.vllm.tier"):
+        eng = engine(daemon.address, indexer_dtype="fp8")
+    try:
+        assert eng.tiers[0].geometry.opaque and "match no derived page layout" in caplog.text
+        eng.serve("r1", tokens)
+        assert eng.tiers[0].stats.opaque_blocks == 2
+    finally:
+        eng.shutdown()
+    eng = engine(daemon.address, indexer_dtype="fp8")
+    try:
+        assert_hit(eng, "r2", tokens, blocks=2)
+    finally:
+        eng.shutdown()
