@@ -55,13 +55,16 @@ class Family:
     capability: tuple[int, int]
 
 
-#: what deployments run: Blackwell with the MXFP4 indexer, Hopper's V4 584-B records, and the indexer's
-#: ``auto`` default (fp8) on Blackwell
+#: what deployments run: Blackwell with the MXFP4 indexer, Hopper's V4 584-B records, the indexer's ``auto``
+#: default (fp8) on Blackwell, and Hopper's ``--kv-cache-dtype auto``
 FAMILIES = {
     "blackwell": Family("blackwell", ("--kv-cache-dtype", "nvfp4_ds_mla",
                                       "--attention-config", '{"indexer_kv_dtype": "mxfp4"}'), (10, 0)),
     "hopper": Family("hopper", ("--kv-cache-dtype", "fp8_ds_mla"), (9, 0)),
     "indexer-auto": Family("indexer-auto", ("--kv-cache-dtype", "nvfp4_ds_mla"), (10, 0)),
+    # what most of today's fleet types: vLLM resolves it to fp8_ds_mla in V4.1's attention (in the workers: the
+    # scheduler, and so the tier, sees the model's dtype)
+    "hopper-auto": Family("hopper-auto", ("--kv-cache-dtype", "auto"), (9, 0)),
 }
 
 

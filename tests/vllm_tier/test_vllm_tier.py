@@ -102,7 +102,8 @@ def test_the_page_layout_is_the_one_vllms_planner_made(daemon: Daemon, family: F
         assert g.block_bytes == eng.extent and tier.geometry.padding == eng.stride - eng.extent
         fp = dict(tier.layout.fingerprint)
         indexer = "mxfp4" if family is BLACKWELL else "fp8"  # the indexer's auto is fp8
-        assert (fp["kv_cache_dtype"], fp["indexer_dtype"]) == (family.flags[1], indexer)
+        dtype = "fp8_ds_mla" if family.flags[1] == "auto" else family.flags[1]  # what vLLM resolves auto to
+        assert (fp["kv_cache_dtype"], fp["indexer_dtype"]) == (dtype, indexer)
     finally:
         eng.shutdown()
 
