@@ -21,7 +21,7 @@ or engine configurations. A block no derived layout fits is stored whole as one 
 Everything the scheduler calls is non-blocking:
 
 - ``lookup``: answered from a per-step batch (vLLM's ``AsyncLookupManager``): one ``LookupKeys``
-  call per request per step on a background thread, RETRY until it lands;
+  call per tenant and step on a background thread, RETRY until it lands;
 - ``submit_store`` / ``submit_load``: jobs on background threads; a store is one turn save (the
   job's page blobs and the request's page session, one durable transaction); a load writes each
   verified blob straight from the daemon's answer (the client's shared-memory arena when the daemon
