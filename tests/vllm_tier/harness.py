@@ -8,7 +8,7 @@ planner (``get_global_kv_cache_groups``, ``get_kv_cache_configs``, ``generate_sc
 lays the blocks out, vLLM's ``Scheduler`` builds the OffloadingConnector (scheduler role, which
 loads ``KVStoreTier`` from the tier config) and the worker-role connector registers the KV caches
 ``allocate_kv_cache`` allocates (on the CPU). Emulated, because they need a GPU: the
-GPU<->CPU copy engine (``CPUOffloadingWorker`` is CUDA-only: ``CopyWorker`` copies whole packed
+GPU<->CPU copy engine (``CPUOffloadingWorker`` is CUDA-only: ``emulated.CopyWorker`` copies whole packed
 blocks between the KV cache tensor and the CPU tier's shared region, as it does) and the model
 forward (``Engine.forward`` writes each newly computed block's bytes, a function of vLLM's block
 hash, and, as V4.1 does, leaves the cached global KV of replayed tokens alone). What the CPU
