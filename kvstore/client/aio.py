@@ -149,6 +149,10 @@ class AsyncClient:
     async def load_chunks_into(self, namespace: str, keys: Sequence[bytes], out: Any) -> list[tuple[int, memoryview]]:
         return await self._run(self.client.load_chunks_into, namespace, keys, out)
 
+    async def load_pages_into(self, namespace: str, keys: Sequence[bytes], out: Any, offsets: Sequence[int],
+                              slot_bytes: int) -> list[tuple[int, memoryview]]:
+        return await self._run(self.client.load_pages_into, namespace, keys, out, offsets, slot_bytes)
+
     async def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                      ) -> tuple[Manifest, list[tuple[int, Any]]]:
         return await self._run(self.client.load_session_to_device, namespace, session_id, device)

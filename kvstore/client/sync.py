@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
 from kvstore.client import into
 from kvstore.client import requests as rq
@@ -27,7 +28,7 @@ from kvstore.client.requests import SavedSession
 from kvstore.errors import FailedPrecondition, KvstoreError
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
-from kvstore.transport import convert, local_channel
+from kvstore.transport import convert, local_channel, slots
 from kvstore.transport.carrier import ARENA, CALLER_MEMORY_REFUSED, Carrier, Receiver
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
@@ -228,10 +229,31 @@ class Client:
                                    lambda m: m, lambda _: len(keys), dest)
         return placed if first is not None else into.copy_into(dest, self.load_chunks(namespace, keys, zero_copy=True))
 
+    def load_pages_into(self, namespace: str, keys: Sequence[bytes], out: Any, offsets: Sequence[int],
+                        slot_bytes: int) -> list[tuple[int, memoryview]]:
+        """Engine page blobs (docs/FORMAT.md section 6) into their slots of ``out`` (an engine's region
+        of slots: vLLM's CPU primary tier): the block bytes of ``keys[i]`` (its blob's payload, not its
+        header or checksum) at ``out[offsets[i]:]``, each slot ``slot_bytes`` long; (index into
+        ``keys``, view of that payload in ``out``) per hit. A miss (absent, refused, not a page blob)
+        leaves its slot as it was. On the daemon's host the daemon writes them there itself, one copy
+        from its tier (kvstore/transport/slots.py); elsewhere they come through the arena or the
+        stream, are checked again (key, checksum) and copied in. InvalidArgument, before any byte is
+        written, for slots outside ``out`` or overlapping, or a block longer than its slot."""
+        dest, keys = into.writable(out), list(keys)
+        offs = slots.check(offsets, slot_bytes, len(dest), len(keys))
+        self.connect()  # as in load_session_into: the stub is taken after the client chose its channel
+        first, placed = self._into(self._link.stubs.load_chunks, pb.LoadChunksRequest(namespace=namespace, keys=keys),
+                                   lambda m: m, lambda _: len(keys), dest, (offs, slot_bytes))
+        if first is not None:
+            return placed
+        return into.copy_into_slots(dest, offs, slot_bytes, keys, self.load_chunks(namespace, keys, zero_copy=True))
+
     def _into(self, rpc: Callable[..., Any], request: Any, chunks_of: rq.ChunksOf, expected: Callable[[Any], int],
-              dest: memoryview) -> tuple[Any, list[tuple[int, memoryview]]]:
-        """A load the daemon writes into ``dest`` itself, over its local socket: (first message, placed
-        pairs), or (None, []) where it cannot (then the caller loads and copies)."""
+              dest: memoryview, scatter: tuple[np.ndarray, int] | None = None
+              ) -> tuple[Any, list[tuple[int, memoryview]]]:
+        """A load the daemon writes into ``dest`` itself, over its local socket (``scatter``: engine pages
+        into slots of it, their offsets and size): (first message, placed pairs), or (None, []) where it
+        cannot (then the caller loads and copies)."""
         self.connect()
         local = self._local
         if local is None or self._into_refused:
@@ -240,6 +262,9 @@ class Client:
             into.allow_daemon(local.peer_pid())
             self._used_into = True
         request.into.CopyFrom(pb.CallerMemory(address=into.address(dest), size=len(dest)))
+        if scatter is not None:
+            request.into.slot_offsets.extend(scatter[0].tolist())
+            request.into.slot_bytes = scatter[1]
         receiver = Receiver(None, copy=False, into=dest)
         try:
             stream = rpc(request, timeout=self.config.timeout_s, metadata=self._metadata)

@@ -122,7 +122,7 @@ def seal(dest: memoryview | bytearray) -> int:
 
 
 def _bytes(buf: memoryview | bytes | bytearray | np.ndarray) -> memoryview:
-    mv = memoryview(buf.reshape(-1).view(np.uint8)) if isinstance(buf, np.ndarray) else memoryview(buf)
+    mv = buf.reshape(-1).view(np.uint8).data if isinstance(buf, np.ndarray) else memoryview(buf)
     return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 

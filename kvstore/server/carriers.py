@@ -12,8 +12,16 @@ from pathlib import Path
 from kvstore.errors import InvalidArgument
 from kvstore.server import arena_attach
 from kvstore.server.arenas import Arenas
-from kvstore.transport import shm
-from kvstore.transport.carrier import ARENA, STREAM, ArenaCarrier, CallerMemoryCarrier, Carrier, StreamCarrier
+from kvstore.transport import shm, slots
+from kvstore.transport.carrier import (
+    ARENA,
+    STREAM,
+    ArenaCarrier,
+    CallerMemoryCarrier,
+    CallerSlotsCarrier,
+    Carrier,
+    StreamCarrier,
+)
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -40,17 +48,24 @@ class Carriers:
     def offered(self) -> list[str]:
         return [STREAM, ARENA] if self.shm_dir is not None else [STREAM]
 
-    def for_call(self, owner: str, arena_id: str, into: pb.CallerMemory | None = None, pid: int = 0) -> Carrier:
+    def for_call(self, owner: str, arena_id: str, into: pb.CallerMemory | None = None, pid: int = 0,
+                 n_keys: int | None = None) -> Carrier:
         """The carrier a call asked for: the caller's own memory ``into`` (a load over the local
-        socket, which names the caller's ``pid``), ``owner``'s arena ``arena_id``, or the stream.
-        Another identity's arena id is as unknown as a made-up one (arenas.py)."""
+        socket, which names the caller's ``pid``; with slots, a LoadChunks of ``n_keys`` engine pages
+        scattered into them), ``owner``'s arena ``arena_id``, or the stream. Another identity's arena
+        id is as unknown as a made-up one (arenas.py)."""
         if into is not None:
             if not pid:
                 raise InvalidArgument("CallerMemory names memory of the calling process: only a call over the "
                                       "daemon's local socket can (the kernel names its process)")
             if not into.address or not into.size:
                 raise InvalidArgument("CallerMemory needs an address and a size")
-            return CallerMemoryCarrier(pid, into.address, into.size)
+            if not into.slot_offsets and not into.slot_bytes:
+                return CallerMemoryCarrier(pid, into.address, into.size)
+            if n_keys is None:
+                raise InvalidArgument("CallerMemory.slot_offsets: only LoadChunks scatters engine pages into slots")
+            offsets = slots.check(into.slot_offsets, into.slot_bytes, into.size, n_keys)
+            return CallerSlotsCarrier(pid, into.address, into.size, offsets, into.slot_bytes)
         if not arena_id:
             return StreamCarrier(self.message_bytes)
         return ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)

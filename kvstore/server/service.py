@@ -69,9 +69,12 @@ class KVStoreService:
         self.auth.check(call.metadata, namespace)
         return namespace
 
-    def _carrier(self, call: Call, arena_id: str, into: pb.CallerMemory | None = None) -> Carrier:
-        """The caller's carrier: its own memory (``into``), its arena, or the stream."""
-        return self.carriers.for_call(self.auth.identity(call.metadata) if arena_id else "", arena_id, into, call.pid)
+    def _carrier(self, call: Call, arena_id: str, into: pb.CallerMemory | None = None,
+                 n_keys: int | None = None) -> Carrier:
+        """The caller's carrier: its own memory (``into``; slots of it for ``n_keys`` engine pages),
+        its arena, or the stream."""
+        return self.carriers.for_call(self.auth.identity(call.metadata) if arena_id else "", arena_id, into, call.pid,
+                                      n_keys)
 
     def _send(self, carrier: Carrier, namespace: str, keys: list[bytes]) -> Iterator[Piece]:
         """The verified chunks, one piece per message. Through an arena or into the caller's memory:
@@ -214,7 +217,8 @@ class KVStoreService:
         self._ns(call, request.namespace)
         if any(len(k) != 16 for k in request.keys):
             raise InvalidArgument("chunk keys must be 16 bytes")
-        carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None)
+        carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None,
+                                len(request.keys))
         for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
             yield piece.message() if piece.handle is not None else fastpb.Encoded(b"".join(piece.encoded()))
 

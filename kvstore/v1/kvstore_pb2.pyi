@@ -213,12 +213,16 @@ class LoadChunksRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., arena_id: _Optional[str] = ..., into: _Optional[_Union[CallerMemory, _Mapping]] = ...) -> None: ...
 
 class CallerMemory(_message.Message):
-    __slots__ = ("address", "size")
+    __slots__ = ("address", "size", "slot_offsets", "slot_bytes")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     address: int
     size: int
-    def __init__(self, address: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+    slot_offsets: _containers.RepeatedScalarFieldContainer[int]
+    slot_bytes: int
+    def __init__(self, address: _Optional[int] = ..., size: _Optional[int] = ..., slot_offsets: _Optional[_Iterable[int]] = ..., slot_bytes: _Optional[int] = ...) -> None: ...
 
 class ChunkData(_message.Message):
     __slots__ = ("data", "indices", "shm")
