@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import xxhash
@@ -79,15 +78,16 @@ def blob_bytes(group: GroupSpec, hash_len: int) -> int:
     return header_bytes(hash_len) + group.block_bytes + CHECKSUM_BYTES
 
 
-@lru_cache(maxsize=64)
 def codes_end(group: GroupSpec) -> int:
     """Where the block's last code byte ends: what follows (the last page's scale rows, padding) is
-    the compressible tail (the codes before it are FP4/FP8, incompressible)."""
+    the compressible tail (the codes before it are FP4/FP8, incompressible). Computed, not cached:
+    a few pages' arithmetic costs less than hashing the group for a cache."""
     end = 0
     for p in group.pages:
-        rec = p.data + p.scale
-        last = p.offset + (p.states - 1) * rec + p.data if p.arrangement == INTERLEAVED else p.offset + p.data_bytes
-        end = max(end, last)
+        if p.arrangement == INTERLEAVED:  # the last record's data
+            end = max(end, p.offset + (p.states - 1) * (p.data + p.scale) + p.data)
+        else:  # every record's data, then the scale rows
+            end = max(end, p.offset + p.states * p.data)
     return end
 
 
