@@ -1,23 +1,30 @@
-"""The page geometry of vLLM's DeepSeek-V4.1 blocks, as a kvstore page layout.
+"""The page geometry of vLLM's DeepSeek-V4.1 blocks, derived from what vLLM's planner made.
 
-What vLLM 0.33 offloads for V4.1 is exactly its prefix-cacheable KV cache groups: the compressed
-main KV and indexer K of the kv-source layers (2, 8, 14 at ratio m=2; 20 at m=1). One physical
-block of a group holds a page of each of its layers, packed by spec (``kv_cache_planning``:
-layers of one spec side by side, main pages then indexer pages), padded to the block stride; a
-CPU-tier chunk holds ``blocks_per_chunk`` such blocks. Records, from
-``vllm/models/deepseek_v41/common/ops/cache_utils.py`` and ``indexer_k_store.py``:
+What vLLM 0.33 offloads for V4.1 is its prefix-cacheable KV cache group(s): the compressed main KV
+and indexer K of the kv-source layers. The tier sees vLLM's ``OffloadingConfig``: per offloaded
+group its id, tokens per block and layer names, and the engine's block stride
+(``worker_kv_bytes_per_block``). It does not see the per-layer specs, so they are rebuilt here
+from the same inputs V4.1's cache modules use (``vllm/models/deepseek_v41/attention.py``
+``get_kv_cache_spec``): a page holds ``tokens_per_block / m`` records of the layer's compression
+ratio ``m`` (the model's ``compress_ratios``), padded to the page alignment. Pages are packed
+the way vLLM's planner packs a group (``kv_cache_planning.get_kv_cache_config_from_groups``):
+the layers of one spec side by side, specs in the order their first layer appears in the group,
+from byte 0 of the block; the stride is then padded (an lcm of every group's alignments).
 
-- ``nvfp4_ds_mla``: main 288 B = 256 e2m1 + 32 e4m3, interleaved (each state's scales after its data);
-- ``fp8_ds_mla`` with V4.1's MXFP8 record (SM100): main 528 B = 512 e4m3 + 16 UE8M0, interleaved;
-- ``fp8_ds_mla`` elsewhere (H100/H200): main 584 B = 576 (448 e4m3 + 64 bf16) + 8 UE8M0, split
-  (data rows, then scale rows);
-- indexer: MXFP4 68 B = 64 + 4 UE8M0, or FP8 132 B = 128 + an fp32 scale.
+What the tier cannot read from vLLM is the indexer's dtype (``indexer_kv_dtype``, ``auto`` =
+fp8): both are derived and the one whose pages fill the engine's stride best (ending before it,
+with less padding than a page) is taken. A block that no candidate fits is stored as one opaque
+page, and the tier counts and reports it (``tier.py``). The record formats (which bytes of a
+record are scales), from ``cache_utils.py`` and ``indexer_k_store.py``:
 
-Indexer pages are split (values first, then scales). A page holds ``block_size / m`` states and is
-padded to the engine's alignment (512 B, or 576 for the V4 record). The geometry decides only
-which bytes the store compresses (scale rows) and how it counts them: every byte of a chunk is
-kept and round-trips bit-exact whatever the arrangement really is, and a chunk whose size does
-not match the derived pages is stored as one opaque page (verified all the same).
+- main ``nvfp4_ds_mla`` (SM100): 288 B = 256 e2m1 + 32 e4m3, interleaved; 512-B pages;
+- main ``fp8_ds_mla`` with V4.1's MXFP8 record (SM100): 528 B = 512 e4m3 + 16 UE8M0, interleaved;
+- main ``fp8_ds_mla`` elsewhere (H100/H200, and what ``auto``/``fp8`` resolve to there): 584 B =
+  576 (448 e4m3 + 64 bf16) + 8 UE8M0, split (data rows, then scale rows); 576-B pages;
+- indexer (split: values, then scales): MXFP4 68 B = 64 + 4 UE8M0, or FP8 132 B = 128 + fp32;
+  its pages take the main pages' alignment.
+
+Importable without vLLM (the daemon's tests use it).
 """
 
 from __future__ import annotations
@@ -28,16 +35,7 @@ from dataclasses import dataclass
 
 from kvstore.format.page_layout import INTERLEAVED, SPLIT, GroupSpec, PageLayout, PageSpec
 
-#: main record by (cache dtype, V4.1 MXFP8 record): (data, scale, arrangement, page alignment)
-MAIN_RECORDS = {
-    ("nvfp4_ds_mla", True): (256, 32, INTERLEAVED, 512),
-    ("nvfp4_ds_mla", False): (256, 32, INTERLEAVED, 512),
-    ("fp8_ds_mla", True): (512, 16, INTERLEAVED, 512),
-    ("fp8_ds_mla", False): (576, 8, SPLIT, 576),
-}
-INDEXER_RECORDS = {"mxfp4": (64, 4), "fp8": (128, 4)}
-#: kv-source layers of DeepSeek-V4.1-Flash and their compression ratio
-V41_SOURCES = {2: 2, 8: 2, 14: 2, 20: 1}
+INDEXER_DTYPES = ("fp8", "mxfp4")
 _LAYER = re.compile(r"layers\.(\d+)\.")
 
 
@@ -49,9 +47,47 @@ def _round_up(n: int, a: int) -> int:
 class EngineGroup:
     """One offloaded KV cache group as vLLM's OffloadingConfig describes it."""
 
-    group: int  # the group index in vLLM's OffloadKey
+    group: int  # the KV cache config's group id (what an OffloadKey names)
     tokens_per_block: int
     layer_names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Record:
+    """One cache record: ``data`` code bytes and ``scale`` bytes, arranged in a page of ``align``."""
+
+    data: int
+    scale: int
+    arrangement: str
+    align: int
+
+
+@dataclass(frozen=True)
+class Records:
+    """The records of one engine configuration (a record family and an indexer dtype)."""
+
+    cache_dtype: str
+    mxfp8_record: bool
+    indexer_dtype: str
+    main: Record
+    indexer: Record
+
+
+def records(cache_dtype: str, mxfp8_record: bool, indexer_dtype: str, index_head_dim: int = 128) -> Records | None:
+    """The records vLLM's V4.1 cache modules use for this configuration; None: not a V4.1 one."""
+    if cache_dtype == "nvfp4_ds_mla" and mxfp8_record:
+        main = Record(256, 32, INTERLEAVED, 512)
+    elif cache_dtype == "fp8_ds_mla":
+        main = Record(512, 16, INTERLEAVED, 512) if mxfp8_record else Record(576, 8, SPLIT, 576)
+    else:
+        return None
+    if indexer_dtype == "mxfp4":
+        idx = Record(index_head_dim // 2, index_head_dim // 32, SPLIT, main.align)
+    elif indexer_dtype == "fp8":
+        idx = Record(index_head_dim, index_head_dim // 128 * 4, SPLIT, main.align)
+    else:
+        return None
+    return Records(cache_dtype, mxfp8_record, indexer_dtype, main, idx)
 
 
 def layer_of(name: str) -> int | None:
@@ -60,78 +96,90 @@ def layer_of(name: str) -> int | None:
 
 
 def is_indexer(name: str) -> bool:
-    return "indexer" in name or name.endswith("k_cache")
+    return name.endswith("indexer.k_cache")
 
 
-def group_pages(g: EngineGroup, kv_cache_dtype: str, indexer_dtype: str, mxfp8_record: bool,
-                blocks_per_chunk: int, ratios: dict[int, int], block_stride: int = 0) -> list[PageSpec]:
-    """The pages of one chunk of group ``g``: per block (``block_stride`` apart; 0 = packed back to
-    back), the main pages of its layers, then their indexer pages (vLLM packs layers by spec from
-    byte 0 of the block: ``kv_cache_planning.get_kv_cache_config_from_groups``), each padded to
-    the engine's alignment."""
-    data, scale, arrangement, align = MAIN_RECORDS[(kv_cache_dtype, mxfp8_record)]
-    idata, iscale = INDEXER_RECORDS[indexer_dtype]
-    ialign = 576 if kv_cache_dtype == "fp8_ds_mla" and not mxfp8_record else 512
-    mains = [n for n in g.layer_names if not is_indexer(n)]
-    idxs = [n for n in g.layer_names if is_indexer(n)]
+def block_pages(g: EngineGroup, rec: Records, ratios: Sequence[int]) -> list[PageSpec] | None:
+    """One block's pages of group ``g`` as vLLM's planner packs them: layers of one spec side by
+    side, specs in the order of their first layer, from byte 0. None: a layer this derivation
+    does not know (not a V4.1 kv-source cache)."""
+    by_spec: dict[tuple[bool, int], list[tuple[str, int]]] = {}
+    for name in g.layer_names:
+        layer = layer_of(name)
+        if layer is None or layer >= len(ratios) or ratios[layer] not in (1, 2):
+            return None
+        by_spec.setdefault((is_indexer(name), ratios[layer]), []).append((name, layer))
     pages: list[PageSpec] = []
     off = 0
-    for b in range(blocks_per_chunk):
-        if block_stride:
-            off = b * block_stride
-        for names, indexer in ((mains, False), (idxs, True)):
-            for n in names:
-                layer = layer_of(n)
-                m = ratios.get(layer, 1) if layer is not None else 1
-                states = g.tokens_per_block // m
-                if indexer:
-                    size = _round_up(states * (idata + iscale), ialign)
-                    p = PageSpec(f"index.L{layer}.b{b}", off, states, idata, iscale, SPLIT, size)
-                else:
-                    size = _round_up(states * (data + scale), align)
-                    p = PageSpec(f"main.L{layer}.b{b}", off, states, data, scale, arrangement, size)
-                pages.append(p)
-                off += size
+    for (indexer, m), layers in by_spec.items():
+        r = rec.indexer if indexer else rec.main
+        states = g.tokens_per_block // m
+        size = _round_up(states * (r.data + r.scale), r.align)
+        for _, layer in layers:
+            pages.append(PageSpec(f"{'index' if indexer else 'main'}.L{layer}", off, states, r.data, r.scale,
+                                  r.arrangement, size))
+            off += size
     return pages
 
 
-def page_layout(model: str, kv_cache_dtype: str, indexer_dtype: str, groups: Sequence[EngineGroup],
-                block_bytes: int, blocks_per_chunk: int, fingerprint: dict[str, str],
-                mxfp8_record: bool = False, ratios: dict[int, int] | None = None) -> PageLayout:
-    """The kvstore page layout of vLLM chunks of ``block_bytes`` (the CPU tier's chunk, without
-    the alignment padding of its slot).
+@dataclass(frozen=True)
+class Derived:
+    """A page layout and how it was found: ``records`` None means every block is opaque, for ``reason``."""
 
-    vLLM offloads DeepSeek-V4's packed blocks whole, for every group (``offloading/worker.py``:
-    "Offload the whole packed block as a single transfer region"), and the groups alias from byte 0
-    of a block, so the bytes past a smaller group's pages are no page of that group's: only the
-    largest group fills the block. When the derived pages of the largest group fill the block
-    exactly (the geometry agrees with the engine's own numbers), each group's blob keeps just the
-    span of its own pages; otherwise every group is kept whole as one opaque page."""
-    ratios = V41_SOURCES if ratios is None else ratios
-    stride = block_bytes // blocks_per_chunk
-    derived: list[list[PageSpec]] = []
-    if (kv_cache_dtype, mxfp8_record) in MAIN_RECORDS and indexer_dtype in INDEXER_RECORDS:
-        derived = [group_pages(g, kv_cache_dtype, indexer_dtype, mxfp8_record, blocks_per_chunk, ratios, stride)
-                   for g in groups]
-    extents = [p[-1].offset + p[-1].page_bytes for p in derived if p]
-    exact = len(extents) == len(groups) and max(extents) == block_bytes
+    layout: PageLayout
+    records: Records | None
+    padding: int  # bytes of each engine block past its pages (never stored)
+    reason: str = ""
+
+    @property
+    def opaque(self) -> bool:
+        return self.records is None
+
+
+def derive(model: str, cache_dtype: str, mxfp8_record: bool, groups: Sequence[EngineGroup], stride: int,
+           blocks_per_chunk: int, ratios: Sequence[int] | None, fingerprint: dict[str, str],
+           indexer_dtypes: Sequence[str] = INDEXER_DTYPES, index_head_dim: int = 128) -> Derived:
+    """The page layout of vLLM chunks of ``blocks_per_chunk`` blocks, each ``stride`` bytes apart
+    (the engine's ``worker_kv_bytes_per_block``): of the candidate indexer dtypes, the one whose
+    pages end before the stride, with less padding than the smallest page. Groups alias from byte
+    0 of a block (vLLM offloads the whole packed block for each), so each keeps its own pages."""
+    best: tuple[int, Records, list[list[PageSpec]]] | None = None
+    reason = f"cache dtype {cache_dtype!r} (V4.1 record {mxfp8_record}) is no V4.1 record family"
+    if ratios is None:
+        reason = "the model's compress_ratios could not be read"
+    for dtype in indexer_dtypes if ratios is not None else ():
+        assert ratios is not None
+        rec = records(cache_dtype, mxfp8_record, dtype, index_head_dim)
+        if rec is None:
+            continue
+        derived = [block_pages(g, rec, ratios) for g in groups]
+        if any(p is None or not p for p in derived):
+            reason = f"a layer of {[g.layer_names for g in groups]} is not a V4.1 kv-source cache"
+            continue
+        pages = [p for p in derived if p is not None]
+        end = max(p[-1].offset + p[-1].page_bytes for p in pages)
+        smallest = min(s.page_bytes for p in pages for s in p)
+        if end > stride or stride - end >= smallest:
+            reason = f"no indexer dtype's pages fill the engine's {stride}-byte block (with {dtype}: {end})"
+            continue
+        if best is None or end > best[0]:
+            best = (end, rec, pages)
+    fp = {"model": model, "kv_cache_dtype": cache_dtype, "mxfp8_record": str(mxfp8_record).lower(),
+          "blocks_per_chunk": str(blocks_per_chunk), "stride": str(stride), **fingerprint}
     specs: list[GroupSpec] = []
-    for i, g in enumerate(groups):
-        tokens = g.tokens_per_block * blocks_per_chunk
-        if exact:
-            specs.append(GroupSpec(g.group, tokens, extents[i], tuple(derived[i])))
-        else:
-            specs.append(GroupSpec(g.group, tokens, block_bytes,
-                                   (PageSpec("opaque", 0, 1, block_bytes, 0, SPLIT, block_bytes),)))
-    fp = {"model": model, "kv_cache_dtype": kv_cache_dtype, "indexer_dtype": indexer_dtype,
-          "mxfp8_record": str(mxfp8_record).lower(), "blocks_per_chunk": str(blocks_per_chunk), **fingerprint}
-    return PageLayout(model, "vllm", tuple(sorted(fp.items())), tuple(specs))
-
-
-def v41_groups(tokens_per_block: int = 256) -> list[EngineGroup]:
-    """DeepSeek-V4.1-Flash's two prefix-cacheable groups as vLLM names their layers (the m=2 sources,
-    then the m=1 one)."""
-    def names(layers: Sequence[int]) -> tuple[str, ...]:
-        return tuple(n for L in layers for n in (f"model.layers.{L}.self_attn.mla_attn",
-                                                  f"model.layers.{L}.self_attn.indexer.k_cache"))
-    return [EngineGroup(0, tokens_per_block, names((2, 8, 14))), EngineGroup(1, tokens_per_block, names((20,)))]
+    if best is None:
+        fp["indexer_dtype"] = "unknown"
+        for g in groups:
+            specs.append(GroupSpec(g.group, g.tokens_per_block * blocks_per_chunk, stride * blocks_per_chunk,
+                                   (PageSpec("opaque", 0, 1, stride * blocks_per_chunk, 0, SPLIT,
+                                             stride * blocks_per_chunk),)))
+        return Derived(PageLayout(model, "vllm", tuple(sorted(fp.items())), tuple(specs)), None, 0, reason)
+    end, rec, pages = best
+    fp["indexer_dtype"] = rec.indexer_dtype
+    for g, block in zip(groups, pages):
+        chunk = [PageSpec(f"{p.name}.b{b}", b * stride + p.offset, p.states, p.data, p.scale, p.arrangement,
+                          p.page_bytes) for b in range(blocks_per_chunk) for p in block]
+        g_end = block[-1].offset + block[-1].page_bytes
+        specs.append(GroupSpec(g.group, g.tokens_per_block * blocks_per_chunk,
+                               (blocks_per_chunk - 1) * stride + g_end, tuple(chunk)))
+    return Derived(PageLayout(model, "vllm", tuple(sorted(fp.items())), tuple(specs)), rec, stride - end)

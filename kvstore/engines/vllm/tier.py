@@ -45,17 +45,15 @@ from __future__ import annotations
 
 import logging
 import queue
-import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
 import vllm
+from vllm.platforms import current_platform
 from vllm.v1.kv_offload.base import (
     LookupResult,
     Medium,
@@ -71,56 +69,59 @@ from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
 
-from kvstore.client import Client
-from kvstore.engines.vllm.geometry import EngineGroup, page_layout
-from kvstore.errors import FailedPrecondition, KvstoreError, NotFound, Unavailable
-from kvstore.format import page
-from kvstore.format.manifest import Manifest, Retention
-from kvstore.format.page_layout import GroupSpec, PageLayout
+from kvstore.engines.vllm.daemon import DaemonLink
+from kvstore.engines.vllm.geometry import INDEXER_DTYPES, Derived, EngineGroup, derive
+from kvstore.engines.vllm.sessions import Sessions, Tenant, block_key
+from kvstore.engines.vllm.transfer import Transfer
+from kvstore.errors import KvstoreError
+from kvstore.format.manifest import Retention
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
 
 log = logging.getLogger(__name__)
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.:\-]")
-#: Page sessions whose keys a tier remembers (older ones are read back from the daemon when saved again).
-MAX_SESSIONS = 4096
 TESTED_VLLM = ("0.33.0",)
 
 
-@dataclass(frozen=True)
-class Tenant:
-    namespace: str
-    token: str = ""
-
-
 @dataclass
-class _Session:
-    """A page session as this tier last saved it: every block key it names, in the order saved.
+class TierStats:
+    """What the tier did, for its user: ``opaque_blocks`` counts blocks stored whole because no derived page
+    layout fits vLLM's (``geometry.py``): 0 for every layout vLLM's planner makes for V4.1."""
 
-    A session only grows: each save names everything the last one did plus the new blocks, so a
-    turn whose prefix stayed in vLLM's CPU tier (and was never looked up here) frees nothing. The
-    first save in this process starts from the daemon's version, if there is one."""
+    blocks_stored: int = 0
+    opaque_blocks: int = 0
 
-    tenant: Tenant
-    session_id: str
-    held: dict[bytes, int] = field(default_factory=dict)  # page key -> end token (0: not known here)
-    loaded: bool = False  # the daemon's version was read
-    version: int = 0  # the version last saved or read: the base of the next save, whichever thread makes it
-    lock: threading.Lock = field(default_factory=threading.Lock)  # one turn save at a time
+
+def _model_shape(model: str) -> tuple[list[int] | None, int]:
+    """The model's per-layer compression ratios and indexer head size, as vLLM read its config
+    (None: not read, so every block is opaque)."""
+    try:
+        from vllm.transformers_utils.config import get_config
+
+        hf = get_config(model, trust_remote_code=False)
+    except Exception as e:  # an engine without this model's config here: opaque blocks, said once
+        log.warning("kvstore tier: the config of %r could not be read (%s)", model, e)
+        return None, 128
+    ratios = getattr(hf, "compress_ratios", None)
+    return ([int(r) for r in ratios] if ratios is not None else None), int(getattr(hf, "index_head_dim", 128))
 
 
 class _Lookups(AsyncLookupManager):
     """vLLM's async lookups (a step's keys resolved on a background thread between steps), asked of
-    the daemon in one ``LookupKeys`` call per tenant and step, not one per request: the base class's
-    worker loop (vLLM 0.33) with its per-request grouping replaced."""
+    the daemon in one ``LookupKeys`` call per tenant and step, not one per request.
+
+    Why ``_worker`` is overridden (vLLM 0.33's private loop, copied with its grouping changed):
+    vLLM's only public hook, ``batch_lookup(keys, req_context)``, is called once per request of a
+    step, so N requests waiting on the same prefix cost N daemon round trips; nothing public hands
+    a tier the step's whole batch. ``tests/vllm_tier`` pins the loop's contract (one call per
+    tenant and step; results as (key, generation, found))."""
 
     def __init__(self, tier: KVStoreTier, tier_type: str) -> None:
         self._tier = tier
         super().__init__(tier_type=tier_type)
 
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
-        return self._tier._lookup_keys(self._tier._tenant(req_context), keys)
+        return self._tier._lookup_keys(self._tier.sessions.tenant(req_context), keys)
 
     def _worker(self) -> None:
         while True:
@@ -129,7 +130,7 @@ class _Lookups(AsyncLookupManager):
                 break
             by_tenant: dict[Tenant | None, list[tuple[OffloadKey, int]]] = {}
             for key, ctx, generation in pending:
-                by_tenant.setdefault(self._tier._tenant(ctx), []).append((key, generation))
+                by_tenant.setdefault(self._tier.sessions.tenant(ctx), []).append((key, generation))
             results: list[tuple[OffloadKey, int, bool]] = []
             for tenant, entries in by_tenant.items():
                 keys = list(dict.fromkeys(k for k, _ in entries))
@@ -140,34 +141,31 @@ class _Lookups(AsyncLookupManager):
 
 
 class KVStoreTier(SecondaryTierManager):
+    """The SecondaryTierManager hooks: lookups, jobs and their results, requests' lifetimes.
+    Tenants and page sessions are ``sessions.py``'s, the bytes' movement ``transfer.py``'s, the
+    page layout ``geometry.py``'s."""
+
     medium: ClassVar[Medium] = Medium.STORAGE
 
     def __init__(self, offloading_spec: OffloadingSpec, primary_kv_view: memoryview, tier_type: str,
                  address: str = "", namespace: str = "vllm", token: str = "",
                  tenants: dict[str, dict[str, str]] | None = None, session_ttl_s: float = 86400.0,
-                 indexer_dtype: str = "mxfp4", mxfp8_record: bool = False, n_load_threads: int = 2,
+                 indexer_dtype: str | None = None, n_load_threads: int = 2,
                  n_store_threads: int = 2, timeout_s: float = 10.0, down_s: float = 5.0, arena_bytes: int = 32 << 20,
                  enable_kv_events: bool = False, locality: str | None = None,
                  backpressure_detector: BackpressureDetector | None = None) -> None:
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        cfg = offloading_spec.config
-        self.address = address
-        self.default = Tenant(namespace, token)
-        self.tenants = {salt: Tenant(t["namespace"], t.get("token", "")) for salt, t in (tenants or {}).items()}
-        self.retention = Retention(ttl_s=session_ttl_s if session_ttl_s > 0 else None)
-        self.timeout_s = timeout_s
-        self.arena_bytes = arena_bytes  # per job thread and tenant, when the daemon is on this host
-        self.down_s = down_s
-        self._down_until = 0.0
-        self.layout = self._layout(cfg, indexer_dtype, mxfp8_record)
-        self._flat = primary_kv_view.cast("B") if primary_kv_view.ndim != 1 else primary_kv_view
-        self._clients: dict[tuple[Tenant, str, int], Client] = {}
-        self._clients_lock = threading.Lock()
-        self._registered = False
-        #: each request's page session; None: its tenant is unknown, it is never offloaded
-        self._requests: dict[str, _Session | None] = {}
-        self._sessions: OrderedDict[tuple[Tenant, str], _Session] = OrderedDict()  # the most recent MAX_SESSIONS
-        self._sessions_lock = threading.Lock()  # job threads and the scheduler both reach sessions
+        self.geometry = self._layout(offloading_spec.config, indexer_dtype)
+        self.layout = self.geometry.layout
+        self.stats = TierStats()
+        if self.geometry.opaque:  # shown once, counted per block stored (``stats``)
+            log.warning("kvstore tier: vLLM's blocks match no derived page layout (%s): each is stored whole as one "
+                        "opaque page (verified, no scale compression, block padding kept)", self.geometry.reason)
+        self.daemon = DaemonLink(address, self.layout, timeout_s, down_s, arena_bytes)
+        mapped = {salt: Tenant(t["namespace"], t.get("token", "")) for salt, t in (tenants or {}).items()}
+        self.sessions = Sessions(self.layout, Tenant(namespace, token), mapped,
+                                 Retention(ttl_s=session_ttl_s if session_ttl_s > 0 else None))
+        self.transfer = Transfer(self.layout, primary_kv_view, self.block_size_bytes, self.daemon, self.sessions)
         self._finished: queue.SimpleQueue[JobResult] = queue.SimpleQueue()
         self._load_keys: dict[JobId, list[OffloadKey]] = {}
         self._pending = 0
@@ -175,7 +173,6 @@ class KVStoreTier(SecondaryTierManager):
         self._loads = ThreadPoolExecutor(n_load_threads, thread_name_prefix="kvstore_tier_load")
         self._stores = ThreadPoolExecutor(n_store_threads, thread_name_prefix="kvstore_tier_store")
         self._lookups = _Lookups(self, tier_type)
-        self._local = threading.local()  # each store thread's encode buffer
         # KV events (BlockStored for what a store job saved), as vLLM's fs tier emits them: only when vLLM
         # publishes KV cache events at all
         self._events: list[OffloadingEvent] | None = (
@@ -185,13 +182,21 @@ class KVStoreTier(SecondaryTierManager):
             from vllm.v1.kv_offload.base import Locality
             self.locality = Locality(locality)
 
+    @property
+    def default(self) -> Tenant:
+        return self.sessions.default
+
+    @property
+    def tenants(self) -> dict[str, Tenant]:
+        return self.sessions.tenants
+
     # -- geometry ---------------------------------------------------------------------------------
-    def _layout(self, cfg: Any, indexer_dtype: str, mxfp8_record: bool) -> PageLayout:
-        """The page layout of this engine's chunks, from its OffloadingConfig (read at run time)."""
+    def _layout(self, cfg: Any, indexer_dtype: str | None) -> Derived:
+        """The page layout of this engine's chunks, from its OffloadingConfig and its model's config."""
         copies = 1 if cfg.replicated_layout else max(1, cfg.parallel.world_size)
-        block_bytes = cfg.worker_kv_bytes_per_block * copies * cfg.cache.blocks_per_chunk
-        if not 0 < block_bytes <= self.block_size_bytes:
-            block_bytes = self.block_size_bytes
+        stride = cfg.worker_kv_bytes_per_block * copies
+        if not 0 < stride * cfg.cache.blocks_per_chunk <= self.block_size_bytes:
+            stride = self.block_size_bytes // cfg.cache.blocks_per_chunk
         # an OffloadKey names its group by the KV cache config's group id (the scheduler's group_idx), not by
         # its place among the offloaded groups: V4.1's SWA groups are not offloaded but keep their ids
         groups = [EngineGroup(g.group_id, g.tokens_per_block, tuple(g.layer_names)) for g in cfg.groups]
@@ -201,81 +206,27 @@ class KVStoreTier(SecondaryTierManager):
                        "pcp_size": str(p.pcp_size), "dcp_size": str(p.dcp_size), "world_size": str(p.world_size),
                        "replicated": str(bool(cfg.replicated_layout)).lower(),
                        "canonical": str(bool(cfg.canonical_layout)).lower(), "engine_version": vllm.__version__}
-        # the canonical byte layout, several TP copies per chunk: arrangements geometry.py does not derive, so
-        # every block is kept whole (an unknown cache dtype is the same: one opaque page per block)
+        # ``auto`` / ``fp8`` reach the scheduler unresolved (V4.1's attention resolves them in the workers) as the
+        # model's dtype: they are the record V4.1's kernel prefers, fp8_ds_mla
+        dtype = cfg.model.dtype if cfg.model.dtype.endswith("_ds_mla") else "fp8_ds_mla"
+        ratios, head_dim = _model_shape(cfg.model.name)
+        # the canonical byte layout, several TP copies per chunk: arrangements this derivation does not know
         direct = not cfg.canonical_layout and copies == 1
-        return page_layout(cfg.model.name, cfg.model.dtype if direct else f"{cfg.model.dtype}+opaque", indexer_dtype,
-                           groups, block_bytes, cfg.cache.blocks_per_chunk, fingerprint, mxfp8_record=mxfp8_record)
-
-    # -- the daemon -------------------------------------------------------------------------------
-    def _client(self, tenant: Tenant, role: str) -> Client:
-        """A client of ``tenant`` for this thread: a job thread's own (a zero-copy load reads its
-        blobs in the client's arena, which the next call of that client reuses), or the lookup
-        thread's, which needs no arena."""
-        arena = 0 if role == "lookup" else self.arena_bytes
-        with self._clients_lock:
-            c = self._clients.get((tenant, role, threading.get_ident()))
-            if c is None:
-                c = Client(address=self.address, token=tenant.token, timeout_s=self.timeout_s, retries=0,
-                           shared_memory=arena > 0, arena_bytes=arena)
-                self._clients[(tenant, role, threading.get_ident())] = c
-        if not self._registered:
-            c.register_layout(self.layout.definition())
-            self._registered = True
-        return c
-
-    def _available(self) -> bool:
-        return time.monotonic() >= self._down_until
-
-    def _failed(self, what: str, e: Exception) -> None:
-        """A call failed. An unreachable daemon (UNAVAILABLE, a deadline, a socket error) is not
-        asked again for ``down_s``: lookups are misses and jobs failures meanwhile, without a call.
-        Any other answer (a full disk, a refused blob) fails only its own call: the daemon is up."""
-        if not _unreachable(e):
-            log.warning("kvstore tier: %s failed: %s: %s", what, type(e).__name__, e)
-            return
-        if self._available():
-            log.warning("kvstore tier: %s failed (%s); treating kvstore as down for %.0f s", what, e, self.down_s)
-        self._down_until = time.monotonic() + self.down_s
-        self._registered = False  # a restarted daemon may be a fresh one
-
-    def _tenant(self, ctx: ReqContext) -> Tenant | None:
-        params = ctx.kv_transfer_params or {}
-        salt = params.get("kvstore_tenant") or params.get("cache_salt")
-        if not salt:
-            return self.default
-        return self.tenants.get(str(salt))
-
-    def _request(self, ctx: ReqContext) -> _Session | None:
-        """The page session of a request (None: not offloaded), made at its first sight."""
-        if ctx.req_id not in self._requests:
-            params = ctx.kv_transfer_params or {}
-            tenant = self._tenant(ctx)
-            sid = _session_id(str(params.get("kvstore_session") or f"vllm-{ctx.req_id}"))
-            self._requests[ctx.req_id] = self._session(tenant, sid) if tenant else None
-        return self._requests[ctx.req_id]
-
-    def _session(self, tenant: Tenant, sid: str) -> _Session:
-        with self._sessions_lock:
-            s = self._sessions.get((tenant, sid))
-            if s is None:
-                s = self._sessions[(tenant, sid)] = _Session(tenant, sid)
-                while len(self._sessions) > MAX_SESSIONS:
-                    self._sessions.popitem(last=False)
-            self._sessions.move_to_end((tenant, sid))
-            return s
+        sm100 = current_platform.is_device_capability_family(100)  # V4.1's own records (attention.py)
+        return derive(cfg.model.name, dtype if direct else f"{dtype}+opaque", sm100, groups, stride,
+                      cfg.cache.blocks_per_chunk, ratios, fingerprint,
+                      INDEXER_DTYPES if indexer_dtype is None else (indexer_dtype,), head_dim)
 
     def _key(self, tenant: Tenant, key: OffloadKey) -> bytes:
-        return page.page_key(self.layout.layout_id, tenant.namespace, get_offload_group_idx(key),
-                             get_offload_block_hash(key))
+        return block_key(self.layout, tenant, get_offload_group_idx(key), get_offload_block_hash(key))
 
     # -- scheduler side ---------------------------------------------------------------------------
     def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
-        self._request(req_context)
+        self.sessions.of_request(req_context)
         return RequestOffloadingContext()
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
-        if self._request(req_context) is None or not self._available():
+        if self.sessions.of_request(req_context) is None or not self.daemon.available():
             return LookupResult.MISS
         found = self._lookups.lookup(key, req_context)
         if found is None:
@@ -286,33 +237,37 @@ class KVStoreTier(SecondaryTierManager):
 
     def _lookup_keys(self, tenant: Tenant | None, keys: list[OffloadKey]) -> list[bool]:
         """Which of ``keys`` the daemon holds for ``tenant`` (the lookup thread; a failure is misses)."""
-        if tenant is None or not self._available():
+        if tenant is None or not self.daemon.available():
             return [False] * len(keys)
         try:
-            where = self._client(tenant, "lookup").lookup_keys(tenant.namespace, [self._key(tenant, k) for k in keys])
+            pkeys = [self._key(tenant, k) for k in keys]
+            where = self.daemon.client(tenant, "lookup").lookup_keys(tenant.namespace, pkeys)
         except Exception as e:  # any failure is misses, never the engine's exception
-            self._failed("a lookup", e)
+            self.daemon.failed("a lookup", e)
             return [False] * len(keys)
         return [w is not None for w in where]
 
     def submit_store(self, job_metadata: TransferJob) -> None:
-        s = self._request(job_metadata.req_context)
+        s = self.sessions.of_request(job_metadata.req_context)
         keys = list(job_metadata.keys)
         cids = [int(c) for c in job_metadata.chunk_ids]
         ctx = job_metadata.req_context
         ends = [ctx.get_offload_key_position(k) for k in keys]
         if self._events is not None:
             self._store_keys[job_metadata.job_id] = keys
+        self.stats.blocks_stored += len(keys)
+        if self.geometry.opaque:
+            self.stats.opaque_blocks += len(keys)
         self._start()
-        self._stores.submit(self._run, job_metadata.job_id, len(keys), self._store, s, keys, cids, ends)
+        self._stores.submit(self._run, job_metadata.job_id, len(keys), self.transfer.store, s, keys, cids, ends)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
-        s = self._request(job_metadata.req_context)
+        s = self.sessions.of_request(job_metadata.req_context)
         keys = list(job_metadata.keys)
         self._load_keys[job_metadata.job_id] = keys
         cids = [int(c) for c in job_metadata.chunk_ids]
         self._start()
-        self._loads.submit(self._run, job_metadata.job_id, len(keys), self._load, s, keys, cids)
+        self._loads.submit(self._run, job_metadata.job_id, len(keys), self.transfer.load, s, keys, cids)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         out: list[JobResult] = []
@@ -341,7 +296,7 @@ class KVStoreTier(SecondaryTierManager):
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         self._lookups.cleanup(req_context.req_id)
-        self._requests.pop(req_context.req_id, None)
+        self.sessions.finished(req_context.req_id)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         self._lookups.flush()
@@ -355,10 +310,7 @@ class KVStoreTier(SecondaryTierManager):
         self._lookups.shutdown()
         self._loads.shutdown(wait=True)
         self._stores.shutdown(wait=True)
-        with self._clients_lock:
-            for c in self._clients.values():
-                c.close()
-            self._clients.clear()
+        self.daemon.close()
 
     # -- jobs (background threads) ----------------------------------------------------------------
     def _start(self) -> None:
@@ -372,7 +324,7 @@ class KVStoreTier(SecondaryTierManager):
             ok, done = fn(*args)
         except Exception as e:  # any failure is the job's, never the engine's
             if isinstance(e, (KvstoreError, OSError)):
-                self._failed(f"job {job_id}", e)
+                self.daemon.failed(f"job {job_id}", e)
             else:
                 log.exception("kvstore tier: job %d failed", job_id)
             ok = False
@@ -382,128 +334,5 @@ class KVStoreTier(SecondaryTierManager):
             self._pending -= 1
             self._idle.notify_all()
 
-    def _group(self, key: OffloadKey) -> GroupSpec:
-        g = self.layout.group(get_offload_group_idx(key))
-        if g is None:
-            raise page.PageError(f"vLLM offloads group {get_offload_group_idx(key)}, which this layout lacks")
-        return g
 
-    def _slot(self, cid: int, key: OffloadKey) -> memoryview:
-        """The bytes of the primary's slot ``cid`` that are ``key``'s group's (geometry.py)."""
-        start = cid * self.block_size_bytes
-        return self._flat[start : start + self._group(key).block_bytes]
-
-    def _store(self, s: _Session | None, keys: list[OffloadKey], cids: list[int], ends: list[int | None]
-               ) -> tuple[bool, None]:
-        if s is None or not self._available():
-            return False, None
-        client = self._client(s.tenant, "store")
-        for batch in self._batches(keys):  # a turn save per arena's worth (a long prefill's step is more)
-            bkeys = [keys[i] for i in batch]
-            pkeys = [self._key(s.tenant, k) for k in bkeys]
-            self._save(client, s, pkeys, self._encode(bkeys, pkeys, [cids[i] for i in batch]),
-                       [ends[i] for i in batch])
-        return True, None
-
-    def _save(self, client: Client, s: _Session, pkeys: list[bytes], blobs: list[memoryview],
-              ends: list[int | None]) -> None:
-        """One turn save of the session: the new blobs and the manifest naming all it held before."""
-        with s.lock:  # a session's turns are saved one after another: each names all the last one did
-            for attempt in range(2):
-                if not s.loaded:
-                    self._catch_up(client, s)
-                new = {pk: (end or 0) for pk, end in zip(pkeys, ends) if pk not in s.held}
-                fresh = [b for pk, b in zip(pkeys, blobs) if pk in new]
-                tokens = max([0, *s.held.values(), *new.values()])
-                m = Manifest(s.session_id, s.tenant.namespace, self.layout.layout_id, tokens, 0,
-                             (*s.held, *new), b"", (), retention=self.retention,
-                             metadata={"engine": "vllm", "model": self.layout.name})
-                try:
-                    s.version = client.save_session(m, fresh, base=s.version).manifest.generation
-                except FailedPrecondition:  # saved meanwhile through another engine or daemon: merge, once
-                    if attempt:
-                        raise
-                    s.loaded = False
-                    continue
-                s.held.update(new)
-                return
-
-    def _encode(self, keys: list[OffloadKey], pkeys: list[bytes], cids: list[int]) -> list[memoryview]:
-        """The job's page blobs, encoded into one buffer this thread reuses (a fresh buffer per blob
-        would fault in every page; the arena copy that follows reads them while they are warm)."""
-        sizes = [page.blob_bytes(self._group(k), len(get_offload_block_hash(k))) for k in keys]
-        buf: bytearray | None = getattr(self._local, "buf", None)
-        if buf is None or len(buf) < sum(sizes):
-            buf = self._local.buf = bytearray(sum(sizes))
-        view, at, out = memoryview(buf), 0, []
-        for k, pk, cid, n in zip(keys, pkeys, cids, sizes):
-            dest = view[at : at + n]
-            page.encode_into(self.layout, get_offload_group_idx(k), get_offload_block_hash(k), pk,
-                             np.frombuffer(self._slot(cid, k), dtype=np.uint8), dest)
-            out.append(dest)
-            at += n
-        return out
-
-    def _catch_up(self, client: Client, s: _Session) -> None:
-        """Start from the daemon's version of the session, if it has one."""
-        try:
-            m, _ = client.get_session(s.tenant.namespace, s.session_id)
-        except NotFound:
-            m = None
-        if m is not None and m.layout_id != self.layout.layout_id:  # never clobber another kind of session
-            raise FailedPrecondition(f"session {s.session_id!r} of namespace {s.tenant.namespace!r} holds another "
-                                     f"layout's data ({m.layout_id.hex()}): its blocks are not saved under it")
-        s.version = m.generation if m is not None else 0
-        if m is not None:
-            s.held = {**dict.fromkeys(m.chunk_keys, 0), **s.held}
-            if m.chunk_keys:
-                s.held[m.chunk_keys[-1]] = max(s.held[m.chunk_keys[-1]], m.token_count)
-        s.loaded = True
-
-    def _load(self, s: _Session | None, keys: list[OffloadKey], cids: list[int]) -> tuple[bool, list[OffloadKey]]:
-        if s is None or not self._available():
-            return False, []
-        tenant = s.tenant
-        client = self._client(tenant, "load")
-        pkeys = [self._key(tenant, k) for k in keys]
-        loaded: set[int] = set()
-        for batch in self._batches(keys):  # each answer fits the arena: no stream, no copy but the one
-            for j, blob in client.load_chunks(tenant.namespace, [pkeys[i] for i in batch], zero_copy=True):
-                i = batch[j]
-                try:
-                    page.check_known(blob, self.layout, pkeys[i])
-                except page.PageError as e:
-                    log.warning("kvstore tier: block %s refused (%s): a miss", pkeys[i].hex(), e)
-                    continue
-                page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i], keys[i]), dtype=np.uint8))
-                loaded.add(i)
-        done = [k for i, k in enumerate(keys) if i in loaded]
-        return len(loaded) == len(keys), done
-
-    def _batches(self, keys: list[OffloadKey]) -> list[list[int]]:
-        """The job's keys cut into runs whose blobs fit one arena (one batch each, when it is larger)."""
-        out: list[list[int]] = [[]]
-        room = self.arena_bytes
-        for i, k in enumerate(keys):
-            n = page.blob_bytes(self._group(k), len(get_offload_block_hash(k)))
-            if out[-1] and n > room:
-                out.append([])
-                room = self.arena_bytes
-            out[-1].append(i)
-            room -= n
-        return out
-
-
-def _unreachable(e: Exception) -> bool:
-    """Whether a failed call says the daemon cannot be reached (rather than answering no)."""
-    return isinstance(e, (Unavailable, OSError)) or type(e) is KvstoreError  # KvstoreError: a deadline
-
-
-def _session_id(raw: str) -> str:
-    """A kvstore session id from a request's: unsafe characters replaced, at most 128, starting
-    with a letter or digit."""
-    sid = _UNSAFE.sub("_", raw)[:127]
-    return sid if sid[:1].isalnum() else f"s{sid}"[:128]
-
-
-__all__ = ["TESTED_VLLM", "KVStoreTier", "Tenant"]
+__all__ = ["TESTED_VLLM", "KVStoreTier", "Tenant", "TierStats"]
