@@ -26,6 +26,7 @@ from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
 from kvstore.client.requests import SavedSession
 from kvstore.errors import FailedPrecondition, KvstoreError
+from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, local_channel, slots
@@ -237,8 +238,10 @@ class Client:
         ``keys``, view of that payload in ``out``) per hit. A miss (absent, refused, not a page blob)
         leaves its slot as it was. On the daemon's host the daemon writes them there itself, one copy
         from its tier (kvstore/transport/slots.py); elsewhere they come through the arena or the
-        stream, are checked again (key, checksum) and copied in. InvalidArgument, before any byte is
-        written, for slots outside ``out`` or overlapping, or a block longer than its slot."""
+        stream, as many at a time as the arena's first size holds (it does not grow for them), are
+        checked again (key, checksum) and copied in. InvalidArgument, before any byte is written, for
+        slots outside ``out`` or overlapping, or a block longer than its slot (where the client
+        copies: before any byte of that batch)."""
         dest, keys = into.writable(out), list(keys)
         offs = slots.check(offsets, slot_bytes, len(dest), len(keys))
         self.connect()  # as in load_session_into: the stub is taken after the client chose its channel
@@ -246,7 +249,12 @@ class Client:
                                    lambda m: m, lambda _: len(keys), dest, (offs, slot_bytes))
         if first is not None:
             return placed
-        return into.copy_into_slots(dest, offs, slot_bytes, keys, self.load_chunks(namespace, keys, zero_copy=True))
+        blob = slot_bytes + page.header_bytes(page.MAX_HASH_BYTES) + page.CHECKSUM_BYTES  # at most
+        per = max(1, self.config.arena_bytes // blob)
+        for start in range(0, len(keys), per):
+            pairs = self.load_chunks(namespace, keys[start : start + per], zero_copy=True)
+            placed += into.copy_into_slots(dest, offs, slot_bytes, keys, ((start + j, b) for j, b in pairs))
+        return placed
 
     def _into(self, rpc: Callable[..., Any], request: Any, chunks_of: rq.ChunksOf, expected: Callable[[Any], int],
               dest: memoryview, scatter: tuple[np.ndarray, int] | None = None

@@ -1,5 +1,6 @@
 """The tier's data movement: a store job's primary slots encoded into page blobs and saved in one
-turn; a load job's verified blobs decoded into the primary's slots. Runs on the job threads."""
+turn; a load job's verified blocks written into the primary's slots by the daemon (scatter loads:
+kvstore/transport/slots.py). Runs on the job threads."""
 
 from __future__ import annotations
 
@@ -76,22 +77,26 @@ class Transfer:
 
     def load(self, s: PageSession | None, keys: list[OffloadKey], cids: list[int]
              ) -> tuple[bool, list[OffloadKey]]:
+        """The job's blocks written into their slots by the daemon itself, one call for the job
+        (``Client.load_pages_into``: each verified page blob's payload straight from the daemon's tier
+        into the primary's shared memory, one copy); where the daemon cannot write into this process,
+        through the arena and copied in by the client. A block missing or refused leaves its slot as it
+        was and is not among the keys done."""
         if s is None or not self._daemon.available():
             return False, []
-        tenant = s.tenant
-        client = self._daemon.client(tenant, "load")
+        client = self._daemon.client(s.tenant, "load")
         pkeys = [self.key(s, k) for k in keys]
+        placed = client.load_pages_into(s.tenant.namespace, pkeys, self._flat, [c * self.stride for c in cids],
+                                        self.stride)
         loaded: set[int] = set()
-        for batch in self._batches(keys):  # each answer fits the arena: no stream, no copy but the one
-            for j, blob in client.load_chunks(tenant.namespace, [pkeys[i] for i in batch], zero_copy=True):
-                i = batch[j]
-                try:
-                    page.check_known(blob, self.layout, pkeys[i])
-                except page.PageError as e:
-                    log.warning("kvstore tier: block %s refused (%s): a miss", pkeys[i].hex(), e)
-                    continue
-                page.decode_into(blob, self.layout, np.frombuffer(self._slot(cids[i], keys[i]), dtype=np.uint8))
+        for i, block in placed:  # the key names the layout and group: a verified blob is the group's size
+            if len(block) == self.group(keys[i]).block_bytes:
                 loaded.add(i)
+            else:
+                log.warning("kvstore tier: block %s is %d bytes, not its group's %d: a miss", pkeys[i].hex(),
+                            len(block), self.group(keys[i]).block_bytes)
+        if len(loaded) < len(keys):
+            log.debug("kvstore tier: %d of %d blocks loaded", len(loaded), len(keys))
         done = [k for i, k in enumerate(keys) if i in loaded]
         return len(loaded) == len(keys), done
 
