@@ -15,9 +15,9 @@ import grpc
 import numpy as np
 import pytest
 from daemon_helpers import Daemon, running_daemon, start_daemon, transport_stats
+from page_helpers import v41_layout
 
 from kvstore.client import AsyncClient, Client
-from kvstore.engines.vllm.geometry import page_layout, v41_groups
 from kvstore.errors import InvalidArgument
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
@@ -29,8 +29,7 @@ from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 pytestmark = pytest.mark.skipif(shm.default_shm_dir() is None, reason="no writable /dev/shm on this host")
 
-LAYOUT: PageLayout = page_layout("deepseek-ai/DeepSeek-V4.1-Flash", "nvfp4_ds_mla", "mxfp4", v41_groups(), 136704, 1,
-                                 {"tp_size": "1"})
+LAYOUT: PageLayout = v41_layout()  # groups of 136,704 and 91,136 B
 STRIDE = 140000  # the engine's slot: its block stride, padded past the largest group's pages
 FILL = 0xAA
 

@@ -12,9 +12,9 @@ import pytest
 from daemon_helpers import Daemon, free_port, start_daemon, status_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from page_helpers import v41_layout
 
 from kvstore.client import Client
-from kvstore.engines.vllm.geometry import page_layout, v41_groups
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.page_layout import PageLayout, PageLayoutError
@@ -23,8 +23,7 @@ NS = "team-a"
 
 
 def v41(dtype: str = "nvfp4_ds_mla") -> PageLayout:
-    block = {"nvfp4_ds_mla": 136704, "fp8_ds_mla": 252288}[dtype]
-    return page_layout("deepseek-ai/DeepSeek-V4.1-Flash", dtype, "mxfp4", v41_groups(), block, 1, {"tp_size": "1"})
+    return v41_layout(dtype, {"tp_size": "1"})
 
 
 LAYOUT = v41()
@@ -52,23 +51,14 @@ def blob_of(group: int, seed: int, ns: str = NS, lay: PageLayout = LAYOUT) -> tu
 
 
 # -- the layout --------------------------------------------------------------------------------------
-def test_v41_geometry_is_890_bytes_per_token_and_the_groups_fill_the_engines_block() -> None:
+def test_v41_blocks_are_890_bytes_per_token() -> None:
     assert float(LAYOUT.bytes_per_token) == 890.0
     g0, g1 = LAYOUT.groups
-    assert (g0.block_bytes, g1.block_bytes) == (136704, 91136)  # group 1's pages end where its block's do
-    assert [p.name for p in g0.pages] == ["main.L2.b0", "main.L8.b0", "main.L14.b0",
-                                          "index.L2.b0", "index.L8.b0", "index.L14.b0"]
-    assert {(p.data, p.scale, p.arrangement) for p in g0.pages} == {(256, 32, "interleaved"), (64, 4, "split")}
-
-
-def test_a_block_that_does_not_match_the_geometry_is_kept_whole_as_one_opaque_page() -> None:
-    lay = page_layout("m", "nvfp4_ds_mla", "mxfp4", v41_groups(), 140000, 1, {})
-    assert all(g.block_bytes == 140000 and [p.name for p in g.pages] == ["opaque"] for g in lay.groups)
+    assert (g0.block_bytes, g1.block_bytes) == (136704, 91136)  # each group's pages end where its block's do
 
 
 def test_the_fingerprint_is_part_of_the_id() -> None:
-    other = page_layout("deepseek-ai/DeepSeek-V4.1-Flash", "nvfp4_ds_mla", "mxfp4", v41_groups(), 136704, 1,
-                        {"tp_size": "2"})
+    other = v41_layout("nvfp4_ds_mla", {"tp_size": "2"})
     assert other.groups == LAYOUT.groups and other.layout_id != LAYOUT.layout_id
     assert PageLayout.from_definition(LAYOUT.definition()) == LAYOUT
 
