@@ -262,11 +262,15 @@ def _userns_works() -> bool:
 _REFUSED_CLIENT = r"""
 import ctypes, sys
 sys.path.insert(0, "tests")
-from test_page_loads import STRIDE, assert_slots, region, saved
+from test_page_loads import LAYOUT, STRIDE, assert_slots, page_manifest, region, saved
 from kvstore.client import Client
 assert ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) == 0  # PR_SET_DUMPABLE 0
 with Client(address=sys.argv[1]) as c:
     keys, _, blocks = saved(c, sys.argv[2], 2)
+    src = region(2)  # a save from the slots: encoded here, through the arena
+    src[:len(blocks[0])] = list(blocks[0])
+    m = page_manifest(sys.argv[2], keys[:1], "from-slots")
+    assert c.save_pages(m, LAYOUT, src, [0], STRIDE, [0], [f"{sys.argv[2]}/0".encode()]).written == 0
     for _ in range(2):
         out = region(2)
         placed = c.load_pages_into(sys.argv[2], keys, out, [STRIDE, 0], STRIDE)
@@ -292,3 +296,78 @@ def test_where_the_kernel_refuses_the_write_the_client_loads_through_its_arena(t
         assert transport_stats(d).caller_memory_calls == 0
     finally:
         d.stop()
+
+
+# -- saves: the daemon reads the blocks from their slots --------------------------------------------
+def filled(blocks: list[bytes], offsets: list[int], slots: int) -> np.ndarray:
+    out = region(slots)
+    for b, off in zip(blocks, offsets):
+        out[off : off + len(b)] = np.frombuffer(b, np.uint8)
+    return out
+
+
+def page_manifest(ns: str, keys: list[bytes], sid: str = "s") -> Manifest:
+    return Manifest(sid, ns, LAYOUT.layout_id, 256 * len(keys), 0, tuple(keys), b"", (),
+                    retention=Retention(ttl_s=3600))
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_the_daemon_reads_saved_blocks_from_their_slots(daemon: Daemon, ns: str, local: bool) -> None:
+    """Over the local socket the daemon reads each block from its slot and builds the blob itself; over
+    gRPC the client encodes it. Either way the stored blob is the one page.encode makes, byte for byte."""
+    groups, hashes = [0, 1, 0], [f"{ns}/{i}".encode() for i in range(3)]
+    blocks = [block(g, 40 + i) for i, g in enumerate(groups)]
+    offsets = [STRIDE * s for s in (2, 0, 3)]
+    keys = [page.page_key(LAYOUT.layout_id, ns, g, h) for g, h in zip(groups, hashes)]
+    src = filled(blocks, offsets, 4)
+    with Client(address=daemon.address, shared_memory=local) as c:
+        c.register_layout(LAYOUT.definition())
+        before = transport_stats(daemon).caller_memory_calls
+        saved_ = c.save_pages(page_manifest(ns, keys), LAYOUT, src, offsets, STRIDE, groups, hashes)
+        assert transport_stats(daemon).caller_memory_calls == before + local
+        assert saved_.written == 3 and saved_.manifest.chunk_keys == tuple(keys)
+    with Client(address=daemon.address) as c:
+        got = dict(c.load_chunks(ns, keys))
+        assert [bytes(got[i]) for i in range(3)] == [page.encode(LAYOUT, g, h, k, b)
+                                                    for g, h, k, b in zip(groups, hashes, keys, blocks)]
+        out = region(3)  # and back into other slots
+        assert len(c.load_pages_into(ns, keys, out, [0, STRIDE, 2 * STRIDE], STRIDE)) == 3
+        assert_slots(out, [0, STRIDE, 2 * STRIDE], blocks)
+
+
+def test_bad_caller_pages_are_invalid_argument_and_store_nothing(daemon: Daemon, ns: str) -> None:
+    h = [b"h0", b"h1"]
+    keys = [page.page_key(LAYOUT.layout_id, ns, 0, x) for x in h]
+    src = region(2)
+    with Client(address=daemon.address) as c:
+        c.register_layout(LAYOUT.definition())
+        info = c.info()
+        with pytest.raises(InvalidArgument, match=r"slot_offsets\[1\]"):  # the client's own check
+            c.save_pages(page_manifest(ns, keys), LAYOUT, src, [0, STRIDE + 1], STRIDE, [0, 0], h)
+        m = page_manifest(ns, keys)
+    cases = {"a group the layout lacks": (pb.CallerPages(groups=[0, 7], block_hashes=h), "no such group"),
+             "slots past the end": (pb.CallerPages(groups=[0, 0], block_hashes=h), "slot_offsets"),
+             "one hash short": (pb.CallerPages(groups=[0, 0], block_hashes=h[:1]), "block hashes")}
+    from kvstore.client import requests as rq
+    local = local_channel.LocalChannel(info.local_socket)
+    try:
+        for name, (pages, want) in cases.items():
+            offs = [0, 2 * STRIDE] if name == "slots past the end" else [0, STRIDE]
+            pages.region.CopyFrom(pb.CallerMemory(address=src.ctypes.data, size=len(src), slot_offsets=offs,
+                                                  slot_bytes=STRIDE))
+            header = rq.turn_header(m, 2)
+            header.from_caller.CopyFrom(pages)
+            with pytest.raises(grpc.RpcError) as e:
+                pb_grpc.KVStoreStub(local).SaveChunks(iter([pb.SaveChunksRequest(header=header)]))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and want in e.value.details(), name
+    finally:
+        local.close()
+    with grpc.insecure_channel(daemon.address) as ch:  # over gRPC no process is named: refused
+        header = rq.turn_header(m, 2)
+        header.from_caller.CopyFrom(pb.CallerPages(groups=[0, 0], block_hashes=h, region=pb.CallerMemory(
+            address=src.ctypes.data, size=len(src), slot_offsets=[0, STRIDE], slot_bytes=STRIDE)))
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.KVStoreStub(ch).SaveChunks(iter([pb.SaveChunksRequest(header=header)]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "local socket" in e.value.details()
+    with Client(address=daemon.address) as c:
+        assert c.list_sessions(ns) == [] and c.lookup_keys(ns, keys) == [None, None]

@@ -25,9 +25,10 @@ from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
 from kvstore.client.requests import SavedSession
-from kvstore.errors import FailedPrecondition, KvstoreError
+from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.page_layout import PageLayout
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, local_channel, slots
 from kvstore.transport.carrier import ARENA, CALLER_MEMORY_REFUSED, Carrier, Receiver
@@ -153,6 +154,44 @@ class Client:
         r = self._save(rq.turn_header(m, len(new_blobs)), new_blobs)
         return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
 
+    def save_pages(self, manifest: Manifest, layout: PageLayout, out: Any, offsets: Sequence[int], slot_bytes: int,
+                   groups: Sequence[int], block_hashes: Sequence[bytes], base: int | None = None) -> SavedSession:
+        """:meth:`save_session` of engine pages read from their slots of ``out`` (an engine's region of
+        slots, as :meth:`load_pages_into` names them): block i, of ``groups[i]`` with the engine's hash
+        ``block_hashes[i]``, is the group's ``block_bytes`` at ``out[offsets[i]:]``; ``manifest`` names
+        their keys (``page.page_key``). On the daemon's host the daemon reads them from ``out`` itself
+        and builds the page blobs around them (one copy, into the buffers its memory tier keeps);
+        elsewhere, or where the kernel refuses, they are encoded here and sent through the arena or
+        the stream."""
+        src, keys = into.writable(out), [bytes(h) for h in block_hashes]
+        offs = slots.check(offsets, slot_bytes, len(src), len(groups))
+        self.connect()  # the stubs bound to the local socket, which the daemon's read needs
+        local = self._local
+        if local is not None and not self._into_refused:
+            self._allow_daemon(local)
+            m = self._versions.based(manifest, base)
+            h = rq.turn_header(m, len(groups))
+            h.from_caller.CopyFrom(pb.CallerPages(
+                region=pb.CallerMemory(address=into.address(src), size=len(src), slot_offsets=offs.tolist(),
+                                       slot_bytes=slot_bytes), groups=list(groups), block_hashes=keys))
+            try:
+                r = self._stub.SaveChunks(iter([pb.SaveChunksRequest(header=h)]), timeout=self.config.timeout_s,
+                                          metadata=self._metadata)
+                return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
+            except grpc.RpcError as e:
+                err = rq.domain_error(e)
+                if not (isinstance(err, FailedPrecondition) and str(err).startswith(CALLER_MEMORY_REFUSED)):
+                    raise err from None
+                self._into_refused = str(err)  # remembered: saves and loads through the arena from now on
+        blobs = []
+        for g, block_hash, at in zip(groups, keys, offs.tolist()):
+            spec = layout.group(g)
+            if spec is None:
+                raise InvalidArgument(f"layout {layout.layout_hex} has no group {g}")
+            key = page.page_key(layout.layout_id, manifest.namespace, g, block_hash)
+            blobs.append(page.encode(layout, g, block_hash, key, src[at : at + spec.block_bytes]))
+        return self.save_session(manifest, blobs, base)
+
     def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any], chunks_of: rq.ChunksOf, zero_copy: bool,
               expected: Callable[[Any], int]) -> tuple[Any, Iterator[tuple[int, Blob]]]:
         """Start a load: its first message, and the (index, blob) pairs of the whole answer. The arena
@@ -266,9 +305,7 @@ class Client:
         local = self._local
         if local is None or self._into_refused:
             return None, []
-        if not self._used_into:
-            into.allow_daemon(local.peer_pid())
-            self._used_into = True
+        self._allow_daemon(local)
         request.into.CopyFrom(pb.CallerMemory(address=into.address(dest), size=len(dest)))
         if scatter is not None:
             request.into.slot_offsets.extend(scatter[0].tolist())
@@ -289,6 +326,12 @@ class Client:
         placed = rq.answer_pairs(receiver.feed(c) if c is not None else [], stream, receiver, chunks_of,
                                  expected(first), self._tails)
         return first, list(placed)  # type: ignore[arg-type]
+
+    def _allow_daemon(self, local: local_channel.LocalChannel) -> None:
+        """Let the daemon write into (and read from) this process under Yama ptrace_scope 1, once."""
+        if not self._used_into:
+            into.allow_daemon(local.peer_pid())
+            self._used_into = True
 
     def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                ) -> tuple[Manifest, list[tuple[int, Any]]]:

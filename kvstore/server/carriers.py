@@ -114,6 +114,11 @@ class Carriers:
         with self._lock:
             self._counts.detaches += removed
 
+    def count_caller_memory(self) -> None:
+        """A save whose engine pages the daemon read from the caller's memory (CallerPages)."""
+        with self._lock:
+            self._counts.caller_memory_calls += 1
+
     def count_local(self) -> None:
         """A call made over the local socket (server/local.py)."""
         with self._lock:

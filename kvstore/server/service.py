@@ -30,8 +30,16 @@ from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb
 from kvstore.server.status import client_bytes
 from kvstore.store import SessionStore, store_stats
 from kvstore.store.prefetch import Prefetcher
-from kvstore.transport import convert, fastpb, framing, shm
-from kvstore.transport.carrier import ARENA_TOO_SMALL, ArenaCarrier, Carrier, Piece, Receiver, StreamCarrier
+from kvstore.transport import convert, fastpb, framing, shm, slots
+from kvstore.transport.carrier import (
+    ARENA_TOO_SMALL,
+    ArenaCarrier,
+    Carrier,
+    Piece,
+    Receiver,
+    StreamCarrier,
+    caller_memory_errors,
+)
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -124,12 +132,21 @@ class KVStoreService:
         return self._in_memory(list(m.chunk_keys))
 
     def _store_turn(self, header: pb.SaveHeader, receiver: Receiver, streamed: list[Blob],
-                    commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
-        """The arena part of the chunks copied out (it comes first), then the chunks stored and, for
-        a turn, its manifest committed in the same durable transaction."""
+                    commit: Manifest | None, pid: int) -> tuple[SaveResult, Manifest | None]:
+        """The engine pages read from the caller's slots and the arena part of the chunks copied out
+        (they come first), then the chunks stored and, for a turn, its manifest committed in the same
+        durable transaction."""
+        buffer_for = self.sessions.store.buffer_for
+        caller: list[Blob] = []
+        if header.HasField("from_caller"):  # read into buffers the host tier keeps as they are: one copy
+            lay = self.sessions.layouts.page(bytes(header.layout_id))
+            assert lay is not None  # _check_header
+            region = header.from_caller.region
+            with caller_memory_errors(region.address, region.size, "readable"):
+                caller = list(slots.gather(pid, header.from_caller, lay, header.namespace, buffer_for))
         # the arena part copied into buffers the host tier keeps as they are (the save's one copy)
-        prefix = receiver.arena_prefix(header.arena_bytes, self.sessions.store.buffer_for) if header.arena_id else []
-        blobs = [*prefix, *streamed]
+        prefix = receiver.arena_prefix(header.arena_bytes, buffer_for) if header.arena_id else []
+        blobs = [*caller, *prefix, *streamed]
         args = (header.namespace, bytes(header.layout_id), bytes(header.parent_key) or bytes(16), header.first_index,
                 blobs)
         if commit is None:
@@ -150,6 +167,16 @@ class KVStoreService:
         self._ns(call, header.namespace)
         if len(header.parent_key) not in (0, 16):
             raise InvalidArgument(f"parent_key must be 16 bytes (or empty for chunk 0), got {len(header.parent_key)}")
+        if header.HasField("from_caller"):
+            if not call.pid:
+                raise InvalidArgument("CallerPages names memory of the calling process: only a call over the "
+                                      "daemon's local socket can (the kernel names its process)")
+            if self.sessions.layouts.page(bytes(header.layout_id)) is None:
+                raise InvalidArgument("CallerPages: the save's layout must be a registered engine page layout")
+            r = header.from_caller.region
+            if not r.address or not r.size:
+                raise InvalidArgument("CallerPages.region needs an address and a size")
+            slots.check(r.slot_offsets, r.slot_bytes, r.size, len(header.from_caller.groups))
         if header.HasField("commit"):  # the commit is authorized by the header's namespace: they must agree
             c = header.commit
             if c.namespace != header.namespace or bytes(c.layout_id) != bytes(header.layout_id):
@@ -207,8 +234,10 @@ class KVStoreService:
         receiver.finish()
         commit = self._turn_manifest(header) if header.HasField("commit") else None
         with client_bytes("chunk bytes"):
-            res, committed = self._store_turn(header, receiver, blobs, commit)
+            res, committed = self._store_turn(header, receiver, blobs, commit, call.pid)
         self.carriers.count(carrier, streamed)
+        if header.HasField("from_caller"):
+            self.carriers.count_caller_memory()
         return pb.SaveChunksResponse(keys=res.keys, written=res.written,
                                      session=convert.session_to_pb(committed) if committed else None)
 

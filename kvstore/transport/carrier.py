@@ -23,6 +23,7 @@ what the call names: an arena id (the caller's own, see server/arenas.py) or non
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -194,14 +195,23 @@ class CallerMemoryCarrier(Carrier):
                                             offsets=offsets.tolist(), sizes=sizes.tolist()))
 
     def _write(self, sources: np.ndarray, offsets: np.ndarray) -> None:
-        try:
+        with caller_memory_errors(self.address, self.size):
             cma.write(self.pid, sources, self.address, self.size, offsets)
-        except cma.CrossMemoryError as e:
-            if e.errno == errno.EFAULT:  # the caller named memory it has not mapped writable: its mistake
-                raise InvalidArgument(f"CallerMemory [{self.address:#x}, +{self.size}) is not writable memory of "
-                                      f"the calling process") from e
-            raise FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {e.strerror}; load through the arena or the "
-                                     f"stream instead") from e
+
+
+@contextlib.contextmanager
+def caller_memory_errors(address: int, size: int, access: str = "writable") -> Iterator[None]:
+    """A cross-memory copy with the caller as the domain errors it answers: memory the caller named but
+    has not mapped (EFAULT) is INVALID_ARGUMENT; a kernel that refuses the copy (EPERM, ENOSYS)
+    FAILED_PRECONDITION, CALLER_MEMORY_REFUSED (the client goes through its arena or the stream)."""
+    try:
+        yield
+    except cma.CrossMemoryError as e:
+        if e.errno == errno.EFAULT:  # the caller named memory it has not mapped: its mistake
+            raise InvalidArgument(f"CallerMemory [{address:#x}, +{size}) is not {access} memory of the calling "
+                                  f"process") from e
+        raise FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {e.strerror}; go through the arena or the "
+                                 f"stream instead") from e
 
 
 class CallerSlotsCarrier(CallerMemoryCarrier):
