@@ -15,6 +15,9 @@ Side by side in one run, every path once per round (interleaved: drift hits all 
   daemon (issue 26's ~6 GB/s reference; no slots, so not what an engine can use);
 - ``memcpy``: the same payload bytes copied into the same slots from one buffer in this process
   (numpy, one thread): what a copy costs here; and one contiguous copy of them all.
+And stores, one durable turn save of the session's blocks from the slots: ``gather``
+(``Client.save_pages``: the daemon reads each block from its slot into its host tier's buffer and
+builds the blob) against the tier's store before it (encoded here, sent through the arena and stream).
 GB/s counts the blocks' bytes (117 MB at 512 blocks), not the blobs' headers.
 """
 
@@ -108,6 +111,27 @@ def blob_by_blob(c: Client, lay: PageLayout, ns: str, keys: list[bytes], out: np
     return loaded
 
 
+def timed(ops: dict[str, Callable[[], None]], warmup: int, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each op per round after ``warmup`` rounds, every op once per round (interleaved)."""
+    times: dict[str, list[float]] = {k: [] for k in ops}
+    for r in range(warmup + repeats):
+        for name, fn in ops.items():
+            t = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t)
+    return times
+
+
+def table(times: dict[str, list[float]], nbytes: int) -> str:
+    """Median, best, GB/s of the median, and time against the first row."""
+    base = statistics.median(next(iter(times.values())))
+    rows = [[name, f"{statistics.median(ts) * 1e3:.1f}", f"{min(ts) * 1e3:.1f}",
+             f"{nbytes / statistics.median(ts) / 1e9:.2f}", f"{statistics.median(ts) / base:.2f}x"]
+            for name, ts in times.items()]
+    return markdown_table(["path", "median ms", "best ms", "GB/s (median)", "time vs first"], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--blocks", type=int, default=512)
@@ -118,7 +142,9 @@ def main() -> None:
     g = lay.groups[0]
     n = args.blocks
     rng = np.random.default_rng(26)
-    data = Path(tempfile.mkdtemp(prefix="bench_page_loads_"))
+    scratch = REPO / "benchmarks" / "out"  # ignored by git; on the checkout's disk, not tmpfs
+    scratch.mkdir(exist_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="bench_page_loads_", dir=scratch))
     d = DaemonProcess(data / "data", ("--port", "0", "--host-capacity-bytes", str(4 * n * STRIDE)), env=clean_env(),
                       cwd=REPO, log_path=data / "daemon.log").start()
     region = Region(n + 8, STRIDE)
@@ -150,39 +176,54 @@ def main() -> None:
         def copy_all() -> None:
             np.copyto(flat, src)
 
-        ops: dict[str, Callable[[], None]] = {
-            "scatter (load_pages_into)": scatter, "blob by blob (the tier's _load)": old,
-            "packed (load_chunks_into)": whole, "memcpy into the slots": copy_slots, "one contiguous memcpy": copy_all}
-        times: dict[str, list[float]] = {k: [] for k in ops}
-        for r in range(args.warmup + args.repeats):
-            for name, fn in ops.items():
-                t = time.perf_counter()
-                fn()
-                if r >= args.warmup:
-                    times[name].append(time.perf_counter() - t)
+        loads = timed({"scatter (load_pages_into)": scatter, "blob by blob (the tier's _load before)": old,
+                       "packed (load_chunks_into)": whole, "memcpy into the slots": copy_slots,
+                       "one contiguous memcpy": copy_all}, args.warmup, args.repeats)
         scatter()
         for i, off in enumerate(offsets):  # the scatter's result: every slot its block
             assert (out[off : off + g.block_bytes] == blocks[i]).all()
+        # stores: the session's blocks saved from the slots as one durable turn, under a fresh namespace each
+        # time (new keys: every blob written, fsync'd), through the daemon's read or encoded and sent
+        hashes = [f"h{i}".encode() for i in range(n)]
+        groups = [g.group] * n
+
+        def turn(store: Callable[[Manifest, str], object]) -> Callable[[], None]:
+            def run() -> None:
+                tenant = f"s-{uuid.uuid4().hex[:8]}"
+                pkeys = [page.page_key(lay.layout_id, tenant, g.group, h) for h in hashes]
+                store(Manifest("bench", tenant, lay.layout_id, 256 * n, 0, tuple(pkeys), b"", (),
+                               retention=Retention(ttl_s=3600)), tenant)
+            return run
+
+        def gather(m: Manifest, tenant: str) -> None:
+            assert c.save_pages(m, lay, out, offsets, STRIDE, groups, hashes).written == n
+
+        def encoded(m: Manifest, tenant: str) -> None:  # the tier's store before: encode, then the arena/stream
+            blobs = [page.encode(lay, g.group, h, k, out[o : o + g.block_bytes])
+                     for h, k, o in zip(hashes, m.chunk_keys, offsets)]
+            assert arena_client.save_session(m, blobs).written == n
+
+        stores = timed({"gather (save_pages: the daemon reads the slots)": turn(gather),
+                        "encode + save_session (the tier's store before)": turn(encoded)},
+                       1, max(3, args.repeats // 3))
         c.close()
         arena_client.close()
     finally:
-        region.close()
         d.stop()
+        region.close()
         shutil.rmtree(data, ignore_errors=True)
     nbytes = n * g.block_bytes
-    base = statistics.median(times["scatter (load_pages_into)"])
-    rows = []
-    for name, ts in times.items():
-        m = statistics.median(ts)
-        rows.append([name, f"{m * 1e3:.1f}", f"{min(ts) * 1e3:.1f}", f"{nbytes / m / 1e9:.2f}", f"{m / base:.2f}x"])
     body = (f"{n} blocks of {g.block_bytes:,} B (a {n * 256 // 1024}K-token V4.1 session, {nbytes / 1e6:.0f} MB of "
-            f"block bytes), slots of {STRIDE:,} B scattered over a {len(out) / 1e6:.0f} MB shared-memory region; "
-            f"a daemon's host tier (warm); {args.repeats} interleaved rounds after {args.warmup} of warm-up.\n\n"
-            + markdown_table(["path", "median ms", "best ms", "GB/s (median)", "time vs scatter"], rows)
-            + f"\n\nTarget: scatter >= 3 GB/s. `{' '.join(['bench_page_loads.py', *sys.argv[1:]])}`, "
-            f"{os.cpu_count()} cores (shared with other work: noisy), {git_state()}.\n")
+            f"block bytes), slots of {STRIDE:,} B scattered over a {len(out) / 1e6:.0f} MB shared-memory region, a "
+            f"daemon with its host tier and ssd tier (LMDB) on {data.parent}; every path once per round, "
+            f"interleaved.\n\n## Loads (warm: the host tier)\n\n{args.repeats} rounds after {args.warmup} of "
+            f"warm-up.\n\n" + table(loads, nbytes) + "\n\nTarget: scatter >= 3 GB/s.\n\n## Stores (one durable turn "
+            f"save of the session, new keys)\n\n{max(3, args.repeats // 3)} rounds after 1.\n\n"
+            + table(stores, nbytes)
+            + f"\n\n`{' '.join(['bench_page_loads.py', *sys.argv[1:]])}`, {os.cpu_count()} cores (shared with "
+            f"other work: noisy, so medians and ratios measured side by side), {git_state()}.\n")
     print(body)
-    print(write_result("page_loads.md", "Engine pages into an engine's slots: scatter loads at the real geometry",
+    print(write_result("page_loads.md", "Engine pages between an engine's slots and the daemon, at the real geometry",
                        body))
 
 
