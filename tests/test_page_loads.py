@@ -371,3 +371,27 @@ def test_bad_caller_pages_are_invalid_argument_and_store_nothing(daemon: Daemon,
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "local socket" in e.value.details()
     with Client(address=daemon.address) as c:
         assert c.list_sessions(ns) == [] and c.lookup_keys(ns, keys) == [None, None]
+
+
+def test_under_yama_1_the_client_names_the_daemon_its_ptracer_first(daemon: Daemon, ns: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine has no Yama: its ptrace_scope is faked as 1, and the PR_SET_PTRACER call recorded
+    (made for real too: without Yama the kernel ignores it). The kernel's side of Yama is untested here."""
+    from kvstore.client import into
+    from kvstore.transport import cma
+
+    scope = tmp_path / "ptrace_scope"
+    scope.write_text("1\n")
+    monkeypatch.setattr(into, "_YAMA", scope)
+    named: list[int] = []
+    real = cma.allow_writes_from
+    monkeypatch.setattr(cma, "allow_writes_from", lambda pid: (named.append(pid), real(pid)))
+    with Client(address=daemon.address) as c:
+        keys, _, blocks = saved(c, ns, 2)
+        assert named == []  # a save through the arena names no one
+        out = region(2)
+        assert len(c.load_pages_into(ns, keys, out, [0, STRIDE], STRIDE)) == 2
+        assert named == [daemon.pid]  # the daemon, as the kernel names the local socket's peer
+        c.save_pages(page_manifest(ns, keys), LAYOUT, out, [0, STRIDE], STRIDE, [0, 1],
+                     [f"{ns}/{i}".encode() for i in range(2)])
+        assert named == [daemon.pid]  # once per client
