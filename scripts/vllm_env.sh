@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${KVSTORE_VLLM_VENV:-.venv-vllm}"
 VLLM_VERSION="0.33.0"   # the version the tier is tested against (kvstore/engines/vllm/tier.py TESTED_VLLM)
-probe="import vllm, vllm.v1.kv_offload.tiering.spec, kvstore.engines.vllm.tier; print(vllm.__version__)"
+probe="import einops, vllm, vllm.v1.kv_offload.tiering.spec, kvstore.engines.vllm.tier; print(vllm.__version__)"
 if [[ -x "$venv/bin/python" ]] && [[ "$("$venv/bin/python" -c "$probe" 2>/dev/null | tail -1)" == "$VLLM_VERSION" ]]; then
   echo "vLLM $VLLM_VERSION environment ready in $venv"; exit 0
 fi
@@ -21,7 +21,7 @@ pip=("$venv/bin/python" -m pip install --quiet)
 # vLLM 0.33.0's imports on the scheduler side, at the versions its metadata pins where it pins one
 "${pip[@]}" packaging msgspec pydantic regex cbor2 psutil pyzmq urllib3 "transformers>=5.16.1,<5.21.0" aiohttp \
   requests openai-harmony openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus-client \
-  "xgrammar==0.2.8" fastapi partial-json-parser llguidance
+  "xgrammar==0.2.8" fastapi partial-json-parser llguidance einops  # einops: the model registry inspects V4.1 with it
 "${pip[@]}" -e . pytest pytest-timeout matplotlib
 "$venv/bin/python" -c "$probe" | tail -1 | grep -qx "$VLLM_VERSION"
 echo "vLLM $VLLM_VERSION environment ready in $venv"

@@ -3,6 +3,7 @@ sessions, without vLLM (tests/vllm_tier/ drives them from vLLM's own offloading 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,9 +13,9 @@ import pytest
 from daemon_helpers import Daemon, free_port, start_daemon, status_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from page_helpers import v41_layout
 
 from kvstore.client import Client
+from kvstore.engines.vllm.geometry import EngineGroup, derive
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.page_layout import PageLayout, PageLayoutError
@@ -22,11 +23,27 @@ from kvstore.format.page_layout import PageLayout, PageLayoutError
 NS = "team-a"
 
 
-def v41(dtype: str = "nvfp4_ds_mla") -> PageLayout:
-    return v41_layout(dtype, {"tp_size": "1"})
+#: V4.1-Flash's compression ratios (the config tests/vllm_tier/ runs vLLM's planner on)
+RATIOS = json.loads((Path(__file__).parent / "vllm_tier" / "deepseek_v41" / "config.json").read_text())[
+    "text_config"]["compress_ratios"]
+#: the one prefix-cacheable group vLLM's planner makes for V4.1 (its id, its block stride) by record family
+PLANNED = {"nvfp4_ds_mla": (4, 228096, "mxfp4"), "fp8_ds_mla": (2, 460224, "fp8")}
+
+
+def v41_group(gid: int) -> EngineGroup:
+    return EngineGroup(gid, 256, tuple(n for L in (2, 8, 14, 20) for n in (f"model.layers.{L}.attn",
+                                                                          f"model.layers.{L}.attn.indexer.k_cache")))
+
+
+def v41(dtype: str = "nvfp4_ds_mla", stride: int | None = None, fingerprint: dict[str, str] | None = None
+        ) -> PageLayout:
+    gid, planned, indexer = PLANNED[dtype]
+    return derive("deepseek-ai/DeepSeek-V4.1-Flash", dtype, dtype == "nvfp4_ds_mla", [v41_group(gid)],
+                  stride or planned, 1, RATIOS, fingerprint or {"tp_size": "1"}, (indexer,)).layout
 
 
 LAYOUT = v41()
+G = LAYOUT.groups[0].group
 
 
 def block_of(group: int, seed: int, lay: PageLayout = LAYOUT) -> np.ndarray:
@@ -51,14 +68,38 @@ def blob_of(group: int, seed: int, ns: str = NS, lay: PageLayout = LAYOUT) -> tu
 
 
 # -- the layout --------------------------------------------------------------------------------------
-def test_v41_blocks_are_890_bytes_per_token() -> None:
+def test_v41_geometry_is_890_bytes_per_token_in_vllms_page_order_padding_dropped() -> None:
     assert float(LAYOUT.bytes_per_token) == 890.0
-    g0, g1 = LAYOUT.groups
-    assert (g0.block_bytes, g1.block_bytes) == (136704, 91136)  # each group's pages end where its block's do
+    (g,) = LAYOUT.groups
+    assert g.block_bytes == 227840  # the planner's 228096-byte stride less its 256 bytes of padding
+    assert [p.name for p in g.pages] == ["main.L2.b0", "main.L8.b0", "main.L14.b0", "index.L2.b0", "index.L8.b0",
+                                         "index.L14.b0", "main.L20.b0", "index.L20.b0"]
+    assert {(p.data, p.scale, p.arrangement) for p in g.pages} == {(256, 32, "interleaved"), (64, 4, "split")}
+
+
+def test_the_indexer_dtype_is_the_one_whose_pages_fill_the_stride() -> None:
+    group = [v41_group(4)]
+    for stride, indexer in ((228096, "mxfp4"), (269280, "fp8")):  # what the planner makes with each
+        d = derive("m", "nvfp4_ds_mla", True, group, stride, 1, RATIOS, {})
+        assert d.records is not None and d.records.indexer_dtype == indexer
+    hopper = derive("m", "fp8_ds_mla", False, [v41_group(2)], 460224, 1, RATIOS, {})
+    assert hopper.records is not None and (hopper.records.indexer_dtype, hopper.padding) == ("fp8", 0)
+
+
+@pytest.mark.parametrize("stride", [100000, 4 << 20])
+def test_a_block_that_does_not_match_the_geometry_is_kept_whole_as_one_opaque_page(stride: int) -> None:
+    d = derive("m", "nvfp4_ds_mla", True, [v41_group(4)], stride, 1, RATIOS, {})  # too small; room for both
+    assert d.opaque and d.reason
+    assert all(g.block_bytes == stride and [p.name for p in g.pages] == ["opaque"] for g in d.layout.groups)
+
+
+def test_the_tiers_indexer_dtype_breaks_a_tie_the_stride_cannot() -> None:
+    d = derive("m", "nvfp4_ds_mla", True, [v41_group(4)], 4 << 20, 1, RATIOS, {}, ("mxfp4",))
+    assert d.records is not None and d.records.indexer_dtype == "mxfp4" and d.layout.groups[0].block_bytes == 227840
 
 
 def test_the_fingerprint_is_part_of_the_id() -> None:
-    other = v41_layout("nvfp4_ds_mla", {"tp_size": "2"})
+    other = v41(fingerprint={"tp_size": "2"})
     assert other.groups == LAYOUT.groups and other.layout_id != LAYOUT.layout_id
     assert PageLayout.from_definition(LAYOUT.definition()) == LAYOUT
 
@@ -101,7 +142,7 @@ def resealed(blob: bytes, at: int, value: bytes) -> bytes:
 def test_a_version_1_blob_is_refused_never_misread() -> None:
     """Version 1 regrouped the block (data rows, then scale rows): read as version 2 it would put
     scale bytes where codes go. Its version is refused, whatever its checksum says."""
-    key, blob = blob_of(0, 9)
+    key, blob = blob_of(G, 9)
     old = resealed(blob, 4, (1).to_bytes(2, "little"))
     for read in (lambda: page.check(old, LAYOUT, NS), lambda: page.check_known(old, LAYOUT, key),
                  lambda: page.payload(old, key), lambda: page.payload_span(old)):
@@ -110,8 +151,8 @@ def test_a_version_1_blob_is_refused_never_misread() -> None:
 
 
 def test_payload_checks_the_key_and_the_checksum() -> None:
-    key, blob = blob_of(1, 10)
-    other, _ = blob_of(1, 11)
+    key, blob = blob_of(G, 10)
+    other, _ = blob_of(G, 11)
     with pytest.raises(page.PageError, match="not the"):
         page.payload(blob, other)
     bad = bytearray(blob)
@@ -121,7 +162,7 @@ def test_payload_checks_the_key_and_the_checksum() -> None:
 
 
 def test_a_blob_checks_against_its_namespace_layout_and_group() -> None:
-    key, blob = blob_of(0, 4)
+    key, blob = blob_of(G, 4)
     with pytest.raises(page.PageError, match="does not match"):
         page.check(blob, LAYOUT, "team-b")  # another tenant's key for the same block is another key
     with pytest.raises(page.PageError, match="layout"):
@@ -129,9 +170,9 @@ def test_a_blob_checks_against_its_namespace_layout_and_group() -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(0, 136704 + 128), st.integers(1, 255))
+@given(st.integers(0, 227840 + 128), st.integers(1, 255))
 def test_any_flipped_byte_is_refused_never_served(offset: int, flip: int) -> None:
-    key, blob = blob_of(0, 5)
+    key, blob = blob_of(G, 5)
     bad = bytearray(blob)
     offset %= len(bad)
     bad[offset] ^= flip
@@ -140,7 +181,7 @@ def test_any_flipped_byte_is_refused_never_served(offset: int, flip: int) -> Non
 
 
 def test_truncated_or_extended_blobs_are_refused() -> None:
-    _, blob = blob_of(1, 6)
+    _, blob = blob_of(G, 6)
     for bad in (blob[:-1], blob + b"\0", blob[:70], b""):
         with pytest.raises(page.PageError):
             page.check(bad, LAYOUT, NS)
@@ -163,7 +204,7 @@ def test_pages_are_saved_as_a_turn_found_by_key_and_loaded_back_across_a_restart
     zstd = ("--ssd-zstd-level", "1")  # compressed scale rows (the default stores them raw)
     d = start_daemon(tmp_path / "data", "--port", str(port), *zstd)
     try:
-        items = [blob_of(g, s) for s in range(3) for g in (0, 1)]
+        items = [blob_of(G, s) for s in range(3)]
         keys, blobs = [k for k, _ in items], [b for _, b in items]
         with Client(address=d.address) as c:
             assert c.register_layout(LAYOUT.definition()) == LAYOUT.layout_id
@@ -176,7 +217,7 @@ def test_pages_are_saved_as_a_turn_found_by_key_and_loaded_back_across_a_restart
             assert [bytes(b) for _, b in c.load_chunks(NS, keys)] == blobs
             assert list(c.load_chunks("team-b", keys)) == []
             s = c.stats().bytes_per_token
-            assert (s.tokens, s.unique_chunks, s.formula) == (768, 6, pytest.approx(890.0))
+            assert (s.tokens, s.unique_chunks, s.formula) == (768, 3, pytest.approx(890.0))
             assert s.stored < s.raw  # at level 1 the scale rows compress (FP4 codes hardly do)
     finally:
         d.stop()
@@ -186,7 +227,7 @@ def test_bad_page_input_is_invalid_argument_and_stores_nothing(daemon: Daemon) -
     with Client(address=daemon.address) as c:
         code, msg = status_of(lambda: c.register_layout(b'{"kind":"engine-pages"}'))
         assert code is grpc.StatusCode.INVALID_ARGUMENT and "page layout" in msg
-        key, blob = blob_of(0, 7)
+        key, blob = blob_of(G, 7)
         code, msg = status_of(lambda: c.save_session(page_session("s", [key], 256), [blob]))
         assert code is grpc.StatusCode.INVALID_ARGUMENT and "unknown layout" in msg  # not registered yet
         c.register_layout(LAYOUT.definition())
@@ -194,7 +235,7 @@ def test_bad_page_input_is_invalid_argument_and_stores_nothing(daemon: Daemon) -
         bad[-1] ^= 1
         code, msg = status_of(lambda: c.save_session(page_session("s", [key], 256), [bytes(bad)]))
         assert code is grpc.StatusCode.INVALID_ARGUMENT and "checksum" in msg
-        other_key, other = blob_of(0, 8, ns="team-b")
+        other_key, other = blob_of(G, 8, ns="team-b")
         code, msg = status_of(lambda: c.save_session(page_session("s", [other_key], 256), [other]))
         assert code is grpc.StatusCode.INVALID_ARGUMENT and "does not match" in msg
         code, msg = status_of(lambda: c.lookup_keys(NS, [b"short"]))

@@ -1,93 +1,86 @@
-"""vLLM 0.33's own offloading stack on a CPU machine, for the tier tests and benchmarks/vllm_tier/bench_vllm_tier.py.
+"""vLLM 0.33's own serving stack on a CPU machine, for the tier tests and benchmarks/vllm_tier/.
 
-Built from vLLM's classes, not copies of them: DeepSeek-V4.1's per-layer KV cache specs are the
-``MLAAttentionSpec``s its attention and indexer layers publish (``vllm/models/deepseek_v41/
-attention.py``: nvfp4_ds_mla main records of 288 B, MXFP4 indexer records of 68 B, 512-B aligned
-pages, ratio 2 for layers 2, 8, 14 and 1 for layer 20); the prefix-cacheable groups are vLLM's
-``UniformTypeKVCacheSpecs`` of them; the block stride is what vLLM's planner computes
-(``_get_kv_cache_bytes_per_block``); the OffloadingConfig is what ``build_offloading_config`` fills;
-the manager is ``TieringOffloadingSpec.get_manager()``: a real CPU primary tier in shared memory
-with the secondary tiers below it. Only the GPU worker is absent: a test writes the pages into
-the primary's slots itself, as the GPU->CPU copy would.
+Built top down from vLLM's code, as a deployment builds it: ``EngineArgs`` parses the real command
+line (``--model`` a local DeepSeek-V4.1-shaped ``config.json`` without weights, ``--kv-cache-dtype``,
+``--kv-transfer-config`` the README's JSON), ``create_engine_config()`` makes the VllmConfig,
+V4.1's own attention modules (built on the meta device) publish their KV cache specs, vLLM's
+planner (``get_global_kv_cache_groups``, ``get_kv_cache_configs``, ``generate_scheduler_kv_cache_config``)
+lays the blocks out, vLLM's ``Scheduler`` builds the OffloadingConnector (scheduler role, which
+loads ``KVStoreTier`` from the tier config) and the worker-role connector registers the KV caches
+``allocate_kv_cache`` allocates (on the CPU). Emulated, because they need a GPU: the
+GPU<->CPU copy engine (``CPUOffloadingWorker`` is CUDA-only: ``CopyWorker`` copies whole packed
+blocks between the KV cache tensor and the CPU tier's shared region, as it does) and the model
+forward (``Engine.forward`` writes each newly computed block's bytes, a function of vLLM's block
+hash, and, as V4.1 does, leaves the cached global KV of replayed tokens alone). What the CPU
+platform decides differently from a GPU one is set back after ``create_engine_config()``: block
+size 256 and prefix caching on (the CPU platform forces 16 and off for MLA), and the device
+capability the record family needs (SM100 for Blackwell's ``nvfp4_ds_mla``; 9.0 for Hopper).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import itertools
+import json
+import os
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
 from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # the GPU default: it turns on bounded replay
 
 import numpy as np
 import torch
-from vllm.v1.core.kv_cache_planning import _get_kv_cache_bytes_per_block
-from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MLAAttentionSpec, UniformTypeKVCacheSpecs
-from vllm.v1.kv_offload.base import LookupResult, ReqContext, ScheduleEndContext, make_offload_key
-from vllm.v1.kv_offload.config import (
-    OffloadingCacheConfig,
-    OffloadingConfig,
-    OffloadingGroupConfig,
-    OffloadingModelConfig,
-    OffloadingParallelConfig,
-)
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.platforms import current_platform
+from vllm.platforms.interface import DeviceCapability
 
-MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
-SOURCES = ((2, 2), (8, 2), (14, 2), (20, 1))  # kv-source layer, compress ratio
+MODEL_DIR = Path(__file__).resolve().parent / "deepseek_v41"
 BLOCK_TOKENS = 256
-#: The KV cache config's ids of the two offloaded groups. Not 0 and 1: V4.1's SWA and compressor-state
-#: groups are not offloaded but keep their ids, and an OffloadKey names its group by that id.
-V41_GROUP_IDS = (1, 3)
+REPLAY_TOKENS = 128  # V4.1's SlidingWindowMLASpec(bounded_replay=True).prefix_replay_tokens
 
 
-class _Layout:
-    is_block_outermost = True
+@dataclass(frozen=True)
+class Family:
+    """A deployment's record family: the command-line flags and the GPU they need."""
+
+    name: str
+    flags: tuple[str, ...]
+    capability: tuple[int, int]
 
 
-def v41_layer_specs(block_size: int = BLOCK_TOKENS, cache_dtype: str = "nvfp4_ds_mla") -> dict[str, MLAAttentionSpec]:
-    """The specs DeepSeek-V4.1's kv-source layers publish (attention.py get_kv_cache_spec)."""
-    record = {"nvfp4_ds_mla": 288, "fp8_ds_mla": 584}[cache_dtype]
-    align = 512 if cache_dtype == "nvfp4_ds_mla" else 576
-    specs: dict[str, MLAAttentionSpec] = {}
-    for layer, ratio in SOURCES:
-        specs[f"model.layers.{layer}.self_attn.mla_attn"] = MLAAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=512, dtype=torch.uint8, tokens_per_state=ratio,
-            cache_dtype_str=cache_dtype, alignment=align, model_version="deepseek_v4", state_content_bytes=record)
-        specs[f"model.layers.{layer}.self_attn.indexer.k_cache"] = MLAAttentionSpec(
-            block_size=block_size, num_kv_heads=1, head_size=68, dtype=torch.uint8, tokens_per_state=ratio,
-            alignment=align)
-    return specs
+#: what deployments run: Blackwell with the MXFP4 indexer, Hopper's V4 584-B records, and the indexer's
+#: ``auto`` default (fp8) on Blackwell
+FAMILIES = {
+    "blackwell": Family("blackwell", ("--kv-cache-dtype", "nvfp4_ds_mla",
+                                      "--attention-config", '{"indexer_kv_dtype": "mxfp4"}'), (10, 0)),
+    "hopper": Family("hopper", ("--kv-cache-dtype", "fp8_ds_mla"), (9, 0)),
+    "indexer-auto": Family("indexer-auto", ("--kv-cache-dtype", "nvfp4_ds_mla"), (10, 0)),
+}
 
 
-def v41_groups(specs: dict[str, MLAAttentionSpec]) -> list[KVCacheGroupSpec]:
-    """The prefix-cacheable groups: the ratio-2 sources together, the ratio-1 source alone."""
-    out = []
-    for ratio in (2, 1):
-        mine = {n: s for n, s in specs.items() if s.tokens_per_state == ratio}
-        uniform = UniformTypeKVCacheSpecs.from_specs(mine)
-        assert uniform is not None
-        out.append(KVCacheGroupSpec(list(mine), uniform))
-    return out
+def use_family(family: Family) -> None:
+    """The device capability V4.1's cache modules and the tier read (the CPU platform has none)."""
+    cap = DeviceCapability(*family.capability)
+    type(current_platform).get_device_capability = classmethod(lambda cls, device_id=0: cap)  # type: ignore
 
 
-def offloading_config(tiers: list[dict[str, Any]], cpu_bytes: int, cache_dtype: str = "nvfp4_ds_mla",
-                      engine_id: str | None = None, kv_events: bool = False) -> OffloadingConfig:
-    groups = v41_groups(v41_layer_specs(cache_dtype=cache_dtype))
-    per_block = _get_kv_cache_bytes_per_block(groups, _Layout())  # type: ignore[arg-type]
-    return OffloadingConfig(
-        groups=tuple(OffloadingGroupConfig(tokens_per_block=BLOCK_TOKENS, layer_names=tuple(g.layer_names),
-                                           group_id=gid) for gid, g in zip(V41_GROUP_IDS, groups)),
-        worker_kv_bytes_per_block=per_block, enable_kv_cache_events=kv_events,
-        extra_config={"cpu_bytes_to_use": cpu_bytes, "secondary_tiers": tiers, "tier_poll_interval_s": 0},
-        engine_id=engine_id or f"kvstore-test-{uuid.uuid4().hex[:8]}",
-        model=OffloadingModelConfig(name=MODEL, dtype=cache_dtype, max_model_len=1 << 20),
-        cache=OffloadingCacheConfig(tokens_per_hash=BLOCK_TOKENS, blocks_per_chunk=1),
-        parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
-                                          data_parallel_index=0, data_parallel_size=1, data_parallel_rank_local=None,
-                                          is_parallelism_agnostic=False))
+class _NoEvent:  # V4.1's attention makes CUDA events in __init__; the CPU build of torch has none
+    def __init__(self, *a: Any, **k: Any) -> None: ...
+    def record(self, *a: Any, **k: Any) -> None: ...
+    def wait(self, *a: Any, **k: Any) -> None: ...
+
+
+def kv_transfer_config(tiers: list[dict[str, Any]], cpu_bytes: int, **extra: Any) -> dict[str, Any]:
+    """The README's ``--kv-transfer-config``."""
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": cpu_bytes,
+                                          "secondary_tiers": tiers, **extra}}
 
 
 def kvstore_tier(address: str, **extra: Any) -> dict[str, Any]:
@@ -98,140 +91,336 @@ def fs_tier(root: str, **extra: Any) -> dict[str, Any]:
     return {"type": "fs", "root_dir": root, **extra}
 
 
-def block_hashes(seed: str, n: int) -> list[bytes]:
-    """Chained 32-byte block hashes, as vLLM's sha256 prefix hashing makes them."""
-    out, parent = [], b"\0" * 32
-    for i in range(n):
-        parent = hashlib.sha256(parent + f"{seed}/{i}".encode()).digest()
-        out.append(parent)
-    return out
+def engine_config(family: Family, transfer: dict[str, Any], max_model_len: int, kv_events: bool = False) -> VllmConfig:
+    """vLLM's own config from the command line a deployment types."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    use_family(family)
+    argv = ["--model", str(MODEL_DIR), *family.flags, "--kv-transfer-config", json.dumps(transfer),
+            "--max-model-len", str(max_model_len),
+            "--skip-tokenizer-init", "--language-model-only", "--load-format", "dummy"]  # no tokenizer here
+    if kv_events:
+        argv += ["--kv-events-config", '{"enable_kv_cache_events": true, "publisher": "null"}']
+    args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
+    cfg = EngineArgs.from_cli_args(args).create_engine_config()
+    cfg.cache_config.block_size = BLOCK_TOKENS  # what the GPU platform resolves for V4.1 (the CPU one: 16)
+    cfg.cache_config.enable_prefix_caching = True
+    return cfg
+
+
+@cache
+def _distributed() -> None:
+    from vllm.distributed import init_distributed_environment
+
+    torch.cuda.Event = _NoEvent  # type: ignore[misc,assignment]
+    port = 20000 + os.getpid() % 20000
+    init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                 local_rank=0, backend="gloo")
+
+
+def layer_specs(cfg: VllmConfig) -> dict[str, Any]:
+    """The KV cache specs V4.1's own attention modules publish. Not through the model runner's
+    ``get_kv_cache_spec``: its ``customize_attention_spec`` asks each layer's attention backend for kernel
+    block sizes, and on the CPU platform the SWA and compressor caches get CPU backends whose alignments
+    multiply the block stride (9.9 MB instead of 460 KB for Hopper)."""
+    from vllm.distributed import initialize_model_parallel
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+    from vllm.models.deepseek_v41.nvidia.model import _select_dsv4_attn_cls
+
+    with set_current_vllm_config(cfg):
+        _distributed()
+        if not model_parallel_is_initialized():
+            initialize_model_parallel(1, 1)
+        attn = _select_dsv4_attn_cls(cfg)
+        with torch.device("meta"):
+            _layers = [attn(cfg, prefix=f"model.layers.{i}.attn")
+                       for i in range(cfg.model_config.hf_config.num_hidden_layers)]
+        ctx = cfg.compilation_config.static_forward_context
+        return {n: spec for n, m in ctx.items() if (spec := m.get_kv_cache_spec(cfg)) is not None}
+
+
+def plan(cfg: VllmConfig, specs: dict[str, Any], kv_bytes: int) -> tuple[Any, Any]:
+    """vLLM's planner, as the engine core runs it: (the workers' KV cache config, the scheduler's)."""
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
+    with set_current_vllm_config(cfg):
+        names = [layout.name for layout in get_supported_kv_cache_layouts(get_current_attn_backends(cfg))]
+    resolve_kv_cache_layout(cfg, [names], list(specs.values()))
+    groups = get_global_kv_cache_groups(cfg, [specs])
+    (worker,) = get_kv_cache_configs(cfg, [specs], [kv_bytes], groups)
+    worker.kv_cache_layout = cfg.cache_config.kv_cache_layout
+    sched = generate_scheduler_kv_cache_config([worker])
+    cfg.cache_config.num_gpu_blocks = sched.num_blocks
+    return worker, sched
+
+
+class CopyWorker:
+    """The GPU<->CPU copy engine (``CPUOffloadingWorker``, CUDA-only), emulated on the CPU: whole packed
+    blocks between the KV cache tensor and this worker's view of the CPU tier's shared region, as the
+    real one sets them up (``create_next_worker_view``)."""
+
+    def __init__(self, kv_caches: Any, spec: Any) -> None:
+        from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+
+        assert spec.blocks_per_chunk == 1 and len(kv_caches.tensors) == 1, "one packed tensor, a block per chunk"
+        self.region = SharedOffloadRegion(engine_id=spec.config.engine_id, num_chunks=spec.num_chunks, rank=0,
+                                          kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
+                                          cpu_page_size=spec.cpu_page_size_per_worker)
+        t = kv_caches.tensors[0]
+        self.gpu = t.tensor.view(torch.int8).view(-1, t.page_size_bytes)
+        self.cpu = self.region.create_next_worker_view(t.page_size_bytes)
+        self.done: list[Any] = []
+
+    def _copy(self, job_id: int, src: torch.Tensor, src_ids: Any, dst: torch.Tensor, dst_ids: Any) -> bool:
+        from vllm.v1.kv_offload.base import TransferResult
+
+        s, d = [int(i) for i in src_ids], [int(i) for i in dst_ids]
+        assert len(s) == len(d)
+        dst[d] = src[s]
+        self.done.append(TransferResult(job_id, True, len(s) * src.shape[1], 0.0))
+        return True
+
+    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
+        return self._copy(job_id, self.gpu, src_spec.block_ids, self.cpu, dst_spec.block_ids)
+
+    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
+        return self._copy(job_id, self.cpu, src_spec.block_ids, self.gpu, dst_spec.block_ids)
+
+    def get_finished(self) -> list[Any]:
+        out, self.done = self.done, []
+        return out
+
+    def wait(self, job_ids: set[int]) -> None: ...
+
+    def shutdown(self) -> None:
+        self.region.cleanup()
+
+
+@contextlib.contextmanager
+def copy_engine_emulated() -> Iterator[None]:
+    """``TieringOffloadingSpec.get_worker`` hands out ``CopyWorker`` instead of the CUDA one."""
+    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+    real = TieringOffloadingSpec.get_worker
+
+    def get_worker(self: Any, kv_caches: Any) -> Any:
+        if getattr(self, "_emulated", None) is None:
+            self._emulated = CopyWorker(kv_caches, self)
+        return self._emulated
+
+    TieringOffloadingSpec.get_worker = get_worker  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        TieringOffloadingSpec.get_worker = real  # type: ignore[method-assign]
+
+
+@cache
+def planned(family: Family, max_model_len: int, kv_bytes: int) -> tuple[Any, Any]:
+    """vLLM's planner output for one family (the same for every tier config: computed once)."""
+    cfg = engine_config(family, kv_transfer_config([], 1 << 20), max_model_len)
+    return plan(cfg, layer_specs(cfg), kv_bytes)
 
 
 @dataclass
+class Sent:
+    """A request as the engine saw it: its prompt, vLLM's block hashes, what the first schedule found cached."""
+
+    req_id: str
+    tokens: list[int]
+    salt: str | None
+    hashes: list[bytes] = field(default_factory=list)
+    first_computed: int | None = None  # num_computed_tokens when first scheduled (a hit, minus the replay)
+    loaded: list[bool] = field(default_factory=list)  # per block of the hit: its KV came back bit-equal
+    finished: bool = False
+
+
 class Engine:
-    """The scheduler side of one vLLM engine's offloading: its manager and CPU primary tier."""
+    """One vLLM engine: its Scheduler (with the connector's scheduler role and the tier) and a worker
+    (the connector's worker role, the KV cache tensor, the emulated copy engine and forward)."""
 
-    spec: TieringOffloadingSpec
-    manager: Any
+    def __init__(self, family: Family, tiers: list[dict[str, Any]], cpu_bytes: int = 64 << 20,
+                 max_model_len: int = 16384, kv_bytes: int = 768 << 20, kv_events: bool = False,
+                 **extra: Any) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+        from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, resolve_kv_cache_block_sizes
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+        from vllm.v1.worker.utils import allocate_kv_cache
 
-    @classmethod
-    def start(cls, tiers: list[dict[str, Any]], cpu_bytes: int = 256 << 20, **kw: Any) -> Engine:
-        spec = TieringOffloadingSpec(offloading_config(tiers, cpu_bytes, **kw))
-        return cls(spec, spec.get_manager())
+        self.family = family
+        worker_cfg, sched_cfg = planned(family, max_model_len, kv_bytes)
+        self.cfg = engine_config(family, kv_transfer_config(tiers, cpu_bytes, tier_poll_interval_s=0, **extra),
+                                 max_model_len, kv_events)
+        self.cfg.kv_transfer_config.engine_id = f"kvstore-test-{uuid.uuid4().hex[:8]}"
+        self.cfg.cache_config.kv_cache_layout = worker_cfg.kv_cache_layout
+        self.cfg.cache_config.num_gpu_blocks = sched_cfg.num_blocks
+        self.kv_cache_config = worker_cfg
+        block_size, hash_size = resolve_kv_cache_block_sizes(sched_cfg, self.cfg)
+        self.hash_size = hash_size
+        self.scheduler = Scheduler(vllm_config=self.cfg, kv_cache_config=sched_cfg,
+                                   structured_output_manager=StructuredOutputManager(self.cfg),
+                                   block_size=block_size, hash_block_size=hash_size, log_stats=True)
+        self.published: list[Any] = []  # the KV event batches the scheduler published
+        publish = self.scheduler.kv_event_publisher.publish
+        self.scheduler.kv_event_publisher.publish = lambda b: (self.published.append(b), publish(b))[-1]
+        hash_fn = get_hash_fn_by_name(self.cfg.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        self.hasher = get_request_block_hasher(hash_size, hash_fn, self.cfg.num_hash_lookahead_tokens)
+        # the worker: vLLM's KV cache allocation (on the CPU) registered with the worker-role connector
+        self.kv_caches = allocate_kv_cache(worker_cfg, torch.device("cpu"),
+                                           self.cfg.cache_config.get_resolved_kv_cache_layout())
+        self.worker = KVConnectorFactory.create_connector(self.cfg, KVConnectorRole.WORKER, worker_cfg)
+        with copy_engine_emulated():
+            self.worker.register_kv_caches(self.kv_caches)
+        self.group = self.offloaded_group()
+        self.stride, self.extent = self.block_geometry()
+        storage = next(iter(self.kv_caches.values())).untyped_storage()
+        self.buf = torch.tensor([], dtype=torch.uint8).set_(storage).numpy()  # the KV cache's bytes
+        self.sent: dict[str, Sent] = {}
+
+    # -- what vLLM's planner made ------------------------------------------------------------------
+    def offloaded_group(self) -> int:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import get_offloading_group_ids
+
+        (gid,) = get_offloading_group_ids(self.kv_cache_config)
+        return gid
+
+    def block_geometry(self) -> tuple[int, int]:
+        """(the block stride, where the offloaded group's pages end) from vLLM's KVCacheTensors."""
+        names = set(self.kv_cache_config.kv_cache_groups[self.group].layer_names)
+        mine = [t for t in self.kv_cache_config.kv_cache_tensors if set(t.layers) <= names]
+        ends = [t.offset + len(t.layers) * t.layer_stride for t in mine]
+        return mine[0].block_stride, max(ends)
 
     @property
-    def groups(self) -> int:
-        return len(self.spec.config.groups)
+    def connector(self) -> Any:
+        return self.scheduler.get_kv_connector()
 
     @property
-    def group_ids(self) -> tuple[int, ...]:
-        return tuple(g.group_id for g in self.spec.config.groups)
+    def manager(self) -> Any:
+        return self.connector.scheduler.manager
 
     @property
     def tiers(self) -> list[Any]:
         return self.manager.secondary_tiers
 
-    @property
-    def stride(self) -> int:
-        return self.tiers[0].block_size_bytes if self.tiers else self.spec.kv_bytes_per_chunk
+    # -- requests ----------------------------------------------------------------------------------
+    def send(self, req_id: str, tokens: Sequence[int], salt: str | None = None,
+             params: dict[str, Any] | None = None) -> Sent:
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
 
-    def view(self) -> memoryview:
-        return self.manager.primary_tier.get_kv_memoryview().cast("B")
+        sp = SamplingParams(max_tokens=1, extra_args={"kv_transfer_params": params} if params else None)
+        req = Request(req_id, list(tokens), sp, None, cache_salt=salt, block_hasher=self.hasher)
+        self.scheduler.add_request(req)
+        s = self.sent[req_id] = Sent(req_id, list(tokens), salt, [bytes(h) for h in req.block_hashes])
+        return s
 
-    def extent(self, key: bytes) -> int:
-        """How many leading bytes of ``key``'s slot are its group's pages (what must round-trip)."""
-        from vllm.v1.kv_offload.base import get_offload_group_idx
+    def block_hash(self, s: Sent, j: int) -> bytes:
+        """vLLM's hash of block ``j`` of a request (the last of its hash blocks)."""
+        per = BLOCK_TOKENS // self.hash_size
+        return s.hashes[(j + 1) * per - 1]
 
-        lay = self.tiers[0].layout
-        g = lay.group(get_offload_group_idx(key))
-        return g.block_bytes if g is not None else self.stride
+    def page_bytes(self, s: Sent, j: int) -> np.ndarray:
+        """What the forward computes for block ``j`` of a request: the offloaded group's pages."""
+        seed = int.from_bytes(self.block_hash(s, j)[:8], "little")
+        return np.random.default_rng(seed).integers(0, 256, self.extent, dtype=np.uint8)
 
-    def step(self, new: Sequence[str] = ()) -> None:
-        with self.manager.lock:
-            self.manager.on_schedule_end(ScheduleEndContext(new_req_ids=list(new), preempted_req_ids=[]))
+    def gpu_block(self, block_id: int) -> np.ndarray:
+        at = block_id * self.stride
+        return self.buf[at : at + self.extent]
 
-    def request(self, req_id: str, params: dict[str, Any] | None = None) -> ReqContext:
-        ctx = ReqContext(req_id=req_id, kv_transfer_params=params)
-        with self.manager.lock:
-            self.manager.on_new_request(ctx)
-        return ctx
+    def block_ids(self, req_id: str) -> list[int]:
+        return list(self.scheduler.kv_cache_manager.get_block_ids(req_id)[self.group])
 
-    def finish(self, ctx: ReqContext) -> None:
-        with self.manager.lock:
-            self.manager.on_request_finished(ctx)
+    def forward(self, so: Any) -> None:
+        """The model's forward, emulated for the offloaded group: each block completed in this step gets its
+        bytes; blocks under a prefix hit are not written (V4.1 pads the replayed tokens' global KV slots)."""
+        for req_id, n in so.num_scheduled_tokens.items():
+            s = self.sent[req_id]
+            req = self.scheduler.requests[req_id]
+            start = req.num_computed_tokens - n  # schedule() already counted this step's tokens
+            ids = self.block_ids(req_id)
+            if s.first_computed is None:  # the hit is in the KV cache now: what came back, block by block
+                s.first_computed = start
+                hit = -(-start // BLOCK_TOKENS)
+                s.loaded = [bool(np.array_equal(self.gpu_block(ids[j]), self.page_bytes(s, j))) for j in range(hit)]
+            cached = -(-s.first_computed // BLOCK_TOKENS)  # the hit, in blocks (it ends on a block boundary)
+            for j in range(max(cached, start // BLOCK_TOKENS), (start + n) // BLOCK_TOKENS):
+                at = ids[j] * self.stride
+                self.buf[at : at + self.extent] = self.page_bytes(s, j)
 
-    def store(self, ctx: ReqContext, keys: Sequence[bytes], fill: Callable[[int, memoryview], None]) -> None:
-        """What the connector does for new blocks: allocate primary slots, write them (the GPU
-        copy), complete the store (which cascades to every secondary tier)."""
-        with self.manager.lock:
-            for i, k in enumerate(keys):  # keys are block-major: every group's key of a block
-                ctx.set_offload_key_position(k, (i // self.groups + 1) * BLOCK_TOKENS)
-            out = self.manager.prepare_store(keys, ctx)
-            assert out is not None, "primary tier full"
-            view, stride = self.view(), self.stride
-            for k, cid in zip(out.keys_to_store, out.store_spec.chunk_ids):
-                fill(keys.index(k), view[int(cid) * stride : (int(cid) + 1) * stride])
-            self.manager.complete_store(out.keys_to_store, ctx)
+    def step(self) -> Any:
+        """One engine step: schedule, the worker's connector hooks around the forward, update."""
+        from vllm.forward_context import set_forward_context
+        from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
-    def wait_idle(self, timeout_s: float = 60.0) -> None:
+        so = self.scheduler.schedule()
+        w = self.worker
+        meta = so.kv_connector_metadata
+        w.handle_preemptions(meta)
+        w.bind_connector_metadata(meta)
+        with set_forward_context(None, self.cfg), copy_engine_emulated():
+            w.start_load_kv(None)
+            self.forward(so)
+            w.wait_for_save()
+            sending, recving = w.get_finished(so.finished_req_ids)
+        out = KVConnectorOutput(finished_sending=sending or None, finished_recving=recving or None,
+                                kv_connector_stats=w.get_kv_connector_stats(),
+                                kv_connector_worker_meta=w.build_connector_worker_meta())
+        w.clear_connector_metadata()
+        ids = list(so.num_scheduled_tokens)
+        sampled = [[1] if self._prefilled(r, so) else [] for r in ids]
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled, kv_connector_output=out)
+        outputs = self.scheduler.update_from_output(so, mro)
+        for eco in outputs.values():
+            for o in eco.outputs:
+                if o.finish_reason is not None:
+                    self.sent[o.request_id].finished = True
+        return so
+
+    def _prefilled(self, req_id: str, so: Any) -> bool:
+        return self.scheduler.requests[req_id].num_computed_tokens >= self.scheduler.requests[req_id].num_prompt_tokens
+
+    def run(self, timeout_s: float = 120.0) -> None:
+        """Step until every request finished and every store (into every tier) completed."""
         t0 = time.monotonic()
         while True:
             self.step()
+            busy = self.scheduler.has_requests() or any(not s.finished for s in self.sent.values())
             with self.manager.lock:
-                busy = self.manager.has_pending_work()
+                busy = busy or self.manager.has_pending_work()
             if not busy:
                 return
             if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError("offloading jobs did not finish")
+                raise TimeoutError("the engine did not finish its requests and stores")
             time.sleep(0.002)
 
-    def drop_primary(self) -> None:
-        """Forget the CPU primary's contents (as a restart of vLLM would)."""
-        with self.manager.lock:
-            self.manager.reset_cache()
-            self.manager.on_reset_flushed()  # the workers' late copies are flushed (there are none here)
-        self.step()
+    def serve(self, req_id: str, tokens: Sequence[int], salt: str | None = None,
+              params: dict[str, Any] | None = None, timeout_s: float = 120.0) -> Sent:
+        s = self.send(req_id, tokens, salt, params)
+        self.run(timeout_s)
+        return s
 
-    def lookup(self, ctx: ReqContext, key: bytes, timeout_s: float = 30.0) -> LookupResult:
-        """Ask until the answer is final: HIT (in the primary, promoted from a tier if need be) or MISS."""
-        t0 = time.monotonic()
-        while True:
-            with self.manager.lock:
-                r = self.manager.lookup(key, ctx)
-            if r in (LookupResult.HIT, LookupResult.MISS):
-                return r
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"lookup stayed {r}")
-            self.step()
-            time.sleep(0.001)
-
-    def read(self, ctx: ReqContext, keys: Sequence[bytes]) -> list[bytes]:
-        """The primary's bytes of ``keys`` (all must be HIT), as the CPU->GPU load would read them."""
-        with self.manager.lock:
-            spec = self.manager.prepare_load(keys, ctx)
-            view, stride = self.view(), self.stride
-            out = [bytes(view[int(c) * stride : (int(c) + 1) * stride]) for c in spec.chunk_ids]
-            self.manager.complete_load(keys, ctx)
-        return out
+    def hit_tokens(self, s: Sent) -> int:
+        """The prefix hit vLLM found for a request (its first schedule's computed tokens plus the replay)."""
+        assert s.first_computed is not None
+        return s.first_computed + REPLAY_TOKENS if s.first_computed else 0
 
     def shutdown(self) -> None:
-        self.manager.shutdown()
+        self.worker.shutdown()
+        self.connector.shutdown()
 
 
-def keys_of(hashes: Sequence[bytes], group_ids: Sequence[int] = V41_GROUP_IDS) -> list[bytes]:
-    """Every offloaded group's OffloadKey of each block, block-major."""
-    return [make_offload_key(h, g) for h, g in itertools.product(hashes, group_ids)]
-
-
-def page_filler(seed: int) -> Callable[[int, memoryview], None]:
-    """Deterministic pseudo-random page bytes for block i (what the GPU copy would have written)."""
-    def fill(i: int, slot: memoryview) -> None:
-        rng = np.random.default_rng((seed, i))
-        slot[:] = rng.integers(0, 256, len(slot), dtype=np.uint8).tobytes()
-    return fill
-
-
-def expected(seed: int, i: int, size: int) -> bytes:
-    buf = bytearray(size)
-    page_filler(seed)(i, memoryview(buf))
-    return bytes(buf)
+def prompt(seed: str, blocks: int, tail: int = 10) -> list[int]:
+    """A prompt of ``blocks`` full blocks and a few more tokens (the last block is never offloaded)."""
+    rng = np.random.default_rng(int.from_bytes(hashlib.sha256(seed.encode()).digest()[:8], "little"))
+    return [int(t) for t in rng.integers(100, 120_000, blocks * BLOCK_TOKENS + tail)]

@@ -12,9 +12,9 @@ the layers of one spec side by side, specs in the order their first layer appear
 from byte 0 of the block; the stride is then padded (an lcm of every group's alignments).
 
 What the tier cannot read from vLLM is the indexer's dtype (``indexer_kv_dtype``, ``auto`` =
-fp8): both are derived and the one whose pages fill the engine's stride best (ending before it,
-with less padding than a page) is taken. A block that no candidate fits is stored as one opaque
-page, and the tier counts and reports it (``tier.py``). The record formats (which bytes of a
+fp8): both are derived and the one whose pages fill the engine's stride is taken (when the stride
+has room for either, the tier's ``indexer_dtype`` setting decides). A block that no candidate fits
+is stored as one opaque page, and the tier counts and reports it (``tier.py``). The record formats (which bytes of a
 record are scales), from ``cache_utils.py`` and ``indexer_k_store.py``:
 
 - main ``nvfp4_ds_mla`` (SM100): 288 B = 256 e2m1 + 32 e4m3, interleaved; 512-B pages;
@@ -141,9 +141,10 @@ def derive(model: str, cache_dtype: str, mxfp8_record: bool, groups: Sequence[En
            indexer_dtypes: Sequence[str] = INDEXER_DTYPES, index_head_dim: int = 128) -> Derived:
     """The page layout of vLLM chunks of ``blocks_per_chunk`` blocks, each ``stride`` bytes apart
     (the engine's ``worker_kv_bytes_per_block``): of the candidate indexer dtypes, the one whose
-    pages end before the stride, with less padding than the smallest page. Groups alias from byte
+    pages fit the stride; when several do, the largest, if what is left is less than a page (else
+    the tier cannot tell them apart: every block is opaque until ``indexer_dtype`` is set). Groups alias from byte
     0 of a block (vLLM offloads the whole packed block for each), so each keeps its own pages."""
-    best: tuple[int, Records, list[list[PageSpec]]] | None = None
+    fits: list[tuple[int, Records, list[list[PageSpec]]]] = []
     reason = f"cache dtype {cache_dtype!r} (V4.1 record {mxfp8_record}) is no V4.1 record family"
     if ratios is None:
         reason = "the model's compress_ratios could not be read"
@@ -158,12 +159,16 @@ def derive(model: str, cache_dtype: str, mxfp8_record: bool, groups: Sequence[En
             continue
         pages = [p for p in derived if p is not None]
         end = max(p[-1].offset + p[-1].page_bytes for p in pages)
-        smallest = min(s.page_bytes for p in pages for s in p)
-        if end > stride or stride - end >= smallest:
-            reason = f"no indexer dtype's pages fill the engine's {stride}-byte block (with {dtype}: {end})"
+        if end > stride:
+            reason = f"no indexer dtype's pages fit the engine's {stride}-byte block (with {dtype}: {end})"
             continue
-        if best is None or end > best[0]:
-            best = (end, rec, pages)
+        fits.append((end, rec, pages))
+    fits.sort(key=lambda f: -f[0])
+    best = fits[0] if fits else None
+    if best is not None and len(fits) > 1 and stride - best[0] >= min(s.page_bytes for p in best[2] for s in p):
+        reason = (f"the pages of {len(fits)} indexer dtypes fit the engine's {stride}-byte block with room to spare: "
+                  "set the tier's indexer_dtype")
+        best = None
     fp = {"model": model, "kv_cache_dtype": cache_dtype, "mxfp8_record": str(mxfp8_record).lower(),
           "blocks_per_chunk": str(blocks_per_chunk), "stride": str(stride), **fingerprint}
     specs: list[GroupSpec] = []

@@ -7,13 +7,18 @@ Loaded by vLLM from its tier config, no vLLM patch::
         "secondary_tiers": [{"type": "KVStoreTier", "module_path": "kvstore.engines.vllm.tier",
                              "address": "127.0.0.1:50151", "namespace": "team-a"}]}}'
 
-vLLM keeps only the prefix-cacheable groups in its CPU primary tier (for DeepSeek-V4.1: the
-compressed main KV and indexer K of the kv-source layers; the SWA window is never offloaded and
-vLLM replays the last 128 tokens itself), and hands this tier byte blocks of that primary, one per
-``OffloadKey`` (block hash + group). Each becomes one page blob (``kvstore/format/page.py``) under a key
-that hashes the tenant's namespace, the engine's page layout (its fingerprint: model, cache dtypes,
-block size, parallelism) and the block hash, so blocks are never served across tenants or engine
-configurations. Everything the scheduler calls is non-blocking:
+vLLM keeps only the prefix-cacheable groups in its CPU primary tier (for DeepSeek-V4.1 its planner
+makes one: the compressed main KV and indexer K of the kv-source layers, packed by spec in one
+padded block; the SWA window is never offloaded and vLLM replays the last 128 tokens itself), and
+hands this tier byte blocks of that primary, one per ``OffloadKey`` (block hash + group). Each
+becomes one page blob (``kvstore/format/page.py``) of the block's pages, as ``geometry.py`` derives
+them from vLLM's OffloadingConfig (the stride's padding is not stored), under a key that hashes the
+tenant's namespace, the engine's page layout (its fingerprint: model, the cache and indexer dtypes
+vLLM uses, block size, parallelism) and the block hash, so blocks are never served across tenants
+or engine configurations. A block no derived layout fits is stored whole as one opaque page:
+``stats.opaque_blocks`` counts them and the tier says why once, at start.
+
+Everything the scheduler calls is non-blocking:
 
 - ``lookup``: answered from a per-step batch (vLLM's ``AsyncLookupManager``): one ``LookupKeys``
   call per request per step on a background thread, RETRY until it lands;
@@ -27,14 +32,20 @@ configurations. Everything the scheduler calls is non-blocking:
 Settings (keys of the tier's config, beside ``type`` and ``module_path``): ``address`` (the daemon,
 default ``$KVSTORE_ADDRESS`` or 127.0.0.1:50151), ``namespace`` and ``token`` (the default tenant),
 ``tenants``, ``session_ttl_s`` (86400; 0 = kept until deleted), ``indexer_dtype`` (``mxfp4`` or
-``fp8``: the engine's indexer cache), ``mxfp8_record`` (V4.1's 528-B fp8_ds_mla record, SM100),
-``n_load_threads`` / ``n_store_threads`` (2 each), ``timeout_s`` (10, per call), ``down_s`` (5),
+``fp8``; unset: the one whose pages fill vLLM's block, which is needed only when the block has room
+for either), ``n_load_threads`` / ``n_store_threads`` (2 each), ``timeout_s`` (10, per call), ``down_s`` (5),
 ``arena_bytes`` (32 MiB of shared memory per job thread and tenant), ``enable_kv_events`` (BlockStored
 events for what stores saved, when vLLM publishes KV events), ``locality``, ``backpressure``
 (vLLM's own detector, which sees this tier's job results).
 
-Tenants: ``kv_transfer_params["cache_salt"]`` (or ``"kvstore_tenant"``) names an entry of the
-``tenants`` map (``{"salt": {"namespace": ..., "token": ...}}``); requests without one use the
+Tenants: a request sends its tenant's salt twice, as vLLM's ``cache_salt`` (which seeds vLLM's block
+hashes, so its GPU and CPU caches and every OffloadKey are the tenant's own) and as
+``kv_transfer_params["cache_salt"]`` (or ``"kvstore_tenant"``), which names an entry of the
+``tenants`` map (``{"salt": {"namespace": ..., "token": ...}}``): the namespace and token its blocks
+are kept under. vLLM 0.33 hands a tier ``kv_transfer_params`` and ``kv_hints``, never ``cache_salt``,
+so the tier cannot compare the two: a request whose two disagree finds its own ``cache_salt``'s
+blocks in vLLM's caches and none in kvstore (its keys are another tenant's hashes), and its new
+blocks are kept in the namespace its ``kv_transfer_params`` names. Requests without a salt use the
 tier's own ``namespace``/``token``; an unknown salt is never offloaded. ``kvstore_session`` names
 the page session a request's blocks are kept under (an agent's conversation across turns; default:
 one session per request), with the retention ``session_ttl_s`` (``kvstore evict`` / ``prefetch``
