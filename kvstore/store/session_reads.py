@@ -163,12 +163,11 @@ class SessionReads:
             valid = chunk_batch.check(batch, expected, threads=threads).valid
             for i, good in zip(chunks, valid.tolist()):
                 ok[i] = good
-        pages = [i for i, info in enumerate(known) if info is not None and info.page]
+        pages = [(i, info) for i, info in enumerate(known) if info is not None and info.page]
         if pages:
-            checks = [functools.partial(self.matcher(keys[at[i]], known[i]), values[i])  # type: ignore[arg-type]
-                      for i in pages]
-            threads = VERIFY_THREADS if sum(len(values[i]) for i in pages) >= VERIFY_SPLIT_BYTES else 1
-            for i, good in zip(pages, all_match(checks, threads)):
+            checks = [functools.partial(self.matcher(keys[at[i]], info), values[i]) for i, info in pages]
+            threads = VERIFY_THREADS if sum(len(values[i]) for i, _ in pages) >= VERIFY_SPLIT_BYTES else 1
+            for (i, _), good in zip(pages, all_match(checks, threads)):
                 ok[i] = good
         return ok
 
