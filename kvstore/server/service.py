@@ -235,9 +235,10 @@ class KVStoreService:
         commit = self._turn_manifest(header) if header.HasField("commit") else None
         with client_bytes("chunk bytes"):
             res, committed = self._store_turn(header, receiver, blobs, commit, call.pid)
-        self.carriers.count(carrier, streamed)
-        if header.HasField("from_caller"):
+        if header.HasField("from_caller"):  # the pages came from the caller's memory: no stream, unless more did
             self.carriers.count_caller_memory()
+        if not header.HasField("from_caller") or streamed or header.arena_id:
+            self.carriers.count(carrier, streamed)
         return pb.SaveChunksResponse(keys=res.keys, written=res.written,
                                      session=convert.session_to_pb(committed) if committed else None)
 
