@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # kvstore.client pulls in gRPC: imported only when a command 
 BASELINE = "deepseek-v4-flash"
 SERVICE = "kvstore.v1.KVStore"  # the health service names of kvstore/server/health.py
 TIER_HEALTH = "kvstore.tier."
+LAYOUTS_HEALTH = "kvstore.layouts"
 CLI_TIMEOUT_S = 10.0  # a CLI call should fail in seconds, not retry for a minute
 CLI_RETRIES = 1
 
@@ -206,7 +207,7 @@ def health_report(client: Client) -> dict[str, str]:
                                                                              **call).tiers)
         except grpc.RpcError as e:
             raise domain_error(e) from None
-        for service in (SERVICE, *(TIER_HEALTH + t for t in tiers)):
+        for service in (SERVICE, *(TIER_HEALTH + t for t in tiers), LAYOUTS_HEALTH):
             report[service] = check(service)
         return report
     finally:
@@ -223,13 +224,16 @@ def cmd_health(client: Client, args: argparse.Namespace) -> int:
         return 0
     tiers = [n for n in report if n.startswith(TIER_HEALTH)]
     bad_tiers = [n for n in tiers if n in failing]
-    if overall == "SERVING":
+    if overall == "SERVING" and bad_tiers:
         print(f"SERVING, degraded: {len(bad_tiers)} of {len(tiers)} tiers not serving (saves still succeed)")
+    elif overall == "SERVING":
+        print("SERVING, degraded")
     else:
         print(f"{overall}: saves cannot succeed" if failing else overall)
     errors = _tier_errors(client) if bad_tiers else {}
     for name, status in failing.items():
-        why = errors.get(name.removeprefix(TIER_HEALTH), "")
+        why = errors.get(name.removeprefix(TIER_HEALTH), "") if name != LAYOUTS_HEALTH else (
+            "a stored page layout did not reopen: its data is kept; register it again (`kvstore stats` names it)")
         print(f"  {name} {status}{f': {why}' if why else ''}")
     if bad_tiers and not errors:
         print("  (`kvstore stats` with an admin token shows each tier's last error)")

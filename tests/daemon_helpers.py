@@ -27,6 +27,7 @@ from kvstore.errors import (
     KvstoreError,
     NotFound,
     PermissionDenied,
+    ResourceExhausted,
     Unauthenticated,
 )
 from kvstore.format import chunk, quant
@@ -163,7 +164,8 @@ def save_session(client: Client, s: SyntheticSession) -> Manifest:
 # -- calls that must fail, and same-host arenas ----------------------------------------------------
 CODE = {InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT, NotFound: grpc.StatusCode.NOT_FOUND,
         FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-        PermissionDenied: grpc.StatusCode.PERMISSION_DENIED, Unauthenticated: grpc.StatusCode.UNAUTHENTICATED}
+        PermissionDenied: grpc.StatusCode.PERMISSION_DENIED, Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+        ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 def status_of(fn: Callable[[], object]) -> tuple[grpc.StatusCode, str]:

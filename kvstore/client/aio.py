@@ -215,8 +215,8 @@ class AsyncClient:
         return await self._run(self.client.wait_prefetched, namespace, session_id, timeout_s, poll_s)
 
     # -- engines ------------------------------------------------------------------------------------
-    async def register_layout(self, definition: bytes) -> bytes:
-        return await self._run(self.client.register_layout, definition)
+    async def register_layout(self, definition: bytes, namespace: str = "") -> bytes:
+        return await self._run(self.client.register_layout, definition, namespace)
 
     async def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
         return await self._run(self.client.lookup_keys, namespace, keys)

@@ -427,9 +427,11 @@ class Client:
         return time.perf_counter() - t0
 
     # -- engines: page layouts and blocks looked up by key (docs/FORMAT.md, "Engine pages") ------------
-    def register_layout(self, definition: bytes) -> bytes:
-        """Register an engine page layout (``kvstore.format.page_layout.PageLayout.definition()``); its id."""
-        return bytes(self._call(self._stub.RegisterLayout, pb.RegisterLayoutRequest(definition=definition)).layout_id)
+    def register_layout(self, definition: bytes, namespace: str = "") -> bytes:
+        """Register an engine page layout (``kvstore.format.page_layout.PageLayout.definition()``) for
+        ``namespace`` (empty: every namespace the token covers; global for an admin token); its id."""
+        request = pb.RegisterLayoutRequest(definition=definition, namespace=namespace)
+        return bytes(self._call(self._stub.RegisterLayout, request).layout_id)
 
     def lookup_keys(self, namespace: str, keys: Sequence[bytes]) -> list[str | None]:
         """For each key, the fastest tier holding a copy ``namespace`` saved, or None (one call)."""

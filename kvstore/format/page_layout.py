@@ -14,12 +14,20 @@ rows, then all scale rows: vLLM's V4 584-B records and its indexer pages) or ``i
 (each record's scales right after its data: vLLM's V4.1 528-B and 288-B main records), then
 zero or more padding bytes up to ``page_bytes`` (the engine's alignment). Bytes of a block no
 page covers are kept as padding too: a block round-trips bit-exact whatever they hold.
+
+A definition is checked in the units the daemon computes with before any layout exists: every int
+bounded so that what is derived from it (a blob's u32 header fields, bytes per token as a double,
+token counts summed over many blobs as u64) fits, JSON nested at most ``MAX_DEPTH`` deep with no
+non-finite numbers, strings UTF-8, and the canonical form (what the id hashes and what the daemon
+stores and reads back at open) at most ``MAX_DEFINITION_BYTES``: a layout accepted once reopens.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -27,7 +35,18 @@ from typing import Any
 
 SPLIT, INTERLEAVED = "split", "interleaved"
 KIND = "engine-pages"
+#: A definition, as sent and in canonical form (non-ASCII escaped as \\uXXXX), is at most this long.
 MAX_DEFINITION_BYTES = 64 << 10
+#: How deep a definition's JSON may nest (a layout needs 5: layout, groups, group, pages, page).
+MAX_DEPTH = 8
+#: A group's block is at most this long: its blob (header, hash and checksum on top) is what a save
+#: buffers, and the blob's u32 header fields (total bytes, block bytes, data rows) hold it.
+MAX_BLOCK_BYTES = 64 << 20
+#: Tokens one block covers, at most: 2^24 (vLLM's are 16 to a few thousand), so tokens summed over
+#: 2^40 blobs still fit a u64.
+MAX_TOKENS = 1 << 24
+#: A group index is a u32 in every blob header and key of the group.
+MAX_GROUP = (1 << 32) - 1
 
 
 class PageLayoutError(ValueError):
@@ -47,6 +66,9 @@ class PageSpec:
     page_bytes: int  # with the engine's padding
 
     def __post_init__(self) -> None:
+        for field in ("offset", "states", "data", "scale", "page_bytes"):
+            _bounded(f"page {self.name}: {field}", getattr(self, field), 0, MAX_BLOCK_BYTES)
+        _utf8("a page's name", self.name)
         if self.arrangement not in (SPLIT, INTERLEAVED):
             raise PageLayoutError(f"page {self.name}: arrangement must be {SPLIT!r} or {INTERLEAVED!r}")
         if min(self.offset, self.states, self.data, self.scale) < 0 or self.states * (self.data + self.scale) == 0:
@@ -78,6 +100,9 @@ class GroupSpec:
     pages: tuple[PageSpec, ...]
 
     def __post_init__(self) -> None:
+        _bounded("group", self.group, 0, MAX_GROUP)
+        _bounded(f"group {self.group}: tokens", self.tokens, 1, MAX_TOKENS)
+        _bounded(f"group {self.group}: block_bytes", self.block_bytes, 1, MAX_BLOCK_BYTES)
         if self.tokens <= 0 or self.block_bytes <= 0 or not self.pages:
             raise PageLayoutError(f"group {self.group}: tokens and block_bytes must be positive, pages non-empty")
         end = 0
@@ -114,6 +139,14 @@ class PageLayout:
         ids = [g.group for g in self.groups]
         if len(set(ids)) != len(ids):
             raise PageLayoutError(f"duplicate group indices {ids}")
+        for what, text in (("name", self.name), ("engine", self.engine)):
+            _utf8(what, text)
+        for k, v in self.fingerprint:
+            _utf8("a fingerprint key", k)
+            _utf8(f"fingerprint[{k!r}]", v)
+        if len(self._canonical) > MAX_DEFINITION_BYTES:
+            raise PageLayoutError(f"a page layout's canonical definition (non-ASCII escaped as \\uXXXX) is at most "
+                                  f"{MAX_DEFINITION_BYTES} bytes, this one is {len(self._canonical)}")
 
     # -- identity ---------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -123,6 +156,10 @@ class PageLayout:
 
     def definition(self) -> bytes:
         """The canonical definition (what the id hashes and what the daemon stores)."""
+        return self._canonical
+
+    @cached_property
+    def _canonical(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
     @cached_property
@@ -136,26 +173,33 @@ class PageLayout:
 
     @classmethod
     def from_definition(cls, blob: bytes) -> PageLayout:
+        """The layout a definition describes; PageLayoutError naming what is wrong. Types are exact
+        (an int is a JSON integer, not 2.0, "2" or true); keys a layout does not use are ignored
+        (and not in the canonical form)."""
         if len(blob) > MAX_DEFINITION_BYTES:
             raise PageLayoutError(f"a page layout definition is at most {MAX_DEFINITION_BYTES} bytes, got {len(blob)}")
-        try:
-            d = json.loads(blob)
-            if not isinstance(d, dict) or d.get("kind") != KIND:
-                raise PageLayoutError(f"not a page layout definition (kind must be {KIND!r})")
-            fp = d["fingerprint"]
-            if not isinstance(fp, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()):
-                raise PageLayoutError("fingerprint must map strings to strings")
-            groups = tuple(
-                GroupSpec(int(g["group"]), int(g["tokens"]), int(g["block_bytes"]),
-                          tuple(PageSpec(str(p["name"]), int(p["offset"]), int(p["states"]), int(p["data"]),
-                                         int(p["scale"]), str(p["arrangement"]), int(p["page_bytes"]))
-                                for p in g["pages"]))
-                for g in d["groups"])
-            return cls(str(d["name"]), str(d["engine"]), tuple(sorted(fp.items())), groups)
-        except PageLayoutError:
-            raise
-        except (ValueError, KeyError, TypeError) as e:
-            raise PageLayoutError(f"malformed page layout definition: {type(e).__name__}: {e}") from None
+        d = _parse(blob)
+        if not isinstance(d, dict) or d.get("kind") != KIND:
+            raise PageLayoutError(f"not a page layout definition (kind must be {KIND!r})")
+        fp = _field(d, "fingerprint", dict, "")
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in fp.items()):
+            raise PageLayoutError("fingerprint must map strings to strings")
+        groups = []
+        for i, g in enumerate(_field(d, "groups", list, "")):
+            at = f"groups[{i}]."
+            if not isinstance(g, dict):
+                raise PageLayoutError(f"groups[{i}] must be an object")
+            pages = []
+            for j, p in enumerate(_field(g, "pages", list, at)):
+                pat = f"{at}pages[{j}]."
+                if not isinstance(p, dict):
+                    raise PageLayoutError(f"{at}pages[{j}] must be an object")
+                pages.append(PageSpec(_field(p, "name", str, pat), _int(p, "offset", pat), _int(p, "states", pat),
+                                      _int(p, "data", pat), _int(p, "scale", pat), _field(p, "arrangement", str, pat),
+                                      _int(p, "page_bytes", pat)))
+            groups.append(GroupSpec(_int(g, "group", at), _int(g, "tokens", at), _int(g, "block_bytes", at),
+                                    tuple(pages)))
+        return cls(_field(d, "name", str, ""), _field(d, "engine", str, ""), tuple(sorted(fp.items())), tuple(groups))
 
     # -- geometry ---------------------------------------------------------------------------------
     def group(self, index: int) -> GroupSpec | None:
@@ -169,3 +213,73 @@ class PageLayout:
     def bytes_per_token(self) -> Fraction:
         """Record bytes (data + scales, no padding) per token over every group: the formula."""
         return sum((Fraction(g.record_bytes, g.tokens) for g in self.groups), Fraction(0))
+
+
+# -- reading a definition: bounded, exact ------------------------------------------------------------
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def _parse(blob: bytes) -> object:
+    """JSON nested at most MAX_DEPTH deep (counted before parsing: a deep one never reaches the
+    recursive parser), with no NaN, Infinity or number too large for a double."""
+    depth = 0
+    for b in _BRACKET.findall(_STRING.sub(b"", bytes(blob))):
+        depth += 1 if b in b"[{" else -1
+        if depth > MAX_DEPTH:
+            raise PageLayoutError(f"a page layout definition nests at most {MAX_DEPTH} levels deep")
+    try:
+        return json.loads(blob, parse_constant=_no_constant, parse_float=_finite)
+    except PageLayoutError:
+        raise
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, bad UTF-8, an int of over 4300 digits
+        raise PageLayoutError(f"malformed page layout definition: {type(e).__name__}: {e}") from None
+
+
+def _no_constant(name: str) -> object:
+    raise PageLayoutError(f"a page layout definition holds no {name}: numbers must be finite")
+
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise PageLayoutError(f"a page layout definition holds no number as large as {text[:32]}")
+    return x
+
+
+def _field(d: dict[str, Any], key: str, kind: type, at: str) -> Any:
+    if key not in d:
+        raise PageLayoutError(f"malformed page layout definition: {at}{key} is missing")
+    v = d[key]
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise PageLayoutError(f"{at}{key} must be a JSON {_KINDS[kind]}, got {_show(v)}")
+    return v
+
+
+_KINDS: dict[type, str] = {int: "integer", str: "string", list: "list", dict: "object"}
+
+
+def _int(d: dict[str, Any], key: str, at: str) -> int:
+    v: int = _field(d, key, int, at)
+    _bounded(f"{at}{key}", v, 0 if key != "tokens" else 1, _LIMITS.get(key, MAX_BLOCK_BYTES))
+    return v
+
+
+_LIMITS = {"group": MAX_GROUP, "tokens": MAX_TOKENS}
+
+
+def _bounded(what: str, v: int, low: int, high: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise PageLayoutError(f"{what} must be an integer from {low} to {high}, got {_show(v)}")
+
+
+def _utf8(what: str, text: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise PageLayoutError(f"{what} is not valid UTF-8 (a lone surrogate \\uD800-\\uDFFF)") from None
+
+
+def _show(v: object) -> str:
+    text = repr(v)
+    return text if len(text) <= 40 else f"{text[:37]}..."

@@ -7,6 +7,9 @@ Service names a health check may ask for:
   save is published there first) and the Redis tier fails. A failing cache tier leaves them SERVING.
 - ``kvstore.tier.<name>`` for each tier (``kvstore.tier.host``, ``kvstore.tier.ssd``,
   ``kvstore.tier.redis``, ``kvstore.tier.hbm``): NOT_SERVING while that tier fails.
+- ``kvstore.layouts``: NOT_SERVING while a stored engine page layout did not reopen (damage): its
+  data is kept, loads of it miss and saves under it fail until it is registered again
+  (``kvstore/store/layouts.py``; the log at open and the durable tier's last error name it).
 
 Each tier is probed (its usage, one round trip for Redis) at start, before the daemon says it is
 ready, and then every ``interval_s``. A probe goes to the tier directly, not through the store's
@@ -27,6 +30,7 @@ from kvstore.store import SessionStore
 
 log = logging.getLogger(__name__)
 TIER_PREFIX = "kvstore.tier."
+LAYOUTS = "kvstore.layouts"
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -73,6 +77,7 @@ class DaemonHealth:
             await self.servicer.set(tier_service(name), NOT_SERVING if error else SERVING)
         for name in ("", self.service):
             await self.servicer.set(name, SERVING if p.saves_ok else NOT_SERVING)
+        await self.servicer.set(LAYOUTS, NOT_SERVING if self.sessions.layouts.unreadable else SERVING)
         self._log_changes(p)
         self._last = p
         return p

@@ -21,6 +21,7 @@ from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import chunk, page
 from kvstore.format.layout import PRESETS
 from kvstore.format.manifest import Manifest, check_namespace
+from kvstore.format.page_layout import MAX_BLOCK_BYTES
 from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
@@ -29,6 +30,7 @@ from kvstore.server.handlers import Call, first_checked_by, quick_when
 from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb
 from kvstore.server.status import client_bytes
 from kvstore.store import SessionStore, store_stats
+from kvstore.store.layouts import GLOBAL
 from kvstore.store.prefetch import Prefetcher
 from kvstore.transport import convert, fastpb, framing, shm, slots
 from kvstore.transport.carrier import (
@@ -48,8 +50,9 @@ from kvstore.v1 import kvstore_pb2 as pb
 # a worker-thread hop 0.1-0.45 ms (more under load).
 QUICK_LOAD_BYTES = 4 << 20
 MAX_LOOKUP_KEYS = 1 << 16
-#: The largest engine page blob a save buffers (a vLLM chunk of a few blocks of every layer of a group).
-MAX_PAGE_BLOB_BYTES = 64 << 20
+#: The largest engine page blob a save buffers (a vLLM chunk of a few blocks of every layer of a group):
+#: one of the largest block a page layout may have (``MAX_BLOCK_BYTES``), so a registered layout's blobs fit.
+MAX_PAGE_BLOB_BYTES = page.header_bytes(page.MAX_HASH_BYTES) + MAX_BLOCK_BYTES + page.CHECKSUM_BYTES
 
 
 class KVStoreService:
@@ -154,11 +157,11 @@ class KVStoreService:
         committed, res = self.sessions.save_session(*args, commit)
         return res, committed
 
-    def _max_blob(self, layout_id: bytes) -> int:
+    def _max_blob(self, namespace: str, layout_id: bytes) -> int:
         """The largest blob a save under ``layout_id`` may hold: a chunk of chunk_tokens tokens, or
-        the largest page blob of a registered engine page layout (nothing larger is buffered,
-        whatever a stream declares)."""
-        lay = self.sessions.layouts.page(layout_id)
+        the largest page blob of an engine page layout the namespace may use (nothing larger is
+        buffered, whatever a stream declares; another namespace's layout is any unknown id's)."""
+        lay = self.sessions.layouts.usable(namespace, layout_id)
         if lay is None:
             return self.max_chunk_bytes
         return min(MAX_PAGE_BLOB_BYTES, max(page.blob_bytes(g, page.MAX_HASH_BYTES) for g in lay.groups))
@@ -222,7 +225,7 @@ class KVStoreService:
                 header = req.header
                 carrier = self._carrier(call, header.arena_id)
                 receiver = Receiver(carrier if header.arena_id else None, copy=True,  # type: ignore[arg-type]
-                                    max_blob=self._max_blob(bytes(header.layout_id)))
+                                    max_blob=self._max_blob(header.namespace, bytes(header.layout_id)))
             elif req.HasField("header"):
                 raise InvalidArgument("only the first SaveChunks message may carry a header")
             if req.data:
@@ -349,8 +352,12 @@ class KVStoreService:
                                           dropped=a.dropped, tier=self.prefetcher.fast_tier)
 
     def RegisterLayout(self, request: pb.RegisterLayoutRequest, call: Call) -> pb.RegisterLayoutResponse:
-        self.auth.identity(call.metadata)  # any known token
-        lay = self.sessions.layouts.register(bytes(request.definition))
+        if request.namespace:
+            namespaces: tuple[str, ...] = (self._ns(call, request.namespace),)
+        else:  # every namespace the token covers; an admin's (or anyone's without tokens) is global
+            allowed = self.auth.namespaces(call.metadata)
+            namespaces = (GLOBAL,) if allowed is None else tuple(sorted(allowed))
+        lay = self.sessions.layouts.register(bytes(request.definition), namespaces)
         return pb.RegisterLayoutResponse(layout_id=lay.layout_id, name=lay.name,
                                          bytes_per_token=float(lay.bytes_per_token))
 

@@ -1,4 +1,8 @@
-"""The daemon's statistics as a StatsResponse: the store's, how chunk data travelled, prefetches."""
+"""The daemon's statistics as a StatsResponse: the store's, how chunk data travelled, prefetches.
+
+The store computes its figures in Python ints; here each is clamped to its field (0 to 2^64 - 1, or
+2^32 - 1): a figure one tenant's input pushed past a field reads as the field's largest value, and
+Stats and /metrics still answer for everyone."""
 
 from __future__ import annotations
 
@@ -6,12 +10,23 @@ from kvstore.store import BytesPerToken, StoreStats
 from kvstore.store.prefetch import PrefetchCounters
 from kvstore.v1 import kvstore_pb2 as pb
 
+U32, U64 = (1 << 32) - 1, (1 << 64) - 1
+
+
+def _u64(n: int) -> int:
+    return min(max(int(n), 0), U64)
+
+
+def _u32(n: int) -> int:
+    return min(max(int(n), 0), U32)
+
 
 def bpt_to_pb(b: BytesPerToken) -> pb.BytesPerToken:
     return pb.BytesPerToken(
-        tokens=b.tokens, sessions=b.sessions, unique_chunks=b.unique_chunks, formula=b.formula, payload=b.payload,
-        chunk_overhead=b.chunk_overhead, manifests=b.manifests, stored=b.stored, raw=b.raw,
-        lmdb_overhead=b.lmdb_overhead, measured=b.measured, baseline_swa_snapshot=b.baseline_swa_per_turn,
+        tokens=_u64(b.tokens), sessions=_u32(b.sessions), unique_chunks=_u32(b.unique_chunks), formula=b.formula,
+        payload=_u64(b.payload), chunk_overhead=_u64(b.chunk_overhead), manifests=_u64(b.manifests),
+        stored=_u64(b.stored), raw=_u64(b.raw), lmdb_overhead=_u64(b.lmdb_overhead), measured=b.measured,
+        baseline_swa_snapshot=_u64(b.baseline_swa_per_turn),
     )
 
 
@@ -32,6 +47,7 @@ def stats_to_pb(s: StoreStats) -> pb.StatsResponse:
             last_error=c.last_error,
         ))
     h = s.hits
-    return pb.StatsResponse(tiers=tiers, lookups=h.lookups, requested_tokens=h.requested_tokens,
-                            hit_tokens=h.hit_tokens, loaded_chunks=h.loaded_chunks, missed_chunks=h.missed_chunks,
-                            sessions=s.sessions, bytes_per_token=bpt_to_pb(s.bytes_per_token))
+    return pb.StatsResponse(tiers=tiers, lookups=_u64(h.lookups), requested_tokens=_u64(h.requested_tokens),
+                            hit_tokens=_u64(h.hit_tokens), loaded_chunks=_u64(h.loaded_chunks),
+                            missed_chunks=_u64(h.missed_chunks), sessions=_u32(s.sessions),
+                            bytes_per_token=bpt_to_pb(s.bytes_per_token))

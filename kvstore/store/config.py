@@ -32,6 +32,10 @@ class StoreConfig:
         "copy a chunk served from a slower tier into every faster tier"))
     #: Tokens per chunk; a multiple of every layout's m (the layouts here need a multiple of 2).
     chunk_tokens: int = field(default=256, metadata=option("tokens per chunk (a positive even number)"))
+    #: Engine page layouts one namespace may hold (RegisterLayout; docs/SECURITY.md); layouts registered
+    #: for every namespace (an admin's) are held to the same number.
+    max_layouts_per_namespace: int = field(default=64, metadata=option(
+        "engine page layouts (RegisterLayout) one namespace may hold; global ones (an admin's) as many"))
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -40,3 +44,6 @@ class StoreConfig:
             raise InvalidSetting("store", "write_mode", f"must be through or back, got {self.write_mode!r}")
         if self.chunk_tokens <= 0 or self.chunk_tokens % 2:
             raise InvalidSetting("store", "chunk_tokens", f"must be a positive even number, got {self.chunk_tokens}")
+        if self.max_layouts_per_namespace < 1:
+            raise InvalidSetting("store", "max_layouts_per_namespace",
+                                 f"must be at least 1, got {self.max_layouts_per_namespace}")

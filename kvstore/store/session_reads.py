@@ -49,17 +49,25 @@ class SessionReads:
         self.hits = hits  # updated under index.lock
 
     def _owned(self, namespace: str, keys: Sequence[bytes]) -> list[ChunkInfo | None]:
-        """``index.owned``, caught up with the sharing layer first when some key is unknown."""
+        """``index.owned``, caught up with the sharing layer first when some key is unknown; a page
+        blob whose layout this store cannot read is a miss (``_readable``)."""
         infos = self.index.owned(namespace, keys)
         # all(): a ChunkInfo is true, None is not (``None in infos`` would call ChunkInfo.__eq__ per key)
         if not all(infos) and self.index.adopt(self.sharing.catch_up(namespace), self.sharing.advance):
             infos = self.index.owned(namespace, keys)  # maybe named by a session published elsewhere
-        return infos
+        return self._readable(infos)
+
+    def _readable(self, infos: list[ChunkInfo | None]) -> list[ChunkInfo | None]:
+        """``infos`` without the page blobs whose layout this store cannot read (one that did not
+        reopen, or one a shared session names that this daemon was never told of): nothing could
+        verify them, so no tier is asked and none deletes them; they are misses, and stay stored."""
+        return [None if info is not None and info.page and self.layouts.page(info.layout_id) is None else info
+                for info in infos]
 
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         """Longest cached prefix of ``token_ids`` (whole chunks), and which tiers hold it."""
         check_namespace(namespace)
-        if isinstance(self.layouts.known(layout_id), PageLayout):
+        if isinstance(self.layouts.known(namespace, layout_id), PageLayout):
             raise InvalidArgument("engine page blobs are looked up by key (LookupKeys), not by token ids")
         self.index.adopt(self.sharing.catch_up(namespace), self.sharing.advance)
         tiers: dict[str, int] = defaultdict(int)
@@ -173,14 +181,13 @@ class SessionReads:
 
     def checks(self, namespace: str, keys: Sequence[bytes]) -> list[tuple[bytes, Check]]:
         """The chunks of ``keys`` that ``namespace`` owns, each with the verification a load applies."""
-        infos = self.index.owned(namespace, keys)
+        infos = self._readable(self.index.owned(namespace, keys))
         return [(k, self.matcher(k, i)) for k, i in zip(keys, infos) if i is not None]
 
     def matcher(self, key: bytes, info: ChunkInfo) -> Check:
         """The verification a read of ``key`` applies: chunk (key from its token ids) or page blob."""
         if info.page:
             play = self.layouts.page(info.layout_id)
-            if play is None:  # a page layout this daemon was never told of: nothing can pass
-                return lambda blob: False
+            assert play is not None, "an unreadable layout's blob is never read (_readable): a failed check deletes"
             return functools.partial(page_matches, key, info.namespace, play)
         return functools.partial(chunk_matches, key, info, self.chunk_tokens)

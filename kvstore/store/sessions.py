@@ -43,7 +43,7 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.counters import DamageCounters, HitCounters
 from kvstore.store.group_commit import GroupCommit
-from kvstore.store.layouts import AnyLayout, Layouts
+from kvstore.store.layouts import Layouts
 from kvstore.store.pages import check_page_manifest, page_batch_keys
 from kvstore.store.session_index import SessionIndex
 from kvstore.store.session_reads import Check, SessionReads
@@ -70,7 +70,7 @@ class SessionStore:
         self._sharing = sharing if sharing is not None else NoSharing()
         self._index = SessionIndex(store.pin, store.unpin)
         #: Token layouts (presets) and the engine page layouts clients registered.
-        self.layouts = Layouts(store)
+        self.layouts = Layouts(store, config.max_layouts_per_namespace)
         #: Concurrent turn saves share one durable transaction (one fsync) per group; the clock is
         #: read through this store (tests set ``clock``).
         commit = TurnCommit(self._index, store, self._sharing, config.write_mode, lambda: self.clock())
@@ -129,7 +129,7 @@ class SessionStore:
         ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
         written again. Returns their keys."""
         check_namespace(namespace)
-        play = self.layouts.page(layout_id)
+        play = self.layouts.usable(namespace, layout_id)
         if play is not None:
             keys = page_batch_keys(namespace, play, blobs)
         else:
@@ -168,7 +168,7 @@ class SessionStore:
             raise InvalidArgument("the manifest must name the save's namespace and layout")
         check_retention(manifest.retention)
         ct = self.config.chunk_tokens
-        play = self.layouts.page(layout_id)
+        play = self.layouts.usable(namespace, layout_id)
         if play is not None:  # a turn of engine pages: the manifest names them wherever it likes
             check_page_manifest(manifest)
             keys = page_batch_keys(namespace, play, blobs)
@@ -277,10 +277,8 @@ class SessionStore:
     def close(self) -> None:
         self.store.close()
 
-    def live_chunks(self) -> dict[bytes, AnyLayout]:
-        """Every chunk referenced by a live (unexpired) session, with its layout: the sessions
+    def live_chunks(self) -> dict[bytes, bytes]:
+        """Every chunk referenced by a live (unexpired) session, with its layout id: the sessions
         ``list_sessions`` returns, so that chunks and tokens are counted over the same sessions until
         the next GC."""
-        ids = self._index.live_chunks(self.clock())
-        layouts = {lid: self.layouts.known(lid) for lid in set(ids.values())}
-        return {k: layouts[lid] for k, lid in ids.items()}
+        return self._index.live_chunks(self.clock())

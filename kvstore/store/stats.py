@@ -1,7 +1,14 @@
-"""What the store reports: per-tier state, token-level hits, and persistent bytes per token."""
+"""What the store reports: per-tier state, token-level hits, and persistent bytes per token.
+
+Every figure is computed in Python ints (and Fractions), so no tenant's layout or session can make
+it raise: a sum past a proto field's width is clamped where it becomes a message (``stats_pb.py``).
+A session whose layout this store cannot read (a page layout that did not reopen, or one a shared
+session names that this daemon was never told of) counts its chunks, and neither tokens nor bytes
+per token: its layout says what those are."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -57,10 +64,13 @@ class StoreStats:
 _BLOCK_HASH_BYTES = 32
 
 
-def _unique_sizes(lay: AnyLayout, chunk_tokens: int) -> tuple[Fraction, Fraction, int]:
+def _unique_sizes(lay: AnyLayout | None, chunk_tokens: int) -> tuple[Fraction, Fraction, int]:
     """(tokens, payload bytes, encoded bytes) one stored chunk or engine page blob of ``lay``
     stands for. A page blob is one group's block: its share of the block's tokens is
-    tokens / groups, exactly so when every block of a session has every group (as in vLLM)."""
+    tokens / groups, exactly so when every block of a session has every group (as in vLLM). A
+    chunk of an unreadable layout stands for nothing we can say."""
+    if lay is None:
+        return Fraction(0), Fraction(0), 0
     if isinstance(lay, PageLayout):
         n = len(lay.groups)
         tokens = Fraction(sum(g.tokens for g in lay.groups), n * n)
@@ -70,27 +80,36 @@ def _unique_sizes(lay: AnyLayout, chunk_tokens: int) -> tuple[Fraction, Fraction
     return Fraction(chunk_tokens), payload, chunk.encoded_size(lay, chunk_tokens)
 
 
+def _bpt(sessions: SessionStore, layout_id: bytes) -> Fraction:
+    lay = sessions.layouts.get(layout_id)
+    return lay.bytes_per_token if lay is not None else Fraction(0)
+
+
 def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     store = sessions.store
     ct = sessions.config.chunk_tokens
     live = sessions.live_chunks()
     manifests = sessions.list_sessions()
-    sizes = {lay.layout_id: _unique_sizes(lay, ct) for lay in set(live.values())}
-    per_chunk = [sizes[lay.layout_id] for lay in live.values()]
-    tokens = round(sum(t for t, _, _ in per_chunk)) + sum(m.tail_tokens for m in manifests)
-    chunk_payload = round(sum(p for _, p, _ in per_chunk))
+    # per layout, then multiplied: a page layout's Fractions may have large denominators (one per group)
+    chunks_of = Counter(live.values())
+    sizes = {lid: _unique_sizes(sessions.layouts.get(lid), ct) for lid in chunks_of}
+    tokens = round(sum((sizes[lid][0] * n for lid, n in chunks_of.items()), Fraction(0)))
+    tokens += sum(m.tail_tokens for m in manifests)
+    chunk_payload = round(sum((sizes[lid][1] * n for lid, n in chunks_of.items()), Fraction(0)))
     payload = chunk_payload
-    raw_chunks = sum(e for _, _, e in per_chunk)
+    raw_chunks = sum(sizes[lid][2] * n for lid, n in chunks_of.items())
     manifest_bytes = 0
-    formula_num = 0.0
+    session_tokens: Counter[bytes] = Counter()  # of sessions whose layout this store can read
     for m in manifests:
-        lay = sessions.layouts.known(m.layout_id)
+        lay = sessions.layouts.get(m.layout_id)
         tail = lay.chunk_payload_bytes(m.tail_tokens) if isinstance(lay, Layout) else 0
         payload += tail
         manifest_bytes += len(m.encode()) - tail
-        formula_num += float(lay.bytes_per_token) * m.token_count
-    total_session_tokens = sum(m.token_count for m in manifests)
-    formula = formula_num / total_session_tokens if total_session_tokens else 0.0
+        if lay is not None:
+            session_tokens[m.layout_id] += m.token_count
+    total_session_tokens = sum(session_tokens.values())
+    formula_num = sum((_bpt(sessions, lid) * t for lid, t in session_tokens.items()), Fraction(0))
+    formula = float(formula_num / total_session_tokens) if total_session_tokens else 0.0
     usage = store.durable_usage()
     stored_manifests = sum(len(m.encode()) for m in manifests)  # kept raw in the meta keyspace
     lmdb_overhead = 0
@@ -98,7 +117,7 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     if s is not None:
         pages = s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
         lmdb_overhead = max(0, pages * s["psize"] - usage.used_bytes - stored_manifests)
-    swa = max((getattr(sessions.layouts.known(m.layout_id), "swa_state_bytes", 0) for m in manifests), default=0)
+    swa = max((getattr(sessions.layouts.get(m.layout_id), "swa_state_bytes", 0) for m in manifests), default=0)
     return BytesPerToken(tokens, len(manifests), len(live), formula, payload, raw_chunks - chunk_payload,
                          manifest_bytes, usage.used_bytes + stored_manifests, usage.raw_bytes + stored_manifests,
                          lmdb_overhead, swa)

@@ -345,6 +345,13 @@ class TieredStore:
                 out[tier.name] = e
         return out
 
+    def report_damage(self, what: str) -> None:
+        """Damage found in the durable tier's records (a stored definition that does not read back):
+        counted as an error of that tier, ``what`` its last error, as a repaired data file is (``TierSlot``)."""
+        c = self._slots[self.durable].counters
+        c.errors += 1
+        c.last_error = what
+
     def durable_usage(self) -> Usage:
         return self.tiers[self.durable].usage()
 

@@ -612,10 +612,12 @@ class PrefetchStats(_message.Message):
     def __init__(self, requested: _Optional[int] = ..., completed: _Optional[int] = ..., chunks_promoted: _Optional[int] = ..., coalesced: _Optional[int] = ..., dropped: _Optional[int] = ..., chunks_skipped: _Optional[int] = ..., pending: _Optional[int] = ...) -> None: ...
 
 class RegisterLayoutRequest(_message.Message):
-    __slots__ = ("definition",)
+    __slots__ = ("definition", "namespace")
     DEFINITION_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     definition: bytes
-    def __init__(self, definition: _Optional[bytes] = ...) -> None: ...
+    namespace: str
+    def __init__(self, definition: _Optional[bytes] = ..., namespace: _Optional[str] = ...) -> None: ...
 
 class RegisterLayoutResponse(_message.Message):
     __slots__ = ("layout_id", "name", "bytes_per_token")

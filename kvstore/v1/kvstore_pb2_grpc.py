@@ -307,7 +307,8 @@ class KVStoreServicer:
         definition of one engine configuration's KV blocks (groups, pages, rows, and the engine's
         fingerprint: model, cache dtypes, block size, parallelism). Answers its 16-byte id, which
         SaveChunks (page blobs instead of chunks), CommitSession and LoadChunks then use. Idempotent;
-        kept durably. Any known token may register (a definition holds no tenant data).
+        kept durably. Per namespace (docs/SECURITY.md, "Page layouts"): only the namespaces that
+        registered a layout may save under it; each holds a bounded number (RESOURCE_EXHAUSTED past it).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -8,7 +8,7 @@ planner (``get_global_kv_cache_groups``, ``get_kv_cache_configs``, ``generate_sc
 lays the blocks out, vLLM's ``Scheduler`` builds the OffloadingConnector (scheduler role, which
 loads ``KVStoreTier`` from the tier config) and the worker-role connector registers the KV caches
 ``allocate_kv_cache`` allocates (on the CPU). Emulated, because they need a GPU: the
-GPU<->CPU copy engine (``CPUOffloadingWorker`` is CUDA-only: ``CopyWorker`` copies whole packed
+GPU<->CPU copy engine (``CPUOffloadingWorker`` is CUDA-only: ``emulated.CopyWorker`` copies whole packed
 blocks between the KV cache tensor and the CPU tier's shared region, as it does) and the model
 forward (``Engine.forward`` writes each newly computed block's bytes, a function of vLLM's block
 hash, and, as V4.1 does, leaves the cached global KV of replayed tokens alone). What the CPU
@@ -19,13 +19,13 @@ capability the record family needs (SM100 for Blackwell's ``nvfp4_ds_mla``; 9.0 
 
 from __future__ import annotations
 
-import contextlib
+import gc
 import hashlib
 import json
 import os
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -36,6 +36,7 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "1")  # the GPU default: it tu
 
 import numpy as np
 import torch
+from emulated import NoEvent, copy_engine_emulated
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.platforms import current_platform
 from vllm.platforms.interface import DeviceCapability
@@ -54,13 +55,16 @@ class Family:
     capability: tuple[int, int]
 
 
-#: what deployments run: Blackwell with the MXFP4 indexer, Hopper's V4 584-B records, and the indexer's
-#: ``auto`` default (fp8) on Blackwell
+#: what deployments run: Blackwell with the MXFP4 indexer, Hopper's V4 584-B records, the indexer's ``auto``
+#: default (fp8) on Blackwell, and Hopper's ``--kv-cache-dtype auto``
 FAMILIES = {
     "blackwell": Family("blackwell", ("--kv-cache-dtype", "nvfp4_ds_mla",
                                       "--attention-config", '{"indexer_kv_dtype": "mxfp4"}'), (10, 0)),
     "hopper": Family("hopper", ("--kv-cache-dtype", "fp8_ds_mla"), (9, 0)),
     "indexer-auto": Family("indexer-auto", ("--kv-cache-dtype", "nvfp4_ds_mla"), (10, 0)),
+    # what most of today's fleet types: vLLM resolves it to fp8_ds_mla in V4.1's attention (in the workers: the
+    # scheduler, and so the tier, sees the model's dtype)
+    "hopper-auto": Family("hopper-auto", ("--kv-cache-dtype", "auto"), (9, 0)),
 }
 
 
@@ -68,12 +72,6 @@ def use_family(family: Family) -> None:
     """The device capability V4.1's cache modules and the tier read (the CPU platform has none)."""
     cap = DeviceCapability(*family.capability)
     type(current_platform).get_device_capability = classmethod(lambda cls, device_id=0: cap)  # type: ignore
-
-
-class _NoEvent:  # V4.1's attention makes CUDA events in __init__; the CPU build of torch has none
-    def __init__(self, *a: Any, **k: Any) -> None: ...
-    def record(self, *a: Any, **k: Any) -> None: ...
-    def wait(self, *a: Any, **k: Any) -> None: ...
 
 
 def kv_transfer_config(tiers: list[dict[str, Any]], cpu_bytes: int, **extra: Any) -> dict[str, Any]:
@@ -113,7 +111,7 @@ def engine_config(family: Family, transfer: dict[str, Any], max_model_len: int, 
 def _distributed() -> None:
     from vllm.distributed import init_distributed_environment
 
-    torch.cuda.Event = _NoEvent  # type: ignore[misc,assignment]
+    torch.cuda.Event = NoEvent  # type: ignore[misc,assignment]
     port = 20000 + os.getpid() % 20000
     init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
                                  local_rank=0, backend="gloo")
@@ -156,67 +154,6 @@ def plan(cfg: VllmConfig, specs: dict[str, Any], kv_bytes: int) -> tuple[Any, An
     sched = generate_scheduler_kv_cache_config([worker])
     cfg.cache_config.num_gpu_blocks = sched.num_blocks
     return worker, sched
-
-
-class CopyWorker:
-    """The GPU<->CPU copy engine (``CPUOffloadingWorker``, CUDA-only), emulated on the CPU: whole packed
-    blocks between the KV cache tensor and this worker's view of the CPU tier's shared region, as the
-    real one sets them up (``create_next_worker_view``)."""
-
-    def __init__(self, kv_caches: Any, spec: Any) -> None:
-        from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
-
-        assert spec.blocks_per_chunk == 1 and len(kv_caches.tensors) == 1, "one packed tensor, a block per chunk"
-        self.region = SharedOffloadRegion(engine_id=spec.config.engine_id, num_chunks=spec.num_chunks, rank=0,
-                                          kv_bytes_per_chunk=spec.kv_bytes_per_chunk,
-                                          cpu_page_size=spec.cpu_page_size_per_worker)
-        t = kv_caches.tensors[0]
-        self.gpu = t.tensor.view(torch.int8).view(-1, t.page_size_bytes)
-        self.cpu = self.region.create_next_worker_view(t.page_size_bytes)
-        self.done: list[Any] = []
-
-    def _copy(self, job_id: int, src: torch.Tensor, src_ids: Any, dst: torch.Tensor, dst_ids: Any) -> bool:
-        from vllm.v1.kv_offload.base import TransferResult
-
-        s, d = [int(i) for i in src_ids], [int(i) for i in dst_ids]
-        assert len(s) == len(d)
-        dst[d] = src[s]
-        self.done.append(TransferResult(job_id, True, len(s) * src.shape[1], 0.0))
-        return True
-
-    def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-        return self._copy(job_id, self.gpu, src_spec.block_ids, self.cpu, dst_spec.block_ids)
-
-    def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any, expedited: bool = False) -> bool:
-        return self._copy(job_id, self.cpu, src_spec.block_ids, self.gpu, dst_spec.block_ids)
-
-    def get_finished(self) -> list[Any]:
-        out, self.done = self.done, []
-        return out
-
-    def wait(self, job_ids: set[int]) -> None: ...
-
-    def shutdown(self) -> None:
-        self.region.cleanup()
-
-
-@contextlib.contextmanager
-def copy_engine_emulated() -> Iterator[None]:
-    """``TieringOffloadingSpec.get_worker`` hands out ``CopyWorker`` instead of the CUDA one."""
-    from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
-
-    real = TieringOffloadingSpec.get_worker
-
-    def get_worker(self: Any, kv_caches: Any) -> Any:
-        if getattr(self, "_emulated", None) is None:
-            self._emulated = CopyWorker(kv_caches, self)
-        return self._emulated
-
-    TieringOffloadingSpec.get_worker = get_worker  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        TieringOffloadingSpec.get_worker = real  # type: ignore[method-assign]
 
 
 @cache
@@ -418,6 +355,12 @@ class Engine:
     def shutdown(self) -> None:
         self.worker.shutdown()
         self.connector.shutdown()
+        # the KV cache tensor is referenced from cycles (the publisher's hook, the connector's worker): drop it
+        # now rather than at the next cycle collection, or a benchmark's engines pile up gigabytes
+        self.kv_caches.clear()
+        self.buf = np.zeros(0, np.uint8)
+        self.worker = None
+        gc.collect()
 
 
 def prompt(seed: str, blocks: int, tail: int = 10) -> list[int]:

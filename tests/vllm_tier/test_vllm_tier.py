@@ -102,7 +102,8 @@ def test_the_page_layout_is_the_one_vllms_planner_made(daemon: Daemon, family: F
         assert g.block_bytes == eng.extent and tier.geometry.padding == eng.stride - eng.extent
         fp = dict(tier.layout.fingerprint)
         indexer = "mxfp4" if family is BLACKWELL else "fp8"  # the indexer's auto is fp8
-        assert (fp["kv_cache_dtype"], fp["indexer_dtype"]) == (family.flags[1], indexer)
+        dtype = "fp8_ds_mla" if family.flags[1] == "auto" else family.flags[1]  # what vLLM resolves auto to
+        assert (fp["kv_cache_dtype"], fp["indexer_dtype"]) == (dtype, indexer)
     finally:
         eng.shutdown()
 
@@ -452,5 +453,25 @@ def test_kv_events_say_what_this_tier_stored(daemon: Daemon) -> None:
         stored = [h for b in eng.published for e in b.events if isinstance(e, BlockStored)
                   and (e.medium or "").upper() == "STORAGE" for h in e.block_hashes]
         assert len(stored) == 2, [e for b in eng.published for e in b.events]
+    finally:
+        eng.shutdown()
+
+
+def test_a_block_no_derived_layout_fits_is_kept_whole_counted_and_said(daemon: Daemon,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A tier told the wrong indexer dtype (fp8 pages do not fit Blackwell's MXFP4 block): every block is one
+    opaque page, still bit-exact, counted in the tier's stats and named in a warning, never silently."""
+    tokens = prompt("opaque", 2)
+    with caplog.at_level("WARNING", logger="kvstore.engines.vllm.tier"):
+        eng = engine(daemon.address, indexer_dtype="fp8")
+    try:
+        assert eng.tiers[0].geometry.opaque and "match no derived page layout" in caplog.text
+        eng.serve("r1", tokens)
+        assert eng.tiers[0].stats.opaque_blocks == 2
+    finally:
+        eng.shutdown()
+    eng = engine(daemon.address, indexer_dtype="fp8")
+    try:
+        assert_hit(eng, "r2", tokens, blocks=2)
     finally:
         eng.shutdown()

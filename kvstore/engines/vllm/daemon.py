@@ -34,7 +34,7 @@ class DaemonLink:
         self._down_until = 0.0
         self._clients: dict[tuple[Tenant, str, int], Client] = {}
         self._lock = threading.Lock()
-        self._registered = False
+        self._registered: set[Tenant] = set()  # page layouts are per namespace: registered by each tenant
 
     def client(self, tenant: Tenant, role: str) -> Client:
         """A client of ``tenant`` for this thread: a job thread's own (a zero-copy load reads its
@@ -47,9 +47,9 @@ class DaemonLink:
             if c is None:
                 c = self._clients[key] = Client(address=self.address, token=tenant.token, timeout_s=self.timeout_s,
                                                 retries=0, shared_memory=arena > 0, arena_bytes=arena)
-        if not self._registered:
-            c.register_layout(self.layout.definition())
-            self._registered = True
+        if tenant not in self._registered:
+            c.register_layout(self.layout.definition(), tenant.namespace)
+            self._registered.add(tenant)
         return c
 
     def available(self) -> bool:
@@ -63,7 +63,7 @@ class DaemonLink:
         if self.available():
             log.warning("kvstore tier: %s failed (%s); treating kvstore as down for %.0f s", what, e, self.down_s)
         self._down_until = time.monotonic() + self.down_s
-        self._registered = False  # a restarted daemon may be a fresh one
+        self._registered.clear()  # a restarted daemon may be a fresh one
 
     def close(self) -> None:
         with self._lock:

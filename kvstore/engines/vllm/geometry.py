@@ -140,17 +140,21 @@ def derive(model: str, cache_dtype: str, mxfp8_record: bool, groups: Sequence[En
            blocks_per_chunk: int, ratios: Sequence[int] | None, fingerprint: dict[str, str],
            indexer_dtypes: Sequence[str] = INDEXER_DTYPES, index_head_dim: int = 128) -> Derived:
     """The page layout of vLLM chunks of ``blocks_per_chunk`` blocks, each ``stride`` bytes apart
-    (the engine's ``worker_kv_bytes_per_block``): of the candidate indexer dtypes, the one whose
-    pages fit the stride; when several do, the largest, if what is left is less than a page (else
-    the tier cannot tell them apart: every block is opaque until ``indexer_dtype`` is set). Groups alias from byte
+    (the engine's ``worker_kv_bytes_per_block``): of the candidate record families (``cache_dtype``'s;
+    both when it is unresolved: ``auto`` and ``fp8`` reach the scheduler as the model's dtype, and
+    V4.1's attention resolves them in the workers) and indexer dtypes, the one whose pages fit the
+    stride; when several do, the largest, if what is left is less than a page (else the tier cannot
+    tell them apart: every block is opaque until ``indexer_dtype`` is set). Groups alias from byte
     0 of a block (vLLM offloads the whole packed block for each), so each keeps its own pages."""
     fits: list[tuple[int, Records, list[list[PageSpec]]]] = []
     reason = f"cache dtype {cache_dtype!r} (V4.1 record {mxfp8_record}) is no V4.1 record family"
     if ratios is None:
         reason = "the model's compress_ratios could not be read"
-    for dtype in indexer_dtypes if ratios is not None else ():
+    families = (() if "+" in cache_dtype else (cache_dtype,) if cache_dtype.endswith("_ds_mla")
+                else ("fp8_ds_mla", "nvfp4_ds_mla"))
+    for family, dtype in ((f, d) for f in families for d in indexer_dtypes) if ratios is not None else ():
         assert ratios is not None
-        rec = records(cache_dtype, mxfp8_record, dtype, index_head_dim)
+        rec = records(family, mxfp8_record, dtype, index_head_dim)
         if rec is None:
             continue
         derived = [block_pages(g, rec, ratios) for g in groups]
@@ -160,14 +164,14 @@ def derive(model: str, cache_dtype: str, mxfp8_record: bool, groups: Sequence[En
         pages = [p for p in derived if p is not None]
         end = max(p[-1].offset + p[-1].page_bytes for p in pages)
         if end > stride:
-            reason = f"no indexer dtype's pages fit the engine's {stride}-byte block (with {dtype}: {end})"
+            reason = f"no record family's pages fit the engine's {stride}-byte block ({family}, {dtype}: {end})"
             continue
         fits.append((end, rec, pages))
     fits.sort(key=lambda f: -f[0])
     best = fits[0] if fits else None
     if best is not None and len(fits) > 1 and stride - best[0] >= min(s.page_bytes for p in best[2] for s in p):
-        reason = (f"the pages of {len(fits)} indexer dtypes fit the engine's {stride}-byte block with room to spare: "
-                  "set the tier's indexer_dtype")
+        reason = (f"the pages of {len(fits)} record families fit the engine's {stride}-byte block with room to "
+                  "spare: set the tier's indexer_dtype")
         best = None
     fp = {"model": model, "kv_cache_dtype": cache_dtype, "mxfp8_record": str(mxfp8_record).lower(),
           "blocks_per_chunk": str(blocks_per_chunk), "stride": str(stride), **fingerprint}
@@ -180,7 +184,7 @@ def derive(model: str, cache_dtype: str, mxfp8_record: bool, groups: Sequence[En
                                              stride * blocks_per_chunk),)))
         return Derived(PageLayout(model, "vllm", tuple(sorted(fp.items())), tuple(specs)), None, 0, reason)
     end, rec, pages = best
-    fp["indexer_dtype"] = rec.indexer_dtype
+    fp["indexer_dtype"], fp["kv_cache_dtype"] = rec.indexer_dtype, rec.cache_dtype
     for g, block in zip(groups, pages):
         chunk = [PageSpec(f"{p.name}.b{b}", b * stride + p.offset, p.states, p.data, p.scale, p.arrangement,
                           p.page_bytes) for b in range(blocks_per_chunk) for p in block]

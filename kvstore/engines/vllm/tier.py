@@ -21,7 +21,7 @@ or engine configurations. A block no derived layout fits is stored whole as one 
 Everything the scheduler calls is non-blocking:
 
 - ``lookup``: answered from a per-step batch (vLLM's ``AsyncLookupManager``): one ``LookupKeys``
-  call per request per step on a background thread, RETRY until it lands;
+  call per tenant and step on a background thread, RETRY until it lands;
 - ``submit_store`` / ``submit_load``: jobs on background threads; a store is one turn save (the
   job's page blobs and the request's page session, one durable transaction); a load writes each
   verified blob straight from the daemon's answer (the client's shared-memory arena when the daemon
@@ -217,9 +217,7 @@ class KVStoreTier(SecondaryTierManager):
                        "pcp_size": str(p.pcp_size), "dcp_size": str(p.dcp_size), "world_size": str(p.world_size),
                        "replicated": str(bool(cfg.replicated_layout)).lower(),
                        "canonical": str(bool(cfg.canonical_layout)).lower(), "engine_version": vllm.__version__}
-        # ``auto`` / ``fp8`` reach the scheduler unresolved (V4.1's attention resolves them in the workers) as the
-        # model's dtype: they are the record V4.1's kernel prefers, fp8_ds_mla
-        dtype = cfg.model.dtype if cfg.model.dtype.endswith("_ds_mla") else "fp8_ds_mla"
+        dtype = cfg.model.dtype  # ``auto`` / ``fp8`` arrive unresolved (as the model's dtype): geometry.py tries both
         ratios, head_dim = _model_shape(cfg.model.name)
         # the canonical byte layout, several TP copies per chunk: arrangements this derivation does not know
         direct = not cfg.canonical_layout and copies == 1
