@@ -142,7 +142,7 @@ class KVStoreService:
         buffer_for = self.sessions.store.buffer_for
         caller: list[Blob] = []
         if header.HasField("from_caller"):  # read into buffers the host tier keeps as they are: one copy
-            lay = self.sessions.layouts.page(bytes(header.layout_id))
+            lay = self.sessions.layouts.usable(header.namespace, bytes(header.layout_id))
             assert lay is not None  # _check_header
             region = header.from_caller.region
             with caller_memory_errors(region.address, region.size, "readable"):
@@ -174,8 +174,9 @@ class KVStoreService:
             if not call.pid:
                 raise InvalidArgument("CallerPages names memory of the calling process: only a call over the "
                                       "daemon's local socket can (the kernel names its process)")
-            if self.sessions.layouts.page(bytes(header.layout_id)) is None:
-                raise InvalidArgument("CallerPages: the save's layout must be a registered engine page layout")
+            if self.sessions.layouts.usable(header.namespace, bytes(header.layout_id)) is None:
+                raise InvalidArgument("CallerPages: the save's layout must be an engine page layout its namespace "
+                                      "registered (RegisterLayout)")
             r = header.from_caller.region
             if not r.address or not r.size:
                 raise InvalidArgument("CallerPages.region needs an address and a size")
