@@ -73,11 +73,12 @@ class Region:
         with open(self.path, "r+b") as f:
             f.truncate(slots * stride)
             self.map = mmap.mmap(f.fileno(), slots * stride)
+        self.path.unlink()  # as vLLM does once every worker mapped it: nothing is left behind, however we exit
         self.array = np.frombuffer(self.map, np.uint8)
         self.array[:] = 0  # prefaulted
 
     def close(self) -> None:
-        self.path.unlink()  # the mapping goes with the process (views of it may still be alive here)
+        """Nothing to do: the file is gone, the mapping goes with the process (views may still be alive)."""
 
 
 def save(c: Client, lay: PageLayout, ns: str, n: int, rng: np.random.Generator) -> tuple[list[bytes], np.ndarray]:
