@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from daemon_helpers import REPO, Daemon, clean_env, free_port, kvstore_command, start_daemon, status_of
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from page_helpers import v41_layout
 from store_helpers import make_tiered, store_config
 
 from kvstore.client import Client
-from kvstore.engines.vllm.geometry import page_layout, v41_groups
 from kvstore.format import page
 from kvstore.format.manifest import Manifest
 from kvstore.format.page_layout import MAX_DEFINITION_BYTES, MAX_TOKENS, PageLayout, PageLayoutError
@@ -31,8 +31,7 @@ from kvstore.tiers.base import WriteBatch
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.ssd import SsdTier
 
-V41 = page_layout("deepseek-ai/DeepSeek-V4.1-Flash", "nvfp4_ds_mla", "mxfp4", v41_groups(), 136704, 1,
-                  {"tp_size": "1"})
+V41 = v41_layout("nvfp4_ds_mla", {"tp_size": "1"})  # the geometry module no longer has a V4.1 table
 
 
 def edited(change: Callable[[dict[str, Any]], None], layout: PageLayout = V41) -> bytes:

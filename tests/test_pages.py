@@ -116,17 +116,49 @@ def test_a_malformed_definition_is_refused_with_a_reason(definition: bytes) -> N
 
 # -- the blob ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["nvfp4_ds_mla", "fp8_ds_mla"])
-def test_every_group_round_trips_bit_exact_and_data_rows_come_first(dtype: str) -> None:
+def test_every_group_round_trips_bit_exact_and_the_payload_is_the_block_in_engine_order(dtype: str) -> None:
     lay = v41(dtype)
     for g in lay.groups:
         key, blob = blob_of(g.group, 3, lay=lay)
         h = page.check(blob, lay, NS)
-        assert h.compressible_offset == h.header_bytes + g.data_bytes
+        block = block_of(g.group, 3, lay)
+        assert page.payload_span(blob) == (h.header_bytes, g.block_bytes) and h.total_bytes == len(blob)
+        assert blob[h.header_bytes : h.header_bytes + g.block_bytes] == block.tobytes()  # one contiguous copy
+        last = max(g.pages, key=lambda p: p.offset)  # the tail after the last code byte: the last page's scales
+        assert h.compressible_offset == h.header_bytes + last.offset + last.data_bytes
         out = np.zeros(g.block_bytes, np.uint8)
         page.decode_into(blob, lay, out)
-        assert (out == block_of(g.group, 3, lay)).all()
-        first = g.pages[0]  # the payload starts with the first page's first record's data
-        assert blob[h.header_bytes : h.header_bytes + first.data] == block_of(g.group, 3, lay)[:first.data].tobytes()
+        assert (out == block).all() and bytes(page.payload(blob, key)) == block.tobytes()
+
+
+def resealed(blob: bytes, at: int, value: bytes) -> bytes:
+    """``blob`` with ``value`` written at ``at`` and its checksum made right again."""
+    bad = bytearray(blob)
+    bad[at : at + len(value)] = value
+    page.seal(bad)
+    return bytes(bad)
+
+
+def test_a_version_1_blob_is_refused_never_misread() -> None:
+    """Version 1 regrouped the block (data rows, then scale rows): read as version 2 it would put
+    scale bytes where codes go. Its version is refused, whatever its checksum says."""
+    key, blob = blob_of(G, 9)
+    old = resealed(blob, 4, (1).to_bytes(2, "little"))
+    for read in (lambda: page.check(old, LAYOUT, NS), lambda: page.check_known(old, LAYOUT, key),
+                 lambda: page.payload(old, key), lambda: page.payload_span(old)):
+        with pytest.raises(page.PageError, match="version 1"):
+            read()
+
+
+def test_payload_checks_the_key_and_the_checksum() -> None:
+    key, blob = blob_of(G, 10)
+    other, _ = blob_of(G, 11)
+    with pytest.raises(page.PageError, match="not the"):
+        page.payload(blob, other)
+    bad = bytearray(blob)
+    bad[200] ^= 1
+    with pytest.raises(page.PageError, match="checksum"):
+        page.payload(bytes(bad), key)
 
 
 def test_a_blob_checks_against_its_namespace_layout_and_group() -> None:

@@ -25,6 +25,7 @@ from kvstore.client.device_load import DeviceLoader
 from kvstore.client.requests import SavedSession
 from kvstore.client.sync import Client
 from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.page_layout import PageLayout
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport.carrier import ARENA, Carrier
 from kvstore.transport.framing import Blob
@@ -148,6 +149,16 @@ class AsyncClient:
 
     async def load_chunks_into(self, namespace: str, keys: Sequence[bytes], out: Any) -> list[tuple[int, memoryview]]:
         return await self._run(self.client.load_chunks_into, namespace, keys, out)
+
+    async def save_pages(self, manifest: Manifest, layout: PageLayout, out: Any, offsets: Sequence[int],
+                         slot_bytes: int, groups: Sequence[int], block_hashes: Sequence[bytes],
+                         base: int | None = None) -> SavedSession:
+        return await self._run(self.client.save_pages, manifest, layout, out, offsets, slot_bytes, groups,
+                               block_hashes, base)
+
+    async def load_pages_into(self, namespace: str, keys: Sequence[bytes], out: Any, offsets: Sequence[int],
+                              slot_bytes: int) -> list[tuple[int, memoryview]]:
+        return await self._run(self.client.load_pages_into, namespace, keys, out, offsets, slot_bytes)
 
     async def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                      ) -> tuple[Manifest, list[tuple[int, Any]]]:

@@ -1,5 +1,5 @@
-"""Loads into the caller's memory (``Client.load_session_into`` / ``load_chunks_into``): the buffer, and the copy
-when the daemon cannot write there itself.
+"""Loads into the caller's memory (``Client.load_session_into`` / ``load_chunks_into`` / ``load_pages_into``): the
+buffer, and the copy when the daemon cannot write there itself.
 
 Same host, over the daemon's local socket, the daemon writes each verified chunk straight into the
 caller's buffer (kvstore/transport/cma.py): the request names the buffer's address and size, the
@@ -10,11 +10,14 @@ back to back from the buffer's start, in order, so the two paths give the same a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kvstore.errors import InvalidArgument, ResourceExhausted
+from kvstore.format import page
 from kvstore.transport import cma
 from kvstore.transport.framing import Blob
 
@@ -53,6 +56,30 @@ def copy_into(dest: memoryview, pairs: Iterable[tuple[int, Blob]]) -> list[tuple
         dest[off : off + n] = blob
         out.append((i, dest[off : off + n]))
         off += n
+    return out
+
+
+def copy_into_slots(dest: memoryview, offsets: np.ndarray, slot_bytes: int, keys: Sequence[bytes],
+                    pairs: Iterable[tuple[int, Blob]]) -> list[tuple[int, memoryview]]:
+    """The (index, page blob) pairs of a load (through the arena or the stream), each blob's payload
+    copied to its slot ``dest[offsets[index]:]``, as the daemon writes them on its host: (index, view
+    of the payload in ``dest``). A blob that is not the page ``keys[index]`` names (its header, its
+    checksum: checked again after the trip) is a miss, its slot untouched; a payload longer than
+    ``slot_bytes`` is InvalidArgument before any byte is copied."""
+    got: list[tuple[int, memoryview]] = []
+    for i, blob in pairs:
+        try:
+            body = page.payload(blob, keys[i])
+        except page.PageError:
+            continue
+        if len(body) > slot_bytes:
+            raise InvalidArgument(f"key {i}'s block is {len(body)} bytes; the slots hold {slot_bytes}")
+        got.append((i, body))
+    out = []
+    for i, body in got:
+        at = int(offsets[i])
+        dest[at : at + len(body)] = body
+        out.append((i, dest[at : at + len(body)]))
     return out
 
 

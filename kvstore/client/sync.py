@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import grpc
+import numpy as np
 
 from kvstore.client import into
 from kvstore.client import requests as rq
@@ -25,10 +26,12 @@ from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
 from kvstore.client.requests import SavedSession
-from kvstore.errors import FailedPrecondition, KvstoreError
+from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError
+from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.page_layout import PageLayout
 from kvstore.results import LookupResult, SaveResult
-from kvstore.transport import convert, local_channel
+from kvstore.transport import convert, local_channel, slots
 from kvstore.transport.carrier import ARENA, Carrier, Receiver
 from kvstore.transport.framing import Blob
 from kvstore.transport.sender import CALLER_MEMORY_REFUSED
@@ -153,6 +156,44 @@ class Client:
         r = self._save(rq.turn_header(m, len(new_blobs)), new_blobs)
         return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
 
+    def save_pages(self, manifest: Manifest, layout: PageLayout, out: Any, offsets: Sequence[int], slot_bytes: int,
+                   groups: Sequence[int], block_hashes: Sequence[bytes], base: int | None = None) -> SavedSession:
+        """:meth:`save_session` of engine pages read from their slots of ``out`` (an engine's region of
+        slots, as :meth:`load_pages_into` names them): block i, of ``groups[i]`` with the engine's hash
+        ``block_hashes[i]``, is the group's ``block_bytes`` at ``out[offsets[i]:]``; ``manifest`` names
+        their keys (``page.page_key``). On the daemon's host the daemon reads them from ``out`` itself
+        and builds the page blobs around them (one copy, into the buffers its memory tier keeps);
+        elsewhere, or where the kernel refuses, they are encoded here and sent through the arena or
+        the stream."""
+        src, keys = into.writable(out), [bytes(h) for h in block_hashes]
+        offs = slots.check(offsets, slot_bytes, len(src), len(groups))
+        self.connect()  # the stubs bound to the local socket, which the daemon's read needs
+        local = self._local
+        if local is not None and not self._into_refused:
+            self._allow_daemon(local)
+            m = self._versions.based(manifest, base)
+            h = rq.turn_header(m, len(groups))
+            h.from_caller.CopyFrom(pb.CallerPages(
+                region=pb.CallerMemory(address=into.address(src), size=len(src), slot_offsets=offs.tolist(),
+                                       slot_bytes=slot_bytes), groups=list(groups), block_hashes=keys))
+            try:
+                r = self._stub.SaveChunks(iter([pb.SaveChunksRequest(header=h)]), timeout=self.config.timeout_s,
+                                          metadata=self._metadata)
+                return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
+            except grpc.RpcError as e:
+                err = rq.domain_error(e)
+                if not (isinstance(err, FailedPrecondition) and str(err).startswith(CALLER_MEMORY_REFUSED)):
+                    raise err from None
+                self._into_refused = str(err)  # remembered: saves and loads through the arena from now on
+        blobs = []
+        for g, block_hash, at in zip(groups, keys, offs.tolist()):
+            spec = layout.group(g)
+            if spec is None:
+                raise InvalidArgument(f"layout {layout.layout_hex} has no group {g}")
+            key = page.page_key(layout.layout_id, manifest.namespace, g, block_hash)
+            blobs.append(page.encode(layout, g, block_hash, key, src[at : at + spec.block_bytes]))
+        return self.save_session(manifest, blobs, base)
+
     def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any], chunks_of: rq.ChunksOf, zero_copy: bool,
               expected: Callable[[Any], int]) -> tuple[Any, Iterator[tuple[int, Blob]]]:
         """Start a load: its first message, and the (index, blob) pairs of the whole answer. The arena
@@ -230,18 +271,47 @@ class Client:
                                    lambda m: m, lambda _: len(keys), dest)
         return placed if first is not None else into.copy_into(dest, self.load_chunks(namespace, keys, zero_copy=True))
 
+    def load_pages_into(self, namespace: str, keys: Sequence[bytes], out: Any, offsets: Sequence[int],
+                        slot_bytes: int) -> list[tuple[int, memoryview]]:
+        """Engine page blobs (docs/FORMAT.md section 6) into their slots of ``out`` (an engine's region
+        of slots: vLLM's CPU primary tier): the block bytes of ``keys[i]`` (its blob's payload, not its
+        header or checksum) at ``out[offsets[i]:]``, each slot ``slot_bytes`` long; (index into
+        ``keys``, view of that payload in ``out``) per hit. A miss (absent, refused, not a page blob)
+        leaves its slot as it was. On the daemon's host the daemon writes them there itself, one copy
+        from its tier (kvstore/transport/slots.py); elsewhere they come through the arena or the
+        stream, as many at a time as the arena's first size holds (it does not grow for them), are
+        checked again (key, checksum) and copied in. InvalidArgument, before any byte is written, for
+        slots outside ``out`` or overlapping, or a block longer than its slot (where the client
+        copies: before any byte of that batch)."""
+        dest, keys = into.writable(out), list(keys)
+        offs = slots.check(offsets, slot_bytes, len(dest), len(keys))
+        self.connect()  # as in load_session_into: the stub is taken after the client chose its channel
+        first, placed = self._into(self._link.stubs.load_chunks, pb.LoadChunksRequest(namespace=namespace, keys=keys),
+                                   lambda m: m, lambda _: len(keys), dest, (offs, slot_bytes))
+        if first is not None:
+            return placed
+        blob = slot_bytes + page.header_bytes(page.MAX_HASH_BYTES) + page.CHECKSUM_BYTES  # at most
+        per = max(1, self.config.arena_bytes // blob)
+        for start in range(0, len(keys), per):
+            pairs = self.load_chunks(namespace, keys[start : start + per], zero_copy=True)
+            placed += into.copy_into_slots(dest, offs, slot_bytes, keys, ((start + j, b) for j, b in pairs))
+        return placed
+
     def _into(self, rpc: Callable[..., Any], request: Any, chunks_of: rq.ChunksOf, expected: Callable[[Any], int],
-              dest: memoryview) -> tuple[Any, list[tuple[int, memoryview]]]:
-        """A load the daemon writes into ``dest`` itself, over its local socket: (first message, placed
-        pairs), or (None, []) where it cannot (then the caller loads and copies)."""
+              dest: memoryview, scatter: tuple[np.ndarray, int] | None = None
+              ) -> tuple[Any, list[tuple[int, memoryview]]]:
+        """A load the daemon writes into ``dest`` itself, over its local socket (``scatter``: engine pages
+        into slots of it, their offsets and size): (first message, placed pairs), or (None, []) where it
+        cannot (then the caller loads and copies)."""
         self.connect()
         local = self._local
         if local is None or self._into_refused:
             return None, []
-        if self._ptracer_named_by != (pid := os.getpid()):  # a forked child names the daemon again (Yama)
-            into.allow_daemon(local.peer_pid())
-            self._ptracer_named_by = pid
+        self._allow_daemon(local)
         request.into.CopyFrom(pb.CallerMemory(address=into.address(dest), size=len(dest)))
+        if scatter is not None:
+            request.into.slot_offsets.extend(scatter[0].tolist())
+            request.into.slot_bytes = scatter[1]
         receiver = Receiver(None, copy=False, into=dest)
         try:
             stream = rpc(request, timeout=self.config.timeout_s, metadata=self._metadata)
@@ -258,6 +328,13 @@ class Client:
         placed = rq.answer_pairs(receiver.feed(c) if c is not None else [], stream, receiver, chunks_of,
                                  expected(first), self._tails)
         return first, list(placed)  # type: ignore[arg-type]
+
+    def _allow_daemon(self, local: local_channel.LocalChannel) -> None:
+        """Let the daemon write into (and read from) this process under Yama ptrace_scope 1, once per
+        process: a forked child names the daemon again (PR_SET_PTRACER is not inherited by a fork)."""
+        if self._ptracer_named_by != (pid := os.getpid()):
+            into.allow_daemon(local.peer_pid())
+            self._ptracer_named_by = pid
 
     def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                ) -> tuple[Manifest, list[tuple[int, Any]]]:

@@ -6,19 +6,19 @@ namespace, the group and the block hash, so a block is never served across tenan
 configurations. docs/FORMAT.md ("Engine pages") gives the byte layout; this module is its only
 writer and reader.
 
-    header (64 B) | block hash | pad16 | data rows of every page | scale rows | padding | xxh3-64
+    header (64 B) | block hash | pad16 | the block's bytes, in the engine's order | xxh3-64
 
-The blob holds exactly the engine's block bytes, regrouped: the codes of every page first
-(incompressible FP4/FP8), then every scale row, then the bytes no record covers (engine
-padding), so a storage tier compresses only the tail (``compressible_offset``), as it does for
-chunks. Both directions are a handful of strided copies per page; a block round-trips bit-exact.
+The payload is exactly the engine's block from byte 0 to the group's ``block_bytes`` (the end of
+its last page), as the engine holds it: a load is one contiguous write of the payload into the
+engine's slot (the daemon can make it straight into the engine's memory: ``payload_span``), a
+store one contiguous read. Padding the engine keeps past the last page is never stored. A storage
+tier compresses only the tail after the last code byte (``compressible_offset``).
 """
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import xxhash
@@ -26,12 +26,14 @@ import xxhash
 from kvstore.format.page_layout import INTERLEAVED, GroupSpec, PageLayout
 
 MAGIC = b"KVPG"
-VERSION = 1
+#: 2: the payload in the engine's order (1, regrouped data rows then scale rows, is refused: a miss)
+VERSION = 2
 _HEADER = struct.Struct("<4sHHII16s16sIHHII")  # see docs/FORMAT.md
 HEADER_BYTES = _HEADER.size  # 64
 CHECKSUM_BYTES = 8
 MAX_HASH_BYTES = 64
-_DOMAIN = b"kvstore.page.v1\x00"
+# the version is in the key's domain too: a blob of another version is never under a key asked for
+_DOMAIN = b"kvstore.page.v2\x00"
 _COMPRESSIBLE_AT = 56
 
 
@@ -76,84 +78,71 @@ def blob_bytes(group: GroupSpec, hash_len: int) -> int:
     return header_bytes(hash_len) + group.block_bytes + CHECKSUM_BYTES
 
 
-# A copy between the engine block and the blob payload: rows of ``cols`` bytes, taken at column
-# ``col`` of ``rows`` rows that fill block[src : src + span]; placed back to back at payload[dst:].
-_Op = tuple[int, int, int, int, int, int]  # (src, span, rows, col, cols, dst)
-
-
-@lru_cache(maxsize=64)
-def _plan(group: GroupSpec) -> tuple[_Op, ...]:
-    """Where every byte of a block goes in the payload: data rows, then scale rows, then padding."""
-    pages = sorted(group.pages, key=lambda p: p.offset)
-    data: list[tuple[int, int, int, int, int]] = []
-    scales: list[tuple[int, int, int, int, int]] = []
-    pad: list[tuple[int, int, int, int, int]] = []
+def codes_end(group: GroupSpec) -> int:
+    """Where the block's last code byte ends: what follows (the last page's scale rows, padding) is
+    the compressible tail (the codes before it are FP4/FP8, incompressible). Computed, not cached:
+    a few pages' arithmetic costs less than hashing the group for a cache."""
     end = 0
-    for p in pages:
-        if p.offset > end:
-            pad.append((end, p.offset - end, 1, 0, p.offset - end))
-        rec = p.data + p.scale
-        if p.arrangement == INTERLEAVED:
-            data.append((p.offset, p.record_bytes, p.states, 0, p.data))
-            if p.scale:
-                scales.append((p.offset, p.record_bytes, p.states, p.data, p.scale))
-        else:
-            data.append((p.offset, p.data_bytes, 1, 0, p.data_bytes))
-            if p.scale:
-                scales.append((p.offset + p.data_bytes, p.scale_bytes, 1, 0, p.scale_bytes))
-        tail = p.page_bytes - p.states * rec
-        if tail:
-            pad.append((p.offset + p.record_bytes, tail, 1, 0, tail))
-        end = p.offset + p.page_bytes
-    if end < group.block_bytes:
-        pad.append((end, group.block_bytes - end, 1, 0, group.block_bytes - end))
-    ops: list[_Op] = []
-    at = 0
-    for src, span, rows, col, cols in (*data, *scales, *pad):
-        ops.append((src, span, rows, col, cols, at))
-        at += rows * cols
-    assert at == group.block_bytes
-    return tuple(ops)
+    for p in group.pages:
+        if p.arrangement == INTERLEAVED:  # the last record's data
+            end = max(end, p.offset + (p.states - 1) * (p.data + p.scale) + p.data)
+        else:  # every record's data, then the scale rows
+            end = max(end, p.offset + p.states * p.data)
+    return end
 
 
-def _views(block: np.ndarray, payload: np.ndarray, op: _Op) -> tuple[np.ndarray, np.ndarray]:
-    src, span, rows, col, cols, dst = op
-    b = block[src : src + span].reshape(rows, span // rows)[:, col : col + cols]
-    return b, payload[dst : dst + rows * cols].reshape(rows, cols)
+def _group_of(layout: PageLayout, group: int) -> GroupSpec:
+    g = layout.group(group)
+    if g is None:
+        raise PageError(f"layout {layout.name} has no group {group}")
+    return g
+
+
+def write_header(layout: PageLayout, group: int, block_hash: bytes, key: bytes, dest: memoryview | bytearray) -> int:
+    """The header and block hash of a blob of ``group`` at the start of ``dest`` (``blob_bytes``
+    long): where its payload goes. The payload written there, ``seal`` finishes the blob."""
+    g = _group_of(layout, group)
+    hb = header_bytes(len(block_hash))
+    total = hb + g.block_bytes + CHECKSUM_BYTES
+    if len(dest) < total:
+        raise PageError(f"a blob of group {group} is {total} bytes; the buffer holds {len(dest)}")
+    _HEADER.pack_into(dest, 0, MAGIC, VERSION, hb, total, g.block_bytes, layout.layout_id, key, group,
+                      len(block_hash), 0, hb + codes_end(g), 0)
+    dest[HEADER_BYTES : HEADER_BYTES + len(block_hash)] = block_hash
+    dest[HEADER_BYTES + len(block_hash) : hb] = bytes(hb - HEADER_BYTES - len(block_hash))
+    return hb
+
+
+def seal(dest: memoryview | bytearray) -> int:
+    """Write the checksum of a blob whose header and payload are in place; its length."""
+    (total,) = struct.unpack_from("<I", dest, 8)
+    mv = memoryview(dest)
+    struct.pack_into("<Q", dest, total - CHECKSUM_BYTES, xxhash.xxh3_64_intdigest(mv[: total - CHECKSUM_BYTES]))
+    return int(total)
+
+
+def _bytes(buf: memoryview | bytes | bytearray | np.ndarray) -> memoryview:
+    mv = buf.reshape(-1).view(np.uint8).data if isinstance(buf, np.ndarray) else memoryview(buf)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
 
 
 def encode_into(layout: PageLayout, group: int, block_hash: bytes, key: bytes,
                 block: memoryview | bytes | bytearray | np.ndarray, dest: memoryview | bytearray) -> int:
-    """Write the blob of one engine block into ``dest``; returns its length. ``block`` is exactly
-    the group's ``block_bytes`` engine bytes (e.g. a view of vLLM's primary tier slot)."""
-    g = layout.group(group)
-    if g is None:
-        raise PageError(f"layout {layout.name} has no group {group}")
-    src = block.reshape(-1).view(np.uint8) if isinstance(block, np.ndarray) else np.frombuffer(block, dtype=np.uint8)
-    if src.size != g.block_bytes:
-        raise PageError(f"group {group} blocks are {g.block_bytes} bytes, got {src.size}")
-    hb = header_bytes(len(block_hash))
-    total = hb + g.block_bytes + CHECKSUM_BYTES
-    out = np.frombuffer(dest, dtype=np.uint8, count=total)
-    _HEADER.pack_into(dest, 0, MAGIC, VERSION, hb, total, g.block_bytes, layout.layout_id, key, group,
-                      len(block_hash), 0, hb + g.data_bytes, 0)
-    out[HEADER_BYTES : HEADER_BYTES + len(block_hash)] = np.frombuffer(block_hash, dtype=np.uint8)
-    out[HEADER_BYTES + len(block_hash) : hb] = 0
-    payload = out[hb : hb + g.block_bytes]
-    for op in _plan(g):
-        b, p = _views(src, payload, op)
-        p[...] = b
-    mv = memoryview(dest)
-    struct.pack_into("<Q", dest, total - CHECKSUM_BYTES, xxhash.xxh3_64_intdigest(mv[: total - CHECKSUM_BYTES]))
-    return total
+    """Write the blob of one engine block into ``dest``; returns its length. ``block`` is the
+    group's ``block_bytes`` engine bytes (e.g. a view of vLLM's primary tier slot, its padding past
+    the last page left out): one copy."""
+    g = _group_of(layout, group)
+    src = _bytes(block)
+    if len(src) != g.block_bytes:
+        raise PageError(f"group {group} blocks are {g.block_bytes} bytes, got {len(src)}")
+    hb = write_header(layout, group, block_hash, key, dest)
+    memoryview(dest)[hb : hb + g.block_bytes] = src
+    return seal(dest)
 
 
 def encode(layout: PageLayout, group: int, block_hash: bytes, key: bytes,
            block: memoryview | bytes | bytearray | np.ndarray) -> bytes:
-    g = layout.group(group)
-    if g is None:
-        raise PageError(f"layout {layout.name} has no group {group}")
-    buf = bytearray(blob_bytes(g, len(block_hash)))
+    buf = bytearray(blob_bytes(_group_of(layout, group), len(block_hash)))
     encode_into(layout, group, block_hash, key, block, buf)
     return bytes(buf)
 
@@ -167,7 +156,7 @@ def read_header(blob: bytes | bytearray | memoryview) -> PageHeader:
     if magic != MAGIC:
         raise PageError(f"not a page blob (magic {bytes(magic)!r})")
     if version != VERSION:
-        raise PageError(f"unsupported page blob version {version}")
+        raise PageError(f"unsupported page blob version {version} (this reader reads {VERSION})")
     if not 0 < hash_len <= MAX_HASH_BYTES or hb != header_bytes(hash_len):
         raise PageError(f"malformed page header (hash length {hash_len}, header bytes {hb})")
     if total != len(mv):
@@ -189,11 +178,9 @@ def _of_layout(h: PageHeader, layout: PageLayout) -> GroupSpec:
     """The group of ``layout`` the header names, if the header has its geometry; else PageError."""
     if h.layout_id != layout.layout_id:
         raise PageError(f"page blob is of layout {h.layout_id.hex()}, expected {layout.layout_hex}")
-    g = layout.group(h.group)
-    if g is None:
-        raise PageError(f"layout {layout.name} has no group {h.group}")
-    if h.block_bytes != g.block_bytes or h.compressible_offset != h.header_bytes + g.data_bytes:
-        raise PageError(f"group {h.group} blocks are {g.block_bytes} bytes with {g.data_bytes} of data rows; "
+    g = _group_of(layout, h.group)
+    if h.block_bytes != g.block_bytes or h.compressible_offset != h.header_bytes + codes_end(g):
+        raise PageError(f"group {h.group} blocks are {g.block_bytes} bytes, their codes ending at {codes_end(g)}; "
                         f"the blob says {h.block_bytes} and {h.compressible_offset - h.header_bytes}")
     return g
 
@@ -224,24 +211,39 @@ def check_known(blob: bytes | bytearray | memoryview, layout: PageLayout, key: b
     return h
 
 
+def payload_span(blob: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """(offset, length) of a page blob's payload, the engine's block bytes: what a load writes
+    into the engine's slot. PageError for anything but a page blob of this version."""
+    h = read_header(blob)
+    return h.header_bytes, h.block_bytes
+
+
+def payload(blob: bytes | bytearray | memoryview, key: bytes) -> memoryview:
+    """The payload of the page blob ``key`` names, after its header and checksum were checked (a
+    client that knows the key it asked for, not the layout: a blob the daemon verified, checked
+    again after a trip over the network)."""
+    h = read_header(blob)
+    if h.key != key:
+        raise PageError(f"page blob is block {h.key.hex()}, not the {key.hex()} asked for")
+    verify_checksum(blob)
+    return memoryview(blob)[h.header_bytes : h.header_bytes + h.block_bytes]
+
+
 def decode_into(blob: bytes | bytearray | memoryview, layout: PageLayout,
                 dest: memoryview | bytearray | np.ndarray) -> PageHeader:
-    """Write a page blob's engine block into ``dest`` (the group's ``block_bytes``), in the
-    engine's own arrangement: one copy. The blob must have passed ``check``."""
+    """Write a page blob's engine block into ``dest`` (the group's ``block_bytes``): one copy. The
+    blob must have passed ``check``."""
     h = read_header(blob)
     g = _of_layout(h, layout)
-    out = dest.reshape(-1).view(np.uint8) if isinstance(dest, np.ndarray) else np.frombuffer(dest, dtype=np.uint8)
-    if out.size != g.block_bytes:
-        raise PageError(f"group {h.group} blocks are {g.block_bytes} bytes, the destination is {out.size}")
-    payload = np.frombuffer(blob, dtype=np.uint8, count=g.block_bytes, offset=h.header_bytes)
-    for op in _plan(g):
-        b, p = _views(out, payload, op)
-        b[...] = p
+    out = _bytes(dest)
+    if len(out) != g.block_bytes:
+        raise PageError(f"group {h.group} blocks are {g.block_bytes} bytes, the destination is {len(out)}")
+    out[:] = memoryview(blob)[h.header_bytes : h.header_bytes + g.block_bytes]
     return h
 
 
 def compressible_offset(blob: bytes | bytearray | memoryview) -> int:
-    """Where a page blob's compressible part (scale rows, padding, checksum) starts; 0 if none."""
+    """Where a page blob's compressible part (after its last code byte) starts; 0 if none."""
     mv = memoryview(blob)
     if len(mv) < HEADER_BYTES or bytes(mv[:4]) != MAGIC:
         return 0

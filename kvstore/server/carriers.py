@@ -12,8 +12,16 @@ from pathlib import Path
 from kvstore.errors import InvalidArgument
 from kvstore.server import arena_attach
 from kvstore.server.arenas import Arenas
-from kvstore.transport import shm
-from kvstore.transport.carrier import ARENA, STREAM, ArenaCarrier, CallerMemoryCarrier, Carrier, StreamCarrier
+from kvstore.transport import shm, slots
+from kvstore.transport.carrier import (
+    ARENA,
+    STREAM,
+    ArenaCarrier,
+    CallerMemoryCarrier,
+    CallerSlotsCarrier,
+    Carrier,
+    StreamCarrier,
+)
 from kvstore.transport.sender import Sender
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -42,18 +50,23 @@ class Carriers:
         return [STREAM, ARENA] if self.shm_dir is not None else [STREAM]
 
     def for_call(self, owner: str, arena_id: str, into: pb.CallerMemory | None = None,
-                 sender: Sender | None = None) -> Carrier:
+                 sender: Sender | None = None, n_keys: int | None = None) -> Carrier:
         """The carrier a call asked for: the caller's own memory ``into`` (a load over the local
-        socket, whose ``sender`` the kernel named: kvstore/transport/sender.py), ``owner``'s arena
-        ``arena_id``, or the stream. Another identity's arena id is as unknown as a made-up one
-        (arenas.py)."""
+        socket, whose ``sender`` the kernel named: kvstore/transport/sender.py; with slots, a
+        LoadChunks of ``n_keys`` engine pages scattered into them), ``owner``'s arena ``arena_id``,
+        or the stream. Another identity's arena id is as unknown as a made-up one (arenas.py)."""
         if into is not None:
             if sender is None:
                 raise InvalidArgument("CallerMemory names memory of the calling process: only a call over the "
                                       "daemon's local socket can (the kernel names its process)")
             if not into.address or not into.size:
                 raise InvalidArgument("CallerMemory needs an address and a size")
-            return CallerMemoryCarrier(sender, into.address, into.size)
+            if not into.slot_offsets and not into.slot_bytes:
+                return CallerMemoryCarrier(sender, into.address, into.size)
+            if n_keys is None:
+                raise InvalidArgument("CallerMemory.slot_offsets: only LoadChunks scatters engine pages into slots")
+            offsets = slots.check(into.slot_offsets, into.slot_bytes, into.size, n_keys)
+            return CallerSlotsCarrier(sender, into.address, into.size, offsets, into.slot_bytes)
         if not arena_id:
             return StreamCarrier(self.message_bytes)
         return ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)
@@ -101,6 +114,11 @@ class Carriers:
         removed = self.arenas.remove(owner, arena_id)
         with self._lock:
             self._counts.detaches += removed
+
+    def count_caller_memory(self) -> None:
+        """A save whose engine pages the daemon read from the caller's memory (CallerPages)."""
+        with self._lock:
+            self._counts.caller_memory_calls += 1
 
     def count_local(self) -> None:
         """A call made over the local socket (server/local.py)."""

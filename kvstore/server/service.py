@@ -32,9 +32,18 @@ from kvstore.server.status import client_bytes
 from kvstore.store import SessionStore, store_stats
 from kvstore.store.layouts import GLOBAL
 from kvstore.store.prefetch import Prefetcher
-from kvstore.transport import convert, fastpb, framing, shm
-from kvstore.transport.carrier import ARENA_TOO_SMALL, ArenaCarrier, Carrier, Piece, Receiver, StreamCarrier
+from kvstore.transport import convert, fastpb, framing, shm, slots
+from kvstore.transport.carrier import (
+    ARENA_TOO_SMALL,
+    ArenaCarrier,
+    Carrier,
+    Piece,
+    Receiver,
+    StreamCarrier,
+    caller_memory_errors,
+)
 from kvstore.transport.framing import Blob
+from kvstore.transport.sender import Sender
 from kvstore.v1 import kvstore_pb2 as pb
 
 # A load this small whose chunks all sit in the fastest tier (memory) is quick (handlers.quick_when):
@@ -71,10 +80,12 @@ class KVStoreService:
         self.auth.check(call.metadata, namespace)
         return namespace
 
-    def _carrier(self, call: Call, arena_id: str, into: pb.CallerMemory | None = None) -> Carrier:
-        """The caller's carrier: its own memory (``into``), its arena, or the stream."""
+    def _carrier(self, call: Call, arena_id: str, into: pb.CallerMemory | None = None,
+                 n_keys: int | None = None) -> Carrier:
+        """The caller's carrier: its own memory (``into``; slots of it for ``n_keys`` engine pages),
+        its arena, or the stream."""
         owner = self.auth.identity(call.metadata) if arena_id else ""
-        return self.carriers.for_call(owner, arena_id, into, call.sender)
+        return self.carriers.for_call(owner, arena_id, into, call.sender, n_keys)
 
     def _send(self, carrier: Carrier, namespace: str, keys: list[bytes]) -> Iterator[Piece]:
         """The verified chunks, one piece per message. Through an arena or into the caller's memory:
@@ -127,12 +138,21 @@ class KVStoreService:
         return self._in_memory(request.namespace, list(m.chunk_keys))
 
     def _store_turn(self, header: pb.SaveHeader, receiver: Receiver, streamed: list[Blob],
-                    commit: Manifest | None) -> tuple[SaveResult, Manifest | None]:
-        """The arena part of the chunks copied out (it comes first), then the chunks stored and, for
-        a turn, its manifest committed in the same durable transaction."""
+                    commit: Manifest | None, sender: Sender | None) -> tuple[SaveResult, Manifest | None]:
+        """The engine pages read from the caller's slots and the arena part of the chunks copied out
+        (they come first), then the chunks stored and, for a turn, its manifest committed in the same
+        durable transaction."""
+        buffer_for = self.sessions.store.buffer_for
+        caller: list[Blob] = []
+        if header.HasField("from_caller"):  # read into buffers the host tier keeps as they are: one copy
+            lay = self.sessions.layouts.usable(header.namespace, bytes(header.layout_id))
+            assert lay is not None and sender is not None  # _check_header
+            region = header.from_caller.region
+            with caller_memory_errors(region.address, region.size, "readable"), sender.reaching() as pid:
+                caller = list(slots.gather(pid, header.from_caller, lay, header.namespace, buffer_for))
         # the arena part copied into buffers the host tier keeps as they are (the save's one copy)
-        prefix = receiver.arena_prefix(header.arena_bytes, self.sessions.store.buffer_for) if header.arena_id else []
-        blobs = [*prefix, *streamed]
+        prefix = receiver.arena_prefix(header.arena_bytes, buffer_for) if header.arena_id else []
+        blobs = [*caller, *prefix, *streamed]
         args = (header.namespace, bytes(header.layout_id), bytes(header.parent_key) or bytes(16), header.first_index,
                 blobs)
         if commit is None:
@@ -153,6 +173,17 @@ class KVStoreService:
         # the fields' shapes, and a commit naming the header's namespace and layout (it is authorized
         # by the header's): request_checks.py, before this body
         self._ns(call, header.namespace)
+        if header.HasField("from_caller"):
+            if call.sender is None:
+                raise InvalidArgument("CallerPages names memory of the calling process: only a call over the "
+                                      "daemon's local socket can (the kernel names its process)")
+            if self.sessions.layouts.usable(header.namespace, bytes(header.layout_id)) is None:
+                raise InvalidArgument("CallerPages: the save's layout must be an engine page layout its namespace "
+                                      "registered (RegisterLayout)")
+            r = header.from_caller.region
+            if not r.address or not r.size:
+                raise InvalidArgument("CallerPages.region needs an address and a size")
+            slots.check(r.slot_offsets, r.slot_bytes, r.size, len(header.from_caller.groups))
 
     def _check_first(self, first: pb.SaveChunksRequest, call: Call) -> None:
         """A save's first message: its header, authorized, naming the caller's own arena (if any)."""
@@ -206,15 +237,19 @@ class KVStoreService:
         receiver.finish()
         commit = self._turn_manifest(header) if header.HasField("commit") else None
         with client_bytes("chunk bytes"):
-            res, committed = self._store_turn(header, receiver, blobs, commit)
-        self.carriers.count(carrier, streamed)
+            res, committed = self._store_turn(header, receiver, blobs, commit, call.sender)
+        if header.HasField("from_caller"):  # the pages came from the caller's memory: no stream, unless more did
+            self.carriers.count_caller_memory()
+        if not header.HasField("from_caller") or streamed or header.arena_id:
+            self.carriers.count(carrier, streamed)
         return pb.SaveChunksResponse(keys=res.keys, written=res.written,
                                      session=convert.session_to_pb(committed) if committed else None)
 
     @quick_when(_quick_keys)
     def LoadChunks(self, request: pb.LoadChunksRequest, call: Call) -> Iterator[pb.ChunkData | fastpb.Encoded]:
         self._ns(call, request.namespace)  # the keys' count and lengths: request_checks.py, before this body
-        carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None)
+        carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None,
+                                len(request.keys))
         for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
             yield piece.message() if piece.handle is not None else fastpb.Encoded(b"".join(piece.encoded()))
 

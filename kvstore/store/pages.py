@@ -8,7 +8,8 @@ block hashes, so equal keys already mean equal prefixes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 from kvstore.errors import InvalidArgument
 from kvstore.format import chunk, page
@@ -41,6 +42,28 @@ def page_matches(key: bytes, namespace: str, lay: PageLayout, blob: Stored) -> b
         return page.check(blob, lay, namespace).key == key
     except page.PageError:
         return False
+
+
+def all_match(checks: Sequence[Callable[[], bool]], threads: int = 1) -> list[bool]:
+    """Each check's answer, the list cut into ``threads`` runs checked side by side (a page blob's
+    checksum, xxhash, releases the GIL: a long load's checks take the cores, as the chunks' do)."""
+    out = [False] * len(checks)
+    threads = max(1, min(threads, len(checks)))
+
+    def run(part: range) -> None:
+        for i in part:
+            out[i] = checks[i]()
+
+    bounds = [len(checks) * t // threads for t in range(threads + 1)]
+    helpers = [threading.Thread(target=run, args=(range(bounds[t], bounds[t + 1]),)) for t in range(1, threads)]
+    for h in helpers:
+        h.start()
+    try:
+        run(range(bounds[0], bounds[1]))
+    finally:
+        for h in helpers:
+            h.join()
+    return out
 
 
 def is_valid_blob(key: bytes, blob: Stored) -> bool:

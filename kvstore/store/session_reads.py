@@ -25,7 +25,7 @@ from kvstore.results import LookupResult
 from kvstore.store.chunk_index import ChunkInfo, chunk_matches
 from kvstore.store.counters import HitCounters
 from kvstore.store.layouts import Layouts
-from kvstore.store.pages import page_matches
+from kvstore.store.pages import all_match, page_matches
 from kvstore.store.session_index import SessionIndex
 from kvstore.store.sharing import Sharing
 from kvstore.store.tiered import TieredStore
@@ -164,7 +164,8 @@ class SessionReads:
     def _verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo | None], at: Sequence[int],
                 values: Sequence[Stored]) -> list[bool]:
         """Whether each value (of ``keys[at[i]]``, known as ``infos[at[i]]``) is what the index says: the
-        chunks in one ``chunk_batch.check``, engine pages blob by blob (``page_matches``)."""
+        chunks in one ``chunk_batch.check``, engine pages blob by blob (``page_matches``), a long
+        load's split over the cores as the chunks' are."""
         ok = [False] * len(at)
         known = [infos[j] for j in at]
         chunks = [i for i, info in enumerate(known) if info is not None and not info.page]
@@ -179,9 +180,12 @@ class SessionReads:
             valid = chunk_batch.check(batch, expected, threads=threads).valid
             for i, good in zip(chunks, valid.tolist()):
                 ok[i] = good
-        for i, info in enumerate(known):
-            if info is not None and info.page:
-                ok[i] = self.matcher(keys[at[i]], info)(values[i])
+        pages = [(i, info) for i, info in enumerate(known) if info is not None and info.page]
+        if pages:
+            checks = [functools.partial(self.matcher(keys[at[i]], info), values[i]) for i, info in pages]
+            threads = VERIFY_THREADS if sum(len(values[i]) for i, _ in pages) >= VERIFY_SPLIT_BYTES else 1
+            for (i, _), good in zip(pages, all_match(checks, threads)):
+                ok[i] = good
         return ok
 
     def checks(self, namespace: str, keys: Sequence[bytes]) -> list[tuple[bytes, Check]]:

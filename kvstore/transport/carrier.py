@@ -13,6 +13,8 @@ client and the servicer:
 - ``CallerMemoryCarrier`` (same host, a load over the local socket that names ``CallerMemory``): the
   daemon writes the blobs straight into the caller's own buffer (kvstore.transport.cma); one message
   names their offsets there. Nothing overflows: a blob that does not fit fails the call.
+  ``CallerSlotsCarrier``, its scatter form for engine pages: each page blob's payload written at its
+  key's slot of the caller's region (kvstore/transport/slots.py).
 
 A client picks its carrier once, when it connects: same host and an arena the daemon accepted
 -> arena; anything else -> stream. The daemon builds a carrier per call from
@@ -21,6 +23,7 @@ what the call names: an arena id (the caller's own, see server/arenas.py) or non
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
@@ -32,7 +35,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
-from kvstore.format import chunk_batch
+from kvstore.format import chunk_batch, page
 from kvstore.transport import cma, fastpb, framing, shm
 from kvstore.transport.framing import Blob
 from kvstore.transport.sender import CALLER_MEMORY_REFUSED, Sender
@@ -192,15 +195,57 @@ class CallerMemoryCarrier(Carrier):
                                             offsets=offsets.tolist(), sizes=sizes.tolist()))
 
     def _write(self, sources: np.ndarray, offsets: np.ndarray) -> None:
-        try:
-            with self.sender.reaching() as pid:
-                cma.write(pid, sources, self.address, self.size, offsets)
-        except cma.CrossMemoryError as e:
-            if e.errno == errno.EFAULT:  # the caller named memory it has not mapped writable: its mistake
-                raise InvalidArgument(f"CallerMemory [{self.address:#x}, +{self.size}) is not writable memory of "
-                                      f"the calling process") from e
-            raise FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {e.strerror}; load through the arena or the "
-                                     f"stream instead") from e
+        with caller_memory_errors(self.address, self.size), self.sender.reaching() as pid:
+            cma.write(pid, sources, self.address, self.size, offsets)
+
+
+@contextlib.contextmanager
+def caller_memory_errors(address: int, size: int, access: str = "writable") -> Iterator[None]:
+    """A cross-memory copy with the caller as the domain errors it answers: memory the caller named but
+    has not mapped (EFAULT) is INVALID_ARGUMENT; a kernel that refuses the copy (EPERM, ENOSYS)
+    FAILED_PRECONDITION, CALLER_MEMORY_REFUSED (the client goes through its arena or the stream)."""
+    try:
+        yield
+    except cma.CrossMemoryError as e:
+        if e.errno == errno.EFAULT:  # the caller named memory it has not mapped: its mistake
+            raise InvalidArgument(f"CallerMemory [{address:#x}, +{size}) is not {access} memory of the calling "
+                                  f"process") from e
+        raise FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {e.strerror}; go through the arena or the "
+                                 f"stream instead") from e
+
+
+class CallerSlotsCarrier(CallerMemoryCarrier):
+    """Daemon side of a scatter load of engine pages into the caller's slots (kvstore/transport/slots.py):
+    each verified page blob's payload, the engine's block bytes, written at its key's slot, all of a
+    batch's in ``cma.MAX_IOV`` iovecs a system call (large batches over threads: ``cma.write``). A blob
+    that is not a page blob of this version is a miss (its slot untouched); a payload longer than
+    its slot fails the call before any byte is written."""
+
+    def __init__(self, sender: Sender, address: int, size: int, slot_offsets: np.ndarray, slot_bytes: int) -> None:
+        super().__init__(sender, address, size)
+        self.slot_offsets, self.slot_bytes = slot_offsets, slot_bytes
+
+    def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
+        batch: list[tuple[int, Blob, int, int]] = []  # (index, blob, payload offset, payload length)
+        for i, blob in items:  # the blobs, held until written: the tier's bytes, alive while listed here
+            try:
+                at, n = page.payload_span(blob)
+            except page.PageError:
+                continue  # a chunk, or a page blob of another version: no payload to place
+            if n > self.slot_bytes:
+                raise InvalidArgument(f"key {i}'s block is {n} bytes; CallerMemory.slot_bytes is {self.slot_bytes}")
+            batch.append((i, blob, at, n))
+        if not batch:  # answered all the same: the call was served (every key a miss), not refused
+            yield Piece(handle=pb.ShmHandle(caller_memory=True))
+            return
+        sizes = np.fromiter((n for *_, n in batch), np.uint64, len(batch))
+        starts = chunk_batch.addresses([b for _, b, _, _ in batch]) + np.fromiter((a for *_, a, _ in batch), np.uint64,
+                                                                                  len(batch))
+        offsets = self.slot_offsets[[i for i, *_ in batch]]
+        self._write(np.stack([starts, sizes], axis=1), offsets)
+        yield Piece(handle=pb.ShmHandle(caller_memory=True, size=int((offsets + sizes).max()),
+                                        indices=[i for i, *_ in batch], offsets=offsets.tolist(),
+                                        sizes=sizes.tolist()))
 
 
 def _private_copy(view: Blob, buffer_for: Callable[[int], memoryview | None] | None) -> Blob:

@@ -1,4 +1,5 @@
-"""Cross-memory writes: the daemon copies chunk bytes straight into a same-host client's own buffer.
+"""Cross-memory writes (and reads): the daemon copies chunk bytes straight into a same-host client's own
+buffer (and an engine's page bytes out of it: ``read``, kvstore/transport/slots.py).
 
 A load into the caller's memory (``Client.load_session_into``) names a destination in the client's
 address space (an address and a length: a numpy array, a pinned torch tensor, an engine's KV view).
@@ -25,7 +26,7 @@ import errno
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -39,10 +40,11 @@ PR_SET_PTRACER = 0x59616D61
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _writev = getattr(_libc, "process_vm_writev", None)
-if _writev is not None:
-    _writev.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                        ctypes.c_ulong]
-    _writev.restype = ctypes.c_ssize_t
+_readv = getattr(_libc, "process_vm_readv", None)
+for _fn in (_writev, _readv):
+    if _fn is not None:
+        _fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        _fn.restype = ctypes.c_ssize_t
 
 
 class CrossMemoryError(OSError):
@@ -64,8 +66,22 @@ def write(pid: int, sources: Sequence[tuple[int, int]] | np.ndarray, dest: int, 
     """Copy each (address, length) of ``sources`` (in this process) to ``dest + offsets[i]`` in process
     ``pid``. Every piece must lie inside [dest, dest + dest_len): checked here before any byte moves.
     One system call per ``MAX_IOV`` pieces; raises CrossMemoryError unless every byte was written."""
-    if _writev is None:
-        raise CrossMemoryError(errno.ENOSYS, "process_vm_writev is not available")
+    _move(_writev, "process_vm_writev", pid, sources, dest, dest_len, offsets)
+
+
+def read(pid: int, dests: Sequence[tuple[int, int]] | np.ndarray, src: int, src_len: int,
+         offsets: Sequence[int] | np.ndarray) -> None:
+    """``write``'s mirror: fill each (address, length) of ``dests`` (in this process) from ``src +
+    offsets[i]`` in process ``pid``, every piece inside [src, src + src_len) (checked first);
+    CrossMemoryError unless every byte was read."""
+    _move(_readv, "process_vm_readv", pid, dests, src, src_len, offsets)
+
+
+def _move(fn: Callable[..., int] | None, name: str, pid: int, sources: Sequence[tuple[int, int]] | np.ndarray,
+          dest: int, dest_len: int, offsets: Sequence[int] | np.ndarray) -> None:
+    """``write`` or ``read`` (``fn``): the local pieces ``sources``, the remote ones at ``dest + offsets``."""
+    if fn is None:
+        raise CrossMemoryError(errno.ENOSYS, f"{name} is not available")
     n = len(sources)
     if n != len(offsets):
         raise ValueError("one offset per source")
@@ -88,15 +104,15 @@ def write(pid: int, sources: Sequence[tuple[int, int]] | np.ndarray, dest: int, 
     parts = [[(start, min(b, start + MAX_IOV)) for start in range(a, b, MAX_IOV)]
              for a, b in itertools.pairwise(bounds)]
     if threads == 1:
-        _write_spans(pid, local, remote, src, parts[0], None)
+        _spans(fn, name, pid, local, remote, src, parts[0], None)
         return
     errors: list[BaseException] = []
-    helpers = [threading.Thread(target=_write_spans, args=(pid, local, remote, src, part, errors))
+    helpers = [threading.Thread(target=_spans, args=(fn, name, pid, local, remote, src, part, errors))
                for part in parts[1:]]
     for h in helpers:
         h.start()
     try:
-        _write_spans(pid, local, remote, src, parts[0], errors)
+        _spans(fn, name, pid, local, remote, src, parts[0], errors)
     finally:
         for h in helpers:
             h.join()
@@ -104,18 +120,17 @@ def write(pid: int, sources: Sequence[tuple[int, int]] | np.ndarray, dest: int, 
         raise errors[0]
 
 
-def _write_spans(pid: int, local: np.ndarray, remote: np.ndarray, src: np.ndarray, spans: list[tuple[int, int]],
-                 errors: list[BaseException] | None) -> None:
-    """One process_vm_writev per span of iovecs (ctypes releases the GIL for each)."""
-    assert _writev is not None  # checked by write
+def _spans(fn: Callable[..., int], name: str, pid: int, local: np.ndarray, remote: np.ndarray, src: np.ndarray,
+           spans: list[tuple[int, int]], errors: list[BaseException] | None) -> None:
+    """One system call per span of iovecs (ctypes releases the GIL for each)."""
     try:
         for start, stop in spans:
             want = int(src[start:stop, 1].sum())
-            got = _writev(pid, local[start:].ctypes.data, stop - start, remote[start:].ctypes.data, stop - start, 0)
+            got = fn(pid, local[start:].ctypes.data, stop - start, remote[start:].ctypes.data, stop - start, 0)
             if got != want:
                 err = ctypes.get_errno() if got < 0 else errno.EFAULT
-                raise CrossMemoryError(err, f"process_vm_writev into pid {pid}: {os.strerror(err)} "
-                                            f"({max(got, 0)} of {want} bytes written)")
+                raise CrossMemoryError(err, f"{name} with pid {pid}: {os.strerror(err)} "
+                                            f"({max(got, 0)} of {want} bytes moved)")
     except BaseException as e:
         if errors is None:
             raise

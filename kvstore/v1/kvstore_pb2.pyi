@@ -165,7 +165,7 @@ class LayoutInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., bytes_per_token: _Optional[float] = ..., n_layers: _Optional[int] = ..., window: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., caches: _Optional[_Iterable[_Union[CacheInfo, _Mapping]]] = ...) -> None: ...
 
 class SaveHeader(_message.Message):
-    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit")
+    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit", "from_caller")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +173,7 @@ class SaveHeader(_message.Message):
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
+    FROM_CALLER_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     layout_id: bytes
     parent_key: bytes
@@ -180,7 +181,18 @@ class SaveHeader(_message.Message):
     arena_id: str
     arena_bytes: int
     commit: Session
-    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., commit: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+    from_caller: CallerPages
+    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., commit: _Optional[_Union[Session, _Mapping]] = ..., from_caller: _Optional[_Union[CallerPages, _Mapping]] = ...) -> None: ...
+
+class CallerPages(_message.Message):
+    __slots__ = ("region", "groups", "block_hashes")
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    BLOCK_HASHES_FIELD_NUMBER: _ClassVar[int]
+    region: CallerMemory
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    block_hashes: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, region: _Optional[_Union[CallerMemory, _Mapping]] = ..., groups: _Optional[_Iterable[int]] = ..., block_hashes: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class SaveChunksRequest(_message.Message):
     __slots__ = ("header", "data")
@@ -213,12 +225,16 @@ class LoadChunksRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., arena_id: _Optional[str] = ..., into: _Optional[_Union[CallerMemory, _Mapping]] = ...) -> None: ...
 
 class CallerMemory(_message.Message):
-    __slots__ = ("address", "size")
+    __slots__ = ("address", "size", "slot_offsets", "slot_bytes")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
+    SLOT_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    SLOT_BYTES_FIELD_NUMBER: _ClassVar[int]
     address: int
     size: int
-    def __init__(self, address: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
+    slot_offsets: _containers.RepeatedScalarFieldContainer[int]
+    slot_bytes: int
+    def __init__(self, address: _Optional[int] = ..., size: _Optional[int] = ..., slot_offsets: _Optional[_Iterable[int]] = ..., slot_bytes: _Optional[int] = ...) -> None: ...
 
 class ChunkData(_message.Message):
     __slots__ = ("data", "indices", "shm")

@@ -368,19 +368,25 @@ def test_a_lookup_racing_an_in_flight_store_is_never_a_wrong_hit(daemon: Daemon)
         eng.shutdown()
 
 
-def test_jobs_larger_than_the_arena_go_in_arena_sized_batches(daemon: Daemon) -> None:
+def test_jobs_larger_than_the_arena_are_one_call_each_the_daemon_reading_and_writing_the_slots(
+        daemon: Daemon) -> None:
+    """Same host: a store job is one turn save whose blocks the daemon reads from the primary's slots,
+    a load job one call whose blocks it writes there; no arena (here smaller than one block) or stream."""
     tokens = prompt("arena", 5)
-    eng = engine(daemon.address, arena_bytes=300_000)  # one blob a batch
+    with Client(address=daemon.address) as c:
+        before = c.stats().transport
+    eng = engine(daemon.address, arena_bytes=100_000)
     eng.serve("r1", tokens)
     eng.shutdown()
-    eng = engine(daemon.address, arena_bytes=300_000)
+    eng = engine(daemon.address, arena_bytes=100_000)
     try:
         assert_hit(eng, "r2", tokens, blocks=5)
     finally:
         eng.shutdown()
     with Client(address=daemon.address) as c:
-        overflow = c.stats().transport
-    assert overflow.arena_calls > 0 and overflow.overflow_calls == 0, overflow
+        after = c.stats().transport
+    assert after.caller_memory_calls >= before.caller_memory_calls + 2, after  # a store and a load at least
+    assert (after.arena_calls, after.stream_calls) == (before.arena_calls, before.stream_calls), after
 
 
 def test_a_full_store_fails_saves_but_the_tier_keeps_serving_what_it_holds(tmp_path: Path) -> None:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from kvstore.errors import FailedPrecondition, NotFound
 from kvstore.format import page
@@ -18,11 +19,13 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import ReqContext
 
     from kvstore.client import Client
+    from kvstore.client.requests import SavedSession
     from kvstore.format.page_layout import PageLayout
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:\-]")
 #: Page sessions whose keys a tier remembers (older ones are read back from the daemon when saved again).
 MAX_SESSIONS = 4096
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -91,9 +94,12 @@ class Sessions:
             self._sessions.move_to_end((tenant, sid))
             return s
 
-    def save(self, client: Client, s: PageSession, pkeys: list[bytes], blobs: list[memoryview],
-             ends: list[int | None]) -> None:
-        """One turn save of the session: the new blobs and the manifest naming all it held before."""
+    def save(self, client: Client, s: PageSession, pkeys: list[bytes], blobs: Sequence[T],
+             ends: list[int | None], send: Callable[[Manifest, list[T], int], SavedSession] | None = None) -> None:
+        """One turn save of the session: the new blobs and the manifest naming all it held before.
+        ``send(manifest, the new ones of blobs, base)`` saves them (default: ``client.save_session``;
+        the blobs may be what the daemon reads them from: transfer.py)."""
+        save = send or client.save_session
         with s.lock:  # a session's turns are saved one after another: each names all the last one did
             for attempt in range(2):
                 if not s.loaded:
@@ -105,7 +111,7 @@ class Sessions:
                              (*s.held, *new), b"", (), retention=self.retention,
                              metadata={"engine": "vllm", "model": self.layout.name})
                 try:
-                    s.version = client.save_session(m, fresh, base=s.version).manifest.generation
+                    s.version = save(m, fresh, s.version).manifest.generation  # type: ignore[arg-type]
                 except FailedPrecondition:  # saved meanwhile through another engine or daemon: merge, once
                     if attempt:
                         raise
