@@ -26,3 +26,11 @@ def v41_layout(dtype: str = "nvfp4_ds_mla", fingerprint: dict[str, str] | None =
     return PageLayout("deepseek-ai/DeepSeek-V4.1-Flash", "vllm",
                       tuple(sorted({"kv_cache_dtype": dtype, **(fingerprint or {})}.items())),
                       (_group(0, ((2, 128), (8, 128), (14, 128)), dtype), _group(1, ((20, 256),), dtype)))
+
+
+def opaque_layout(name: str, block_bytes: int = 4096, fingerprint: dict[str, str] | None = None) -> PageLayout:
+    """Two groups (0 and 1) of small blocks kept as one opaque page each: the page surfaces' fuzz and
+    isolation tests, where the blocks' structure does not matter and small blobs keep them quick."""
+    opaque = (PageSpec("opaque", 0, 1, block_bytes, 0, "split", block_bytes),)
+    return PageLayout(name, "vllm", tuple(sorted((fingerprint or {}).items())),
+                      tuple(GroupSpec(g, 256, block_bytes, opaque) for g in (0, 1)))

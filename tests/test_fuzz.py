@@ -226,12 +226,12 @@ user_tokens = st.sampled_from([None, "garbage", *["tok-fuzz"] * 8])
 read_tokens = st.sampled_from([None, "garbage", "tok-admin", "tok-admin", *["tok-fuzz"] * 6])
 
 
-@st.composite
-def chunk_bytes(draw: st.DrawFn) -> bytes:
-    """A real chunk, mutated: bits flipped, cut, extended, header fields patched (checksum fixed
-    up or not), or random bytes."""
-    blob = bytearray(draw(st.sampled_from(BLOBS)))
-    op = draw(st.sampled_from(["real", "flip", "cut", "extend", "header", "header", "random"]))
+def mutate(draw: st.DrawFn, blobs: list[bytes], header_span: int, ops: list[str], random_max: int) -> bytes:
+    """One of ``blobs``, mutated by one of ``ops``: kept ("real"), bits flipped, cut, extended, a
+    4-byte field of its first ``header_span`` bytes patched (checksum fixed up or not), or random
+    bytes. Shared by the chunk and the page fuzzers (test_fuzz_surfaces.py)."""
+    blob = bytearray(draw(st.sampled_from(blobs)))
+    op = draw(st.sampled_from(ops))
     if op == "flip":
         for i in draw(st.lists(st.integers(0, len(blob) - 1), min_size=1, max_size=8)):
             blob[i] ^= 1 << draw(st.integers(0, 7))
@@ -240,14 +240,21 @@ def chunk_bytes(draw: st.DrawFn) -> bytes:
     elif op == "extend":
         blob += draw(st.binary(min_size=1, max_size=64))
     elif op == "header":
-        off = draw(st.integers(0, chunk.HEADER_BYTES + 16 * 8 - 4))
+        off = draw(st.integers(0, header_span - 4))
         struct.pack_into("<I", blob, off, draw(st.sampled_from([0, 1, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF,
                                                                 draw(st.integers(0, 2**32 - 1))])))
     elif op == "random":
-        return draw(st.binary(max_size=2048))
+        return draw(st.binary(max_size=random_max))
     if op != "real" and len(blob) >= 16 and draw(st.booleans()):  # a valid checksum: reach the deeper checks
         struct.pack_into("<Q", blob, len(blob) - 8, xxhash.xxh3_64_intdigest(bytes(blob[:-8])))
     return bytes(blob)
+
+
+@st.composite
+def chunk_bytes(draw: st.DrawFn) -> bytes:
+    """A real chunk, mutated (``mutate``): header fields are the chunk header and its key table."""
+    return mutate(draw, BLOBS, chunk.HEADER_BYTES + 16 * 8,
+                  ["real", "flip", "cut", "extend", "header", "header", "random"], 2048)
 
 
 def shm_paths(t: Target) -> st.SearchStrategy[str]:

@@ -35,6 +35,7 @@ import xxhash
 from daemon_helpers import running_daemon, save_session
 from hypothesis import given
 from hypothesis import strategies as st
+from page_helpers import opaque_layout
 from test_fuzz import (
     BAD_CODES,
     EXAMPLES,
@@ -46,6 +47,7 @@ from test_fuzz import (
     _checksums,
     call,
     keys,
+    mutate,
     namespaces,
     read_tokens,
     session_ids,
@@ -54,7 +56,6 @@ from test_fuzz import (
 )
 
 from kvstore.client import Client, into
-from kvstore.engines.vllm.geometry import page_layout, v41_groups
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.server.request_checks import MAX_KEYS
@@ -62,7 +63,7 @@ from kvstore.transport import local_channel, shm
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
-PAGES = page_layout("fuzz/pages", "nvfp4_ds_mla", "mxfp4", v41_groups(), 4096, 1, {"tp_size": "1"})
+PAGES = opaque_layout("fuzz/pages", 4096, {"tp_size": "1"})
 
 
 def page_blob(ns: str, seed: int) -> tuple[bytes, bytes]:
@@ -237,26 +238,9 @@ def test_fuzz_lookup_keys(target: Target, data: st.DataObject) -> None:
 # -- page blobs and page sessions ----------------------------------------------------------------------------
 @st.composite
 def page_bytes(draw: st.DrawFn) -> bytes:
-    """A page blob (the fuzzer's or team-a's), mutated: bits flipped, cut, extended, a header field
-    patched (checksum fixed up or not), or random bytes."""
-    blob = bytearray(draw(st.sampled_from([b for _, b in FUZZ_PAGES + A_PAGES])))
-    op = draw(st.sampled_from(["real", "real", "flip", "cut", "extend", "header", "header", "random"]))
-    if op == "flip":
-        for i in draw(st.lists(st.integers(0, len(blob) - 1), min_size=1, max_size=8)):
-            blob[i] ^= 1 << draw(st.integers(0, 7))
-    elif op == "cut":
-        blob = blob[: draw(st.integers(0, len(blob) - 1))]
-    elif op == "extend":
-        blob += draw(st.binary(min_size=1, max_size=64))
-    elif op == "header":
-        off = draw(st.integers(0, page.HEADER_BYTES - 4))
-        blob[off : off + 4] = draw(st.sampled_from([0, 1, 0xFFFF, 0x7FFFFFFF, 0xFFFFFFFF,
-                                                    draw(st.integers(0, 2**32 - 1))])).to_bytes(4, "little")
-    elif op == "random":
-        return draw(st.binary(max_size=5000))
-    if op not in ("real", "random") and len(blob) >= 16 and draw(st.booleans()):
-        blob[-8:] = xxhash.xxh3_64_intdigest(bytes(blob[:-8])).to_bytes(8, "little")
-    return bytes(blob)
+    """A page blob (the fuzzer's or team-a's), mutated (test_fuzz.mutate): header fields are the page header's."""
+    return mutate(draw, [b for _, b in FUZZ_PAGES + A_PAGES], page.HEADER_BYTES,
+                  ["real", "real", "flip", "cut", "extend", "header", "header", "random"], 5000)
 
 
 layout_choice = st.one_of(st.just(PAGES.layout_id), st.just(PAGES.layout_id),

@@ -25,9 +25,9 @@ import grpc
 import numpy as np
 import pytest
 from daemon_helpers import CODE, Daemon, SyntheticSession, make_session, running_daemon, save_session
+from page_helpers import opaque_layout
 
 from kvstore.client import Client
-from kvstore.engines.vllm.geometry import page_layout, v41_groups
 from kvstore.errors import KvstoreError
 from kvstore.format import page
 from kvstore.format.keys import ROOT, chain_keys
@@ -45,8 +45,8 @@ TOKENS = """
 "tok-admin" = ["*"]
 """
 A, B = "team-a", "team-b"
-PAGES = page_layout("iso/pages", "nvfp4_ds_mla", "mxfp4", v41_groups(), 4096, 1, {})
-PAGES_B = page_layout("iso/pages-of-b", "nvfp4_ds_mla", "mxfp4", v41_groups(), 4096, 1, {})
+PAGES = opaque_layout("iso/pages")
+PAGES_B = opaque_layout("iso/pages-of-b")
 
 
 def page_blob(ns: str, seed: int, lay: PageLayout = PAGES) -> tuple[bytes, bytes]:
@@ -352,7 +352,7 @@ def test_a_learns_nothing_from_registering_b_layouts(world: World) -> None:
     """B's layout definitions registered by A answer as a definition nobody registered: OK, with the
     id the definition itself gives (A computes it anyway); nothing says B holds it."""
     d = world.daemon
-    fresh = page_layout(f"iso/fresh-{uuid.uuid4().hex[:6]}", "nvfp4_ds_mla", "mxfp4", v41_groups(), 4096, 1, {})
+    fresh = opaque_layout(f"iso/fresh-{uuid.uuid4().hex[:6]}")
     with Client(address=d.address, token="tok-a", shared_memory=False) as c, \
             Client(address=d.address, token="tok-a", arena_bytes=1 << 20) as local:
         for transport, x in (("", c), (" local socket", local)):
