@@ -187,6 +187,40 @@ def test_truncated_or_extended_blobs_are_refused() -> None:
             page.check(bad, LAYOUT, NS)
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["c-kernel", "python"])
+def test_a_batch_check_is_page_matches_for_every_blob_and_a_corrupted_one_is_a_miss(
+        native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pages_match`` (the daemon's load checks: one C call for the batch, GIL released) answers as
+    ``page_matches`` blob by blob: a flipped payload byte, a header resealed with another group or
+    block hash, another tenant's blob, a truncated blob, a missing one, a version 1 blob are misses
+    among good blobs, on any thread split."""
+    from kvstore.format import chunk_batch
+    from kvstore.store import pages
+
+    if native and (chunk_batch._chunks is None or not hasattr(chunk_batch._chunks, "check_pages")):
+        pytest.skip("the C kernel is not built")
+    if not native:
+        monkeypatch.setattr(pages, "_chunks", None)
+    made = [blob_of(G, 100 + i) for i in range(12)]
+    keys = [k for k, _ in made]
+    blobs: list[bytes | None] = [b for _, b in made]
+    flipped = bytearray(made[1][1])
+    flipped[5000] ^= 0x10
+    blobs[1] = bytes(flipped)
+    blobs[3] = resealed(made[3][1], page.HEADER_BYTES, b"\xff")  # another block hash, checksum right
+    blobs[4] = resealed(made[4][1], 48, (G + 1).to_bytes(4, "little"))  # a group the layout lacks
+    keys[5], blobs[5] = blob_of(G, 105, ns="team-b")  # another tenant's blob under its own key
+    blobs[6] = made[6][1][:-1]
+    blobs[7] = None
+    blobs[8] = resealed(made[8][1], 4, (1).to_bytes(2, "little"))
+    keys[9] = made[10][0]  # a good blob, but not the one asked for
+    want = [b is not None and pages.page_matches(k, NS, LAYOUT, b) for k, b in zip(keys, blobs)]
+    assert want == [True, False, True, False, False, False, False, False, False, False, True, True]
+    for threads in (1, 2, 5):
+        assert pages.pages_match(keys, NS, LAYOUT, blobs, threads) == want
+    assert pages.pages_match([], NS, LAYOUT, [], 2) == []
+
+
 # -- in the daemon -----------------------------------------------------------------------------------
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:

@@ -381,7 +381,143 @@ static PyObject *py_addresses(PyObject *self, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 }
 
+/* ---- engine page blobs (kvstore/format/page.py, docs/FORMAT.md section 6) ----
+ *
+ *   check_pages(blobs, keys, layout_id, namespace, groups, block_bytes, codes_end, status, nthreads)
+ *
+ * What kvstore/store/pages.py's page_matches applies to one blob, for N blobs of one layout and
+ * namespace in one call with the GIL released: page.read_header's checks, the header against the
+ * layout and its group (page._of_layout), the key recomputed from namespace, group and block hash
+ * (page.page_key) equal to the blob's and to the key asked for (keys: N x 16 bytes), the xxh3-64
+ * checksum. groups, block_bytes, codes_end: int64 [G], the layout's groups. status: uint8 [N],
+ * written: 0 for a match, 1 for anything else (a miss, as page_matches answers False). */
+#define PAGE_HEADER_BYTES 64
+#define PAGE_VERSION 2
+#define PAGE_MAX_HASH 64
+static const char PAGE_DOMAIN[16] = "kvstore.page.v2"; /* + its NUL: page.py's _DOMAIN, 16 bytes */
+
+typedef struct {
+    const src_t *src;
+    const uint8_t *keys, *layout, *ns;
+    const int64_t *groups, *block_bytes, *codes_end;
+    uint64_t ns_len;
+    Py_ssize_t n_groups, b0, b1;
+    uint8_t *status;
+} page_job_t;
+
+static int page_ok(const page_job_t *j, Py_ssize_t i) {
+    const uint8_t *p = j->src[i].p;
+    uint64_t n = j->src[i].n;
+    if (p == NULL || n < PAGE_HEADER_BYTES + CHECKSUM_BYTES) return 0;
+    if (memcmp(p, "KVPG", 4) != 0 || rd(p + 4, 2) != PAGE_VERSION) return 0;
+    uint64_t hb = rd(p + 6, 2), total = rd(p + 8, 4), block = rd(p + 12, 4), group = rd(p + 48, 4);
+    uint64_t hash_len = rd(p + 52, 2), comp = rd(p + 56, 4);
+    if (hash_len == 0 || hash_len > PAGE_MAX_HASH || hb != ((PAGE_HEADER_BYTES + hash_len + 15) & ~(uint64_t)15))
+        return 0;
+    if (total != n || total != hb + block + CHECKSUM_BYTES || !(hb <= comp && comp <= hb + block)) return 0;
+    if (memcmp(p + 16, j->layout, KEY_BYTES) != 0) return 0;
+    Py_ssize_t g = 0;
+    while (g < j->n_groups && (uint64_t)j->groups[g] != group) g++;
+    if (g == j->n_groups || (uint64_t)j->block_bytes[g] != block || comp != hb + (uint64_t)j->codes_end[g]) return 0;
+    if (memcmp(p + 32, j->keys + KEY_BYTES * i, KEY_BYTES) != 0) return 0; /* not the block asked for */
+    XXH3_state_t st;
+    XXH3_INITSTATE(&st);
+    uint8_t ns_len[2] = {(uint8_t)(j->ns_len & 0xFF), (uint8_t)(j->ns_len >> 8)};
+    uint8_t grp[4] = {(uint8_t)group, (uint8_t)(group >> 8), (uint8_t)(group >> 16), (uint8_t)(group >> 24)};
+    uint8_t hl[2] = {(uint8_t)hash_len, (uint8_t)(hash_len >> 8)};
+    XXH3_128bits_reset(&st);
+    UPDATE128(&st, PAGE_DOMAIN, sizeof PAGE_DOMAIN);
+    UPDATE128(&st, j->layout, KEY_BYTES);
+    UPDATE128(&st, ns_len, 2);
+    UPDATE128(&st, j->ns, (size_t)j->ns_len);
+    UPDATE128(&st, grp, 4);
+    UPDATE128(&st, hl, 2);
+    UPDATE128(&st, p + PAGE_HEADER_BYTES, (size_t)hash_len);
+    XXH128_canonical_t c;
+    XXH128_canonicalFromHash(&c, XXH3_128bits_digest(&st));
+    if (memcmp(c.digest, p + 32, KEY_BYTES) != 0) return 0; /* the key is not its namespace's, group's, hash's */
+    return HASH64(p, (size_t)(n - CHECKSUM_BYTES)) == rd(p + n - CHECKSUM_BYTES, 8);
+}
+
+static void *page_worker(void *arg) {
+    page_job_t *j = arg;
+    for (Py_ssize_t i = j->b0; i < j->b1; i++) j->status[i] = page_ok(j, i) ? 0 : 1;
+    return NULL;
+}
+
+static PyObject *py_check_pages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9) {
+        PyErr_SetString(PyExc_TypeError, "check_pages takes 9 arguments");
+        return NULL;
+    }
+    PyObject *seq = PySequence_Fast(args[0], "blobs must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), got = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_buffer *views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
+    src_t *src = PyMem_Calloc(n ? n : 1, sizeof(src_t));
+    Py_buffer b[7];
+    memset(b, 0, sizeof b);
+    PyObject *ret = NULL;
+    if (views == NULL || src == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; got < n; got++) {
+        if (items[got] == Py_None) continue;
+        if (PyObject_GetBuffer(items[got], &views[got], PyBUF_SIMPLE) < 0) goto out;
+        src[got] = (src_t){views[got].buf, (uint64_t)views[got].len};
+    }
+    if (get_buf(args[1], &b[0], 0, KEY_BYTES * n, 0, "keys") < 0) goto out;
+    if (get_buf(args[2], &b[1], 0, KEY_BYTES, 0, "layout_id") < 0) goto out;
+    if (get_buf(args[3], &b[2], 0, 0, 0, "namespace") < 0) goto out;
+    if (b[2].len > 0xFFFF) {
+        PyErr_SetString(PyExc_ValueError, "namespace is over 65535 bytes");
+        goto out;
+    }
+    if (get_buf(args[4], &b[3], 0, 0, 0, "groups") < 0) goto out;
+    Py_ssize_t ng = b[3].len / 8;
+    if (get_buf(args[5], &b[4], 0, 8 * ng, 0, "block_bytes") < 0) goto out;
+    if (get_buf(args[6], &b[5], 0, 8 * ng, 0, "codes_end") < 0) goto out;
+    if (get_buf(args[7], &b[6], 1, n, 0, "status") < 0) goto out;
+    int nthreads = (int)PyLong_AsLong(args[8]);
+    if (PyErr_Occurred()) goto out;
+    page_job_t base = {.src = src, .keys = b[0].buf, .layout = b[1].buf, .ns = b[2].buf, .ns_len = (uint64_t)b[2].len,
+                       .groups = b[3].buf, .block_bytes = b[4].buf, .codes_end = b[5].buf, .n_groups = ng,
+                       .status = b[6].buf};
+    if (nthreads < 1) nthreads = 1;
+    if (nthreads > 16) nthreads = 16;
+    if (nthreads > n) nthreads = n > 0 ? (int)n : 1;
+    page_job_t jobs[16];
+    pthread_t th[16];
+    int started[16] = {0};
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 0; t < nthreads; t++) {
+        jobs[t] = base;
+        jobs[t].b0 = n * t / nthreads;
+        jobs[t].b1 = n * (t + 1) / nthreads;
+        if (t > 0) started[t] = pthread_create(&th[t], NULL, page_worker, &jobs[t]) == 0;
+        if (t > 0 && !started[t]) page_worker(&jobs[t]);
+    }
+    page_worker(&jobs[0]);
+    for (int t = 1; t < nthreads; t++)
+        if (started[t]) pthread_join(th[t], NULL);
+    Py_END_ALLOW_THREADS
+    ret = Py_None;
+    Py_INCREF(ret);
+out:
+    for (int k = 0; k < 7; k++) release(&b[k]);
+    for (Py_ssize_t i = 0; i < got; i++)
+        if (items[i] != Py_None) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(src);
+    Py_DECREF(seq);
+    return ret;
+}
+
 static PyMethodDef methods[] = {
+    {"check_pages", (PyCFunction)(void (*)(void))py_check_pages, METH_FASTCALL,
+     "Check a batch of engine page blobs of one layout and namespace."},
     {"addresses", (PyCFunction)(void (*)(void))py_addresses, METH_FASTCALL,
      "The address of each blob's first byte."},
     {"check", (PyCFunction)(void (*)(void))py_check, METH_FASTCALL, "Check (and copy) a batch of chunk blobs."},

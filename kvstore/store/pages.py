@@ -11,8 +11,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+import numpy as np
+
 from kvstore.errors import InvalidArgument
 from kvstore.format import chunk, page
+from kvstore.format.chunk_batch import _chunks
 from kvstore.format.manifest import Manifest
 from kvstore.format.page_layout import PageLayout
 from kvstore.tiers.base import Stored
@@ -42,6 +45,26 @@ def page_matches(key: bytes, namespace: str, lay: PageLayout, blob: Stored) -> b
         return page.check(blob, lay, namespace).key == key
     except page.PageError:
         return False
+
+
+def pages_match(keys: Sequence[bytes], namespace: str, lay: PageLayout, blobs: Sequence[Stored | None],
+                threads: int = 1) -> list[bool]:
+    """``page_matches`` for a batch of blobs of one layout and namespace (None: a miss): one call of
+    the C kernel (``_chunks.check_pages``: every check of ``page.check`` and the key asked for, the
+    GIL released, the batch over ``threads`` threads) where it was built; else blob by blob."""
+    if _chunks is None or not hasattr(_chunks, "check_pages"):
+        def one(key: bytes, blob: Stored | None) -> Callable[[], bool]:
+            return lambda: blob is not None and page_matches(key, namespace, lay, blob)
+        return all_match([one(k, b) for k, b in zip(keys, blobs)], threads)
+    groups = list(lay.groups)
+    status = np.ones(len(keys), np.uint8)
+    if any(len(k) != 16 for k in keys):  # not a page key: never a match
+        return [False] * len(keys)
+    _chunks.check_pages(list(blobs), b"".join(keys), lay.layout_id, namespace.encode(),
+                        np.array([g.group for g in groups], np.int64),
+                        np.array([g.block_bytes for g in groups], np.int64),
+                        np.array([page.codes_end(g) for g in groups], np.int64), status, threads)
+    return (status == 0).tolist()
 
 
 def all_match(checks: Sequence[Callable[[], bool]], threads: int = 1) -> list[bool]:

@@ -25,7 +25,7 @@ from kvstore.results import LookupResult
 from kvstore.store.chunk_index import ChunkInfo, chunk_matches
 from kvstore.store.counters import HitCounters
 from kvstore.store.layouts import Layouts
-from kvstore.store.pages import all_match, page_matches
+from kvstore.store.pages import page_matches, pages_match
 from kvstore.store.session_index import SessionIndex
 from kvstore.store.sharing import Sharing
 from kvstore.store.tiered import TieredStore
@@ -164,7 +164,7 @@ class SessionReads:
     def _verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo | None], at: Sequence[int],
                 values: Sequence[Stored]) -> list[bool]:
         """Whether each value (of ``keys[at[i]]``, known as ``infos[at[i]]``) is what the index says: the
-        chunks in one ``chunk_batch.check``, engine pages blob by blob (``page_matches``), a long
+        chunks in one ``chunk_batch.check``, engine pages in one ``pages_match`` (C kernel) per layout, a long
         load's split over the cores as the chunks' are."""
         ok = [False] * len(at)
         known = [infos[j] for j in at]
@@ -181,11 +181,17 @@ class SessionReads:
             for i, good in zip(chunks, valid.tolist()):
                 ok[i] = good
         pages = [(i, info) for i, info in enumerate(known) if info is not None and info.page]
-        if pages:
-            checks = [functools.partial(self.matcher(keys[at[i]], info), values[i]) for i, info in pages]
+        if pages:  # by layout and namespace (a load's are one of each), each run in one pages_match call
             threads = VERIFY_THREADS if sum(len(values[i]) for i, _ in pages) >= VERIFY_SPLIT_BYTES else 1
-            for (i, _), good in zip(pages, all_match(checks, threads)):
-                ok[i] = good
+            runs: dict[tuple[bytes, str], list[int]] = {}
+            for i, info in pages:
+                runs.setdefault((info.layout_id, info.namespace), []).append(i)
+            for (layout_id, namespace), idx in runs.items():
+                play = self.layouts.page(layout_id)
+                assert play is not None, "an unreadable layout's blob is never read (_readable)"
+                good = pages_match([keys[at[i]] for i in idx], namespace, play, [values[i] for i in idx], threads)
+                for i, g in zip(idx, good):
+                    ok[i] = g
         return ok
 
     def checks(self, namespace: str, keys: Sequence[bytes]) -> list[tuple[bytes, Check]]:

@@ -41,7 +41,7 @@ class DaemonLink:
         blobs in the client's arena, which the next call of that client reuses), or the lookup
         thread's, which needs no arena."""
         arena = 0 if role == "lookup" else self.arena_bytes
-        key = (tenant, role, threading.get_ident())
+        key = (tenant, role, 0 if role == "lookup" else threading.get_ident())  # one lookup thread: warmed anywhere
         with self._lock:
             c = self._clients.get(key)
             if c is None:
@@ -51,6 +51,15 @@ class DaemonLink:
             c.register_layout(self.layout.definition(), tenant.namespace)
             self._registered.add(tenant)
         return c
+
+    def warm(self, tenant: Tenant, role: str) -> None:
+        """This thread's client of ``role`` for ``tenant`` made now (connected, its arena attached, the
+        layout registered), so the engine's first lookup or job does not pay for it; a failure is
+        left to the first real call."""
+        try:
+            self.client(tenant, role).connect()
+        except Exception as e:  # the daemon may start after the engine: its first call says so
+            log.debug("kvstore tier: warming a %s client failed: %s", role, e)
 
     def available(self) -> bool:
         return time.monotonic() >= self._down_until

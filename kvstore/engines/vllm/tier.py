@@ -184,6 +184,12 @@ class KVStoreTier(SecondaryTierManager):
         self._loads = ThreadPoolExecutor(n_load_threads, thread_name_prefix="kvstore_tier_load")
         self._stores = ThreadPoolExecutor(n_store_threads, thread_name_prefix="kvstore_tier_store")
         self._lookups = _Lookups(self, tier_type)
+        # every job thread's client and the lookup client connected now, off the engine's thread: a
+        # restarted engine's first lookups and loads do not pay for a connection, an arena and the layout
+        for pool, role, n in ((self._loads, "load", n_load_threads), (self._stores, "store", n_store_threads)):
+            for _ in range(n):
+                pool.submit(self.daemon.warm, self.sessions.default, role)
+        self._loads.submit(self.daemon.warm, self.sessions.default, "lookup")
         # KV events (BlockStored for what a store job saved), as vLLM's fs tier emits them: only when vLLM
         # publishes KV cache events at all
         self._events: list[OffloadingEvent] | None = (
