@@ -13,8 +13,8 @@ it is refused now, and a client's 64 MiB arena (a memfd, not in /dev/shm) works 
 
 from __future__ import annotations
 
-import json
 import contextlib
+import json
 import os
 import shutil
 import subprocess
