@@ -35,7 +35,7 @@ from typing import Any
 
 SPLIT, INTERLEAVED = "split", "interleaved"
 KIND = "engine-pages"
-#: A definition, as sent and in canonical form (non-ASCII escaped as \\uXXXX), is at most this long.
+#: A definition, as sent and in canonical form (non-ASCII as 6-byte \\u escapes), is at most this long.
 MAX_DEFINITION_BYTES = 64 << 10
 #: How deep a definition's JSON may nest (a layout needs 5: layout, groups, group, pages, page).
 MAX_DEPTH = 8
@@ -145,7 +145,7 @@ class PageLayout:
             _utf8("a fingerprint key", k)
             _utf8(f"fingerprint[{k!r}]", v)
         if len(self._canonical) > MAX_DEFINITION_BYTES:
-            raise PageLayoutError(f"a page layout's canonical definition (non-ASCII escaped as \\uXXXX) is at most "
+            raise PageLayoutError(f"a page layout's canonical definition (non-ASCII as 6-byte \\u escapes) is at most "
                                   f"{MAX_DEFINITION_BYTES} bytes, this one is {len(self._canonical)}")
 
     # -- identity ---------------------------------------------------------------------------------
