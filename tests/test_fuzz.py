@@ -175,19 +175,28 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
                                            indent=1))
 
 
-@pytest.fixture(scope="module", params=["grpc", "local socket"])
-def target(request: pytest.FixtureRequest, fuzzed: Fuzzed) -> Iterator[Target]:
-    """Every fuzz test runs over a stock gRPC channel and over the local socket, which same-host
-    clients use by default (the same handlers behind other framing: server/local.py)."""
-    if request.param == "grpc":
+def open_target(front: str, fuzzed: Fuzzed, on_open: Callable[[local_channel.LocalChannel], None] | None = None
+                ) -> Iterator[Target]:
+    """A fuzz target over ``front``: a stock gRPC channel, or the local socket, which same-host
+    clients use by default (the same handlers behind other framing: server/local.py); ``on_open``
+    runs on a fresh local channel first. Shared by test_fuzz_surfaces.py."""
+    if front == "grpc":
         with grpc.insecure_channel(fuzzed.daemon.address) as channel:
             yield Target(fuzzed, "grpc", channel, pb_grpc.KVStoreStub(channel))
         return
     if not fuzzed.local_socket:
         pytest.skip("the daemon serves no local socket here")
     local = local_channel.LocalChannel(fuzzed.local_socket)
+    if on_open is not None:
+        on_open(local)
     yield Target(fuzzed, "local", local, pb_grpc.KVStoreStub(local))
     local.close()
+
+
+@pytest.fixture(scope="module", params=["grpc", "local socket"])
+def target(request: pytest.FixtureRequest, fuzzed: Fuzzed) -> Iterator[Target]:
+    """Every fuzz test runs over both front ends (``open_target``)."""
+    yield from open_target(request.param, fuzzed)
 
 
 def call(t: Target, method: str, request: Any, token: str | None, case: str = "") -> None:

@@ -49,6 +49,7 @@ from test_fuzz import (
     keys,
     mutate,
     namespaces,
+    open_target,
     read_tokens,
     session_ids,
     u64,
@@ -59,9 +60,8 @@ from kvstore.client import Client, into
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.server.request_checks import MAX_KEYS
-from kvstore.transport import local_channel, shm
+from kvstore.transport import shm
 from kvstore.v1 import kvstore_pb2 as pb
-from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
 PAGES = opaque_layout("fuzz/pages", 4096, {"tp_size": "1"})
 
@@ -154,16 +154,8 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
 
 @pytest.fixture(scope="module", params=["grpc", "local socket"])
 def target(request: pytest.FixtureRequest, fuzzed: Fuzzed) -> Iterator[Target]:
-    if request.param == "grpc":
-        with grpc.insecure_channel(fuzzed.daemon.address) as channel:
-            yield Target(fuzzed, "grpc", channel, pb_grpc.KVStoreStub(channel))
-        return
-    if not fuzzed.local_socket:
-        pytest.skip("the daemon serves no local socket here")
-    local = local_channel.LocalChannel(fuzzed.local_socket)
-    into.allow_daemon(local.peer_pid())  # where Yama asks for it: the daemon may write into this process
-    yield Target(fuzzed, "local", local, pb_grpc.KVStoreStub(local))
-    local.close()
+    # on the local socket, where Yama asks for it: the daemon may write into this process
+    yield from open_target(request.param, fuzzed, lambda local: into.allow_daemon(local.peer_pid()))
 
 
 # -- RegisterLayout --------------------------------------------------------------------------------------
