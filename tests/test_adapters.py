@@ -19,7 +19,7 @@ import grpc
 import pytest
 from store_helpers import TINY8, build_session, token_stream
 
-from kvstore.client import messages
+from kvstore.client import requests as messages
 from kvstore.errors import InvalidArgument, NotFound, PermissionDenied, ResourceExhausted
 from kvstore.server import service
 from kvstore.server.auth import Auth
