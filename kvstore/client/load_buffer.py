@@ -28,20 +28,22 @@ class LoadBuffers:
     """The buffer a default load is answered in: the one kept, while no view of it is alive, else a
     fresh one (kept from then on). Thread-safe: a buffer taken by one thread is busy for the others."""
 
-    def __init__(self, keep_bytes: int) -> None:
+    def __init__(self, keep_bytes: int, reserve_bytes: int = MIN_RESERVE) -> None:
         self.keep_bytes = keep_bytes  # a larger buffer is not kept after its load (its memory stays touched)
+        self._size = reserve_bytes  # a fresh buffer's size: grows to the largest answer asked for
         self._kept: mmap.mmap | None = None
         self._lock = threading.Lock()
 
     def take(self, nbytes: int = 0) -> memoryview:
-        """A writable buffer of at least ``nbytes`` bytes (at least ``MIN_RESERVE``) that nobody else
-        holds. Its memory is the caller's while any view of it lives."""
+        """A writable buffer of at least ``nbytes`` bytes that nobody else holds (fresh ones are as large
+        as the largest asked for). Its memory is the caller's while any view of it lives."""
         with self._lock:
             kept = self._kept
             # references: self._kept, ``kept``, getrefcount's argument; any more is a view alive
             if kept is not None and len(kept) >= nbytes and sys.getrefcount(kept) == 3:
                 return memoryview(kept)
-            buf = _reserve(max(nbytes, MIN_RESERVE))
+            self._size = max(self._size, nbytes)
+            buf = _reserve(self._size)
             self._kept = buf if len(buf) <= max(self.keep_bytes, MIN_RESERVE) else None
             return memoryview(buf)
 
