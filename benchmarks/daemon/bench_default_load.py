@@ -7,7 +7,8 @@ Per session size (128K and 1M tokens of deepseek-v4.1-flash: 512 and 4,096 chunk
 daemon of default settings on a temp data dir, the session saved in large turns, then loaded whole:
 - host tier (every chunk in the daemon's host tier, promoted by a prefetch, then one untimed load):
   ``load_session()`` with its defaults (its pairs iterated, dropped before the next load), the same
-  with the previous load's pairs still held (so no buffer of the last answer can be reused),
+  by a second client whose caller holds each answer until its next one (so no buffer of the last
+  answer can be reused: fresh memory every load),
   ``load_session_into`` one reused buffer, and a memcpy of the same bytes into a reused buffer;
 - ssd tier, page cache warm (``evict(.., "ssd")`` before every load): the same three loads, beside raw
   LMDB reads of every chunk in one read transaction (views; and with a copy out).
@@ -114,8 +115,10 @@ def run_size(tokens: int, cfg: BenchConfig, work: Path) -> SizeResult:
             got = list(pairs)
             return len(got), sum(len(b) for _, b in got)
 
+        keeper = Client(d.address)  # a caller that keeps each answer until the next: its own client, its own buffers
+
         def default_kept() -> tuple[int, int]:
-            _, pairs = client.load_session(NS, SID)
+            _, pairs = keeper.load_session(NS, SID)
             got = list(pairs)
             kept[:] = [got]  # the previous answer dropped only now, after this one was made
             return len(got), sum(len(b) for _, b in got)
@@ -147,6 +150,8 @@ def run_size(tokens: int, cfg: BenchConfig, work: Path) -> SizeResult:
                     r.notes.append(f"after evict the chunks were in {placement(client)}")
                 r.seconds.setdefault(f"ssd_{name}", []).append(timed(fn, s))
             kept.clear()
+        kept.clear()
+        keeper.close()
         client.close()
     finally:
         d.stop()
