@@ -1,10 +1,33 @@
-"""Domain errors. The gRPC layer maps each to one status code, in one place (kvstore/server/status.py)."""
+"""Domain errors. The gRPC layer maps each to one status code, in one place (kvstore/server/status.py).
+
+A refusal the client can cure and then ask again says so with a typed ``Retry`` reason (and, for a
+destination too small, the bytes it needs): it travels beside the status (``RetryInfo`` in the proto)
+and the client decides on it alone, never on the message, which is for people."""
 
 from __future__ import annotations
 
+import enum
+
+
+class Retry(enum.IntEnum):
+    """Why a refused call may succeed once the client has done something; the proto's ``RetryReason``
+    (same names and numbers: tests/test_retry_reasons.py)."""
+
+    RETRY_REASON_UNSPECIFIED = 0
+    UNKNOWN_ARENA = 1  # attach a fresh arena, ask again
+    ARENA_TOO_SMALL = 2  # grow the arena to ``needed_bytes``, ask again (nothing was written)
+    CALLER_MEMORY_REFUSED = 3  # the daemon cannot reach the caller's memory: go through the arena or the stream
+    CALLER_MEMORY_TOO_SMALL = 4  # the caller's buffer holds less than ``needed_bytes`` (nothing was written)
+
 
 class KvstoreError(Exception):
-    """Base of every error kvstore raises on purpose."""
+    """Base of every error kvstore raises on purpose. ``reason``: a ``Retry`` reason, if the caller
+    can cure the refusal; ``needed_bytes``: for a destination too small, what the answer takes."""
+
+    def __init__(self, *args: object, reason: Retry = Retry.RETRY_REASON_UNSPECIFIED, needed_bytes: int = 0) -> None:
+        super().__init__(*args)
+        self.reason = reason
+        self.needed_bytes = needed_bytes
 
 
 class InvalidArgument(KvstoreError, ValueError):

@@ -44,7 +44,7 @@ def test_the_path_is_chosen_once_at_connect(daemon: Daemon, ns: str) -> None:
         c.save_session(s.manifest, s.blobs)
         carrier = c.carrier
         assert carrier.name == ARENA and c.uses_shared_memory
-        _, chunks = c.load_session(ns, "s1")
+        _, chunks = c.load_session(ns, "s1", zero_copy=True)  # the arena's own load (the default: caller memory)
         assert {i: bytes(b) for i, b in chunks} == dict(enumerate(s.blobs))
         assert c.carrier is carrier
         assert ARENA in c.info().carriers
@@ -92,7 +92,7 @@ def test_a_load_larger_than_the_largest_arena_takes_the_stream(daemon: Daemon, n
     with Client(address=daemon.address, arena_bytes=cap, max_arena_bytes=cap) as c:
         c.save_session(large.manifest, large.blobs)
         before = transport_stats(daemon)
-        _, chunks = c.load_session(ns, "large")
+        _, chunks = c.load_session(ns, "large", zero_copy=True)  # the arena's load, not caller memory
         assert {i: bytes(b) for i, b in chunks} == dict(enumerate(large.blobs))
         assert c.carrier.name == ARENA and c.carrier.arena.size == cap  # type: ignore[attr-defined]
     after = transport_stats(daemon)

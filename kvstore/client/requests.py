@@ -1,5 +1,6 @@
 """The request/answer plumbing of ``Client``: the requests a save sends, how a load's answer is read,
-the status -> exception mapping and the retry policy, the session versions a save names as its
+the status -> exception mapping (with the typed retry reason the daemon put beside the status:
+kvstore/transport/retry.py) and the retry policy, the session versions a save names as its
 base, and the choice of carrier from what the daemon says when the client connects."""
 
 from __future__ import annotations
@@ -21,20 +22,21 @@ from kvstore.errors import (
     NotFound,
     PermissionDenied,
     ResourceExhausted,
+    Retry,
     Unauthenticated,
     Unavailable,
 )
 from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
-from kvstore.transport import convert, fastpb, framing
-from kvstore.transport.carrier import UNKNOWN_ARENA, Piece, Receiver, StreamCarrier, arena_needed, same_host_dir
+from kvstore.transport import convert, fastpb, framing, retry
+from kvstore.transport.carrier import Piece, Receiver, StreamCarrier, same_host_dir
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
 ARENA_REATTACH_S = 240.0  # below the daemon's idle limit for arenas (server/arenas.py)
 DETACH_TIMEOUT_S = 2.0  # a closing client does not wait long for a daemon that is gone
 
-_ERRORS: dict[grpc.StatusCode, type[Exception]] = {
+_ERRORS: dict[grpc.StatusCode, type[KvstoreError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
@@ -54,24 +56,36 @@ class SavedSession(NamedTuple):
 
 
 # -- statuses and retries ------------------------------------------------------------------------------
-def domain_error(e: grpc.RpcError) -> Exception:
+def domain_error(e: grpc.RpcError) -> KvstoreError:
+    """The exception a status raises here: its code's class, its message, and the typed retry reason
+    the daemon sent beside it (``reason``, ``needed_bytes``), which alone decides a retry."""
     code = e.code()  # type: ignore[attr-defined]
     cls = _ERRORS.get(code, KvstoreError)
     details = e.details()  # type: ignore[attr-defined]
-    return cls(f"daemon unavailable: {details}" if code == grpc.StatusCode.UNAVAILABLE else f"{details}")
+    trailing = getattr(e, "trailing_metadata", None)
+    reason, needed = retry.decode(trailing() if trailing is not None else None)
+    return cls(f"daemon unavailable: {details}" if code == grpc.StatusCode.UNAVAILABLE else f"{details}",
+               reason=reason, needed_bytes=needed)
 
 
-def unknown_arena(e: grpc.RpcError) -> bool:
+def unknown_arena(err: KvstoreError) -> bool:
     """The daemon does not know the arena we named: it restarted, or unmapped it when idle."""
-    return (e.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
-            and (e.details() or "").startswith(UNKNOWN_ARENA))  # type: ignore[attr-defined]
+    return isinstance(err, InvalidArgument) and err.reason == Retry.UNKNOWN_ARENA
 
 
-def arena_too_small(e: grpc.RpcError) -> int:
+def arena_too_small(err: KvstoreError) -> int:
     """The bytes a load needs that did not fit our arena (the daemon wrote none of it), else 0."""
-    if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:  # type: ignore[attr-defined]
-        return 0
-    return arena_needed(e.details() or "")  # type: ignore[attr-defined]
+    return err.needed_bytes if isinstance(err, ResourceExhausted) and err.reason == Retry.ARENA_TOO_SMALL else 0
+
+
+def caller_memory_refused(err: KvstoreError) -> bool:
+    """The daemon cannot write into (or read from) this process: go through the arena or the stream."""
+    return isinstance(err, FailedPrecondition) and err.reason == Retry.CALLER_MEMORY_REFUSED
+
+
+def caller_memory_too_small(err: KvstoreError) -> int:
+    """The bytes a load into our memory needs that did not fit the buffer named (none written), else 0."""
+    return err.needed_bytes if isinstance(err, ResourceExhausted) and err.reason == Retry.CALLER_MEMORY_TOO_SMALL else 0
 
 
 def retryable(e: grpc.RpcError) -> bool:

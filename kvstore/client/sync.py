@@ -7,7 +7,8 @@ through one carrier (kvstore/transport/carrier.py), chosen once, when the client
 ``info``, save or load; kvstore/client/link.py): an arena shared with the daemon when it runs on this
 host and agrees to map it, else the gRPC stream. A save larger than the arena overflows to the stream
 for that call; a load larger than it grows the arena. ``load_session_into`` loads into the caller's
-own buffer (kvstore/client/into.py).
+own buffer (kvstore/client/into.py); on the daemon's host ``load_session()`` does too, into a buffer
+of the client's whose views it hands out (kvstore/client/load_buffer.py): one copy from the tier.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from kvstore.client import requests as rq
 from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
+from kvstore.client.load_buffer import LoadBuffers
 from kvstore.client.requests import SavedSession
-from kvstore.errors import FailedPrecondition, InvalidArgument, KvstoreError
+from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.page_layout import PageLayout
@@ -34,7 +36,6 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, local_channel, slots
 from kvstore.transport.carrier import ARENA, Carrier, Receiver
 from kvstore.transport.framing import Blob
-from kvstore.transport.sender import CALLER_MEMORY_REFUSED
 from kvstore.v1 import kvstore_pb2 as pb
 from kvstore.v1 import kvstore_pb2_grpc as pb_grpc
 
@@ -59,11 +60,13 @@ class Client:
         self._into_refused = ""  # why the daemon cannot write into this process (then: arena, copy)
         self._ptracer_named_by = 0  # the process that named the daemon its ptracer (not inherited by a fork)
         self._tails: set[Any] = set()  # loads answered whole, their status still on its way (rq.answer_pairs)
+        self._buffers = LoadBuffers(self.config.max_arena_bytes)  # where load_session() is answered, same host
 
     def close(self) -> None:
         """Detach the device buffers and the arena, close the channels."""
         for loader in self._device_loaders.values():
             loader.close()
+        self._buffers.close()
         self._link.close()
 
     def __enter__(self) -> Client:
@@ -134,10 +137,11 @@ class Client:
                     return self._stub.SaveChunks(rq.save_requests(header, carrier.send(enumerate(blobs))),
                                                  timeout=self.config.timeout_s, metadata=self._metadata)
                 except grpc.RpcError as e:
-                    if attempt == 0 and carrier.arena_id and rq.unknown_arena(e):
+                    err = rq.domain_error(e)
+                    if attempt == 0 and carrier.arena_id and rq.unknown_arena(err):
                         carrier = self._link.reattach()
                         continue
-                    raise rq.domain_error(e) from None
+                    raise err from None
         raise AssertionError("unreachable")
 
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
@@ -182,7 +186,7 @@ class Client:
                 return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
             except grpc.RpcError as e:
                 err = rq.domain_error(e)
-                if not (isinstance(err, FailedPrecondition) and str(err).startswith(CALLER_MEMORY_REFUSED)):
+                if not rq.caller_memory_refused(err):
                     raise err from None
                 self._into_refused = str(err)  # remembered: saves and loads through the arena from now on
         blobs = []
@@ -206,13 +210,14 @@ class Client:
                     stream = rpc(build(carrier), timeout=self.config.timeout_s, metadata=self._metadata)
                     first = next(stream, None)
                 except grpc.RpcError as e:
-                    if attempt < 2 and carrier.arena_id and rq.unknown_arena(e):
+                    err = rq.domain_error(e)
+                    if attempt < 2 and carrier.arena_id and rq.unknown_arena(err):
                         carrier = self._link.reattach()
                         continue
-                    if attempt < 2 and carrier.arena_id and (need := rq.arena_too_small(e)):
+                    if attempt < 2 and carrier.arena_id and (need := rq.arena_too_small(err)):
                         carrier = self._link.grow(need)  # the daemon wrote nothing: asked again, once
                         continue
-                    raise rq.domain_error(e) from None
+                    raise err from None
                 c = chunks_of(first) if first is not None else None
                 n = expected(first) if first is not None else 0
                 return first, rq.answer_pairs(receiver.feed(c) if c is not None else [], stream, receiver, chunks_of,
@@ -232,8 +237,13 @@ class Client:
 
     def load_session(self, namespace: str, session_id: str, zero_copy: bool = False
                      ) -> tuple[Manifest, Iterator[tuple[int, Blob]]]:
-        """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has.
-        ``zero_copy``: as in :meth:`load_chunks`."""
+        """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has,
+        the caller's to keep. On the daemon's host the daemon writes them all into one buffer of this
+        client's, and the blobs are read-only views of it (kvstore/client/load_buffer.py: reused only
+        once no view of the last answer is alive); elsewhere they come through the arena or the stream.
+        ``zero_copy``: views into the arena, as in :meth:`load_chunks`."""
+        if not zero_copy and (whole := self._load_whole(namespace, session_id)) is not None:
+            return whole
         first, pairs = self._open(
             self._link.stubs.load_session,
             lambda c: pb.LoadSessionRequest(namespace=namespace, session_id=session_id, arena_id=c.arena_id),
@@ -241,6 +251,32 @@ class Client:
         if first is None or first.session is None:
             raise KvstoreError("the daemon ended LoadSession without the manifest")
         return self._versions.saw(convert.session_from_pb(first.session)), pairs
+
+    def _load_whole(self, namespace: str, session_id: str) -> tuple[Manifest, Iterator[tuple[int, Blob]]] | None:
+        """``load_session`` written by the daemon into one buffer of ours (``_into``), or None where the
+        daemon cannot write here (then: the arena). A buffer too small for the answer (the daemon wrote
+        none of it: CALLER_MEMORY_TOO_SMALL, with the bytes needed) is replaced by one that fits."""
+        self.connect()
+        if self._local is None or self._into_refused:
+            return None
+        need = 0
+        for attempt in range(3):
+            request = pb.LoadSessionRequest(namespace=namespace, session_id=session_id)
+            try:
+                first, placed = self._into(self._link.stubs.load_session, request, lambda m: m.chunks,
+                                           lambda m: len(m.session.chunk_keys) if m.session is not None else 0,
+                                           self._buffers.take(need))
+            except ResourceExhausted as e:
+                if attempt == 2 or not (need := rq.caller_memory_too_small(e)):
+                    raise
+                continue  # the session grew past the buffer meanwhile: asked again in one that fits
+            if first is None:
+                return None
+            if first.session is None:
+                raise KvstoreError("the daemon ended LoadSession without the manifest")
+            return self._versions.saw(convert.session_from_pb(first.session)), iter(
+                [(i, view.toreadonly()) for i, view in placed])
+        raise AssertionError("unreachable")
 
     def load_session_into(self, namespace: str, session_id: str, out: Any
                           ) -> tuple[Manifest, list[tuple[int, memoryview]]]:
@@ -318,7 +354,7 @@ class Client:
             first = next(stream, None)
         except grpc.RpcError as e:
             err = rq.domain_error(e)
-            if isinstance(err, FailedPrecondition) and str(err).startswith(CALLER_MEMORY_REFUSED):
+            if rq.caller_memory_refused(err):
                 self._into_refused = str(err)  # remembered: this client loads through its arena from now on
                 return None, []
             raise err from None

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvstore.errors import InvalidArgument
+from kvstore.errors import InvalidArgument, Retry
 from kvstore.transport import shm
 from kvstore.transport.carrier import UNKNOWN_ARENA
 
@@ -61,7 +61,8 @@ class Arenas:
             entry = self._by_id.get(arena_id)
             if entry is None or entry.owner != owner:
                 # the id is not echoed: the answer is the same text for every id that is not the caller's
-                raise InvalidArgument(f"{UNKNOWN_ARENA}: attach it (again) with AttachArena")
+                raise InvalidArgument(f"{UNKNOWN_ARENA}: attach it (again) with AttachArena",
+                                      reason=Retry.UNKNOWN_ARENA)
             self._by_id.move_to_end(arena_id)
             entry.used = self.clock()
             return entry.arena

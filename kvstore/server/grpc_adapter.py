@@ -28,6 +28,7 @@ import grpc
 
 from kvstore.server.handlers import SERVICE, Call, Method, methods, parsed
 from kvstore.server.status import status_of
+from kvstore.transport import retry
 
 MESSAGES_PER_HOP = 4  # stream messages a worker-thread hop makes while a streamed answer is sent
 _T = TypeVar("_T")
@@ -46,7 +47,7 @@ def _call(context: grpc.aio.ServicerContext) -> Call:
 
 
 async def _abort(context: grpc.aio.ServicerContext, m: Method, e: Exception) -> None:
-    await context.abort(*status_of(m.name, e))
+    await context.abort(*status_of(m.name, e), trailing_metadata=retry.trailers(e))
 
 
 def _unary(m: Method) -> Callable[..., Any]:

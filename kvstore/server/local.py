@@ -35,9 +35,9 @@ from typing import Any
 import grpc
 
 from kvstore.server.handlers import Call, Method
-from kvstore.server.status import capped, status_of
+from kvstore.server.status import capped, retry_of, status_of
 from kvstore.transport import local_channel
-from kvstore.transport.local_channel import CALL, END, HEADER, MSG, STATUS, frame
+from kvstore.transport.local_channel import CALL, END, HEADER, MSG, status_frame
 from kvstore.transport.sender import ANCILLARY_BYTES, Sender, Senders, ask_kernel
 
 log = logging.getLogger("kvstore.server")
@@ -309,12 +309,12 @@ class LocalServer:
                     for answer in answers:
                         out.message(method.serialize(answer))
             except _Raised as e:
-                status = _status(*status_of(method.name, e.error))
+                status = _status(*status_of(method.name, e.error), retry_of(e.error))
         else:
             try:
                 answer = method.handler(request, call)
             except Exception as e:
-                status = _status(*status_of(method.name, e))
+                status = _status(*status_of(method.name, e), retry_of(e))
             else:
                 out.message(method.serialize(answer))
         out.add(status)
@@ -381,8 +381,9 @@ def _join(threads: list[threading.Thread], timeout_s: float) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
 
 
-def _status(code: grpc.StatusCode, details: str = "") -> bytes:
-    return frame(STATUS, bytes([code.value[0]]) + capped(details).encode(errors="replace"))
+def _status(code: grpc.StatusCode, details: str = "", retry: bytes = b"") -> bytes:
+    """The status frame, with its typed retry reason if it has one (kvstore/server/status.py ``retry_of``)."""
+    return status_frame(code, capped(details), retry)
 
 
 def _peer_uid(sock: socket.socket) -> int:

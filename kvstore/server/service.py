@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from kvstore import __version__
-from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
+from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted, Retry
 from kvstore.format import chunk, page
 from kvstore.format.layout import PRESETS
 from kvstore.format.manifest import Manifest, check_namespace
@@ -103,7 +103,7 @@ class KVStoreService:
                 items = [(i, b) for i, b in enumerate(blobs) if b is not None]
                 if isinstance(carrier, ArenaCarrier) and (need := sum(len(b) for _, b in items)) > carrier.arena.size:
                     raise ResourceExhausted(f"{ARENA_TOO_SMALL}: it needs {need} bytes; the arena holds "
-                                            f"{carrier.arena.size}")
+                                            f"{carrier.arena.size}", reason=Retry.ARENA_TOO_SMALL, needed_bytes=need)
                 answer = list(carrier.send(items))
             yield from answer
         self.carriers.count(carrier)

@@ -2,9 +2,11 @@
 a servicer body's exception with ``status_of``.
 
 A domain error (kvstore.errors) becomes its status with its message; anything else is INTERNAL and
-logged with its traceback, since it is a daemon bug. Every message is capped (``capped``): what it
-quotes of a request can be as long as the request. Bytes a client sent that do not parse are the
-client's error (INVALID_ARGUMENT), never INTERNAL (``client_bytes``, handlers.parsed).
+logged with its traceback, since it is a daemon bug. A domain error's typed retry reason
+(``KvstoreError.reason``) goes beside its status (``retry_of``: kvstore/transport/retry.py), never
+in its words. Every message is capped (``capped``): what it quotes of a request can be as long as
+the request. Bytes a client sent that do not parse are the client's error (INVALID_ARGUMENT), never
+INTERNAL (``client_bytes``, handlers.parsed).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from kvstore.errors import (
     Unauthenticated,
     Unavailable,
 )
+from kvstore.transport import retry
 
 log = logging.getLogger("kvstore.server")
 # the most a status message carries (UTF-8 bytes): ample for any message of ours, with what it quotes
@@ -66,6 +69,12 @@ def status_of(method: str, e: Exception) -> tuple[grpc.StatusCode, str]:
     details = capped(str(e))
     log.info("%s -> %s: %s", method, code.name, details)
     return code, details
+
+
+def retry_of(e: BaseException) -> bytes:
+    """The serialized RetryInfo that goes beside ``e``'s status (b"": none): the local socket's RETRY
+    frame; gRPC's trailing metadata is ``retry.trailers(e)``, the same bytes under ``retry.RETRY_KEY``."""
+    return retry.encode(e)
 
 
 @contextlib.contextmanager

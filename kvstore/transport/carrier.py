@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -34,7 +33,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from kvstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from kvstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Retry
 from kvstore.format import chunk_batch, page
 from kvstore.transport import cma, fastpb, framing, shm
 from kvstore.transport.framing import Blob
@@ -42,20 +41,13 @@ from kvstore.transport.sender import CALLER_MEMORY_REFUSED, Sender
 from kvstore.v1 import kvstore_pb2 as pb
 
 # the start of the daemon's answer to an arena id it does not know, or that another identity
-# attached: a client that sees it attaches a fresh arena (the daemon restarted, or dropped it)
+# attached (Retry.UNKNOWN_ARENA): a client attaches a fresh arena (the daemon restarted, or dropped it)
 UNKNOWN_ARENA = "unknown arena"
 STREAM, ARENA, CALLER_MEMORY = "stream", "arena", "caller memory"
 # the start of the daemon's answer to a load whose chunks do not fit the caller's arena, before it
-# wrote any: "...: it needs N bytes". The client grows its arena to N (up to its limit) and asks again.
+# wrote any (Retry.ARENA_TOO_SMALL, the bytes it needs typed beside it): the client grows its arena
+# (up to its limit) and asks again
 ARENA_TOO_SMALL = "the arena is too small for this load"
-
-
-def arena_needed(details: str) -> int:
-    """The bytes an ARENA_TOO_SMALL answer says the load needs (0 if it is not one)."""
-    if not details.startswith(ARENA_TOO_SMALL):
-        return 0
-    m = re.search(r"needs (\d+) bytes", details)
-    return int(m.group(1)) if m else 0
 
 
 class Piece(NamedTuple):
@@ -187,7 +179,8 @@ class CallerMemoryCarrier(Carrier):
         if end > self.size:
             fit = int(np.searchsorted(offsets + sizes, self.size, side="right"))
             raise ResourceExhausted(f"the destination holds {self.size} bytes; this load needs {end} "
-                                    f"(chunk {batch[fit][0]} does not fit)")
+                                    f"(chunk {batch[fit][0]} does not fit)", reason=Retry.CALLER_MEMORY_TOO_SMALL,
+                                    needed_bytes=end)
         sources = np.stack([chunk_batch.addresses([b for _, b in batch]), sizes], axis=1) if batch else sizes
         self._write(sources, offsets)
         if batch:
@@ -211,7 +204,7 @@ def caller_memory_errors(address: int, size: int, access: str = "writable") -> I
             raise InvalidArgument(f"CallerMemory [{address:#x}, +{size}) is not {access} memory of the calling "
                                   f"process") from e
         raise FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {e.strerror}; go through the arena or the "
-                                 f"stream instead") from e
+                                 f"stream instead", reason=Retry.CALLER_MEMORY_REFUSED) from e
 
 
 class CallerSlotsCarrier(CallerMemoryCarrier):

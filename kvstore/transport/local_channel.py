@@ -10,7 +10,10 @@ same protobuf messages, the same status codes and metadata, framed simply (docs/
              MSG   body = one serialized request
              END   body = empty                      (a call sends CALL MSG* END, in one write)
     daemon:  MSG   body = one serialized response, then
-             STATUS body = u8 grpc status code | utf-8 details
+             STATUS body = u8 grpc status code | utf-8 details [| 0xFF | serialized RetryInfo]
+
+A refusal's typed retry reason (kvstore/transport/retry.py) ends the status frame behind a 0xFF byte,
+which UTF-8 never holds; the channel hands it back as gRPC hands back trailing metadata.
 
 A call may pass fds beside its first byte (SCM_RIGHTS): AttachArena hands the daemon the sealed memfd
 of the caller's arena that way (kvstore/transport/shm.py).
@@ -32,9 +35,12 @@ from typing import Any
 
 import grpc
 
+from kvstore.transport.retry import RETRY_KEY
+
 CALL, MSG, END, STATUS = 1, 2, 3, 4
 ATTACH_ARENA = "/kvstore.v1.KVStore/AttachArena"  # the call that passes an fd: an arena's sealed memfd
 HEADER = struct.Struct("<IB")  # a frame's length and kind
+RETRY_MARK = b"\xff"  # in a status frame, after its details: the RetryInfo follows (never a byte of UTF-8)
 MAX_FRAME = 64 << 20  # a bound on what either side accepts as one frame
 
 
@@ -56,6 +62,12 @@ def frame(kind: int, body: bytes = b"") -> bytes:
     return HEADER.pack(len(body) + 1, kind) + body
 
 
+def status_frame(code: grpc.StatusCode, details: str = "", retry: bytes = b"") -> bytes:
+    """A STATUS frame: the code, the details (UTF-8), and the serialized RetryInfo if there is one."""
+    tail = RETRY_MARK + retry if retry else b""
+    return frame(STATUS, bytes([code.value[0]]) + details.encode(errors="replace") + tail)
+
+
 def call_frame(path: str, metadata: Sequence[tuple[str, str | bytes]] | None) -> bytes:
     p, md = path.encode(), encode_metadata(metadata)
     return frame(CALL, struct.pack("<H", len(p)) + p + struct.pack("<H", len(md)) + md)
@@ -69,18 +81,23 @@ def parse_call(body: bytes) -> tuple[str, tuple[tuple[str, str], ...]]:
 
 
 class LocalRpcError(grpc.RpcError):
-    """A call's non-OK status, shaped like the error a grpc call raises (``code()``, ``details()``)."""
+    """A call's non-OK status, shaped like the error a grpc call raises (``code()``, ``details()``,
+    ``trailing_metadata()``: the typed retry reason, if the status frame carried one)."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, retry: bytes = b"") -> None:
         super().__init__(f"{code.name}: {details}")
         self._code = code
         self._details = details
+        self._retry = retry
 
     def code(self) -> grpc.StatusCode:
         return self._code
 
     def details(self) -> str:
         return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, bytes], ...]:
+        return ((RETRY_KEY, self._retry),) if self._retry else ()
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
@@ -294,7 +311,8 @@ def answer_frame(kind: int, body: bytes, answers: list[bytes]) -> bool:
     if kind == STATUS:
         code = status_code(body[0]) if body else grpc.StatusCode.UNKNOWN
         if code != grpc.StatusCode.OK:
-            raise LocalRpcError(code, body[1:].decode(errors="replace"))
+            details, _, retry = bytes(body[1:]).partition(RETRY_MARK)
+            raise LocalRpcError(code, details.decode(errors="replace"), retry)
         return True
     raise EOFError(f"an unknown frame kind {kind} from the daemon")
 

@@ -37,7 +37,7 @@ import struct
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from kvstore.errors import FailedPrecondition
+from kvstore.errors import FailedPrecondition, Retry
 
 SO_PASSPIDFD = 76  # Linux 6.5+; Python 3.11's socket module lacks the names
 SCM_PIDFD = 0x04
@@ -172,7 +172,8 @@ class Senders:
 
 
 def _refused(why: str) -> FailedPrecondition:
-    return FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {why}; load through the arena or the stream instead")
+    return FailedPrecondition(f"{CALLER_MEMORY_REFUSED}: {why}; load through the arena or the stream instead",
+                              reason=Retry.CALLER_MEMORY_REFUSED)
 
 
 def _exited(pidfd: int) -> bool:

@@ -1,10 +1,24 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class RetryReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RETRY_REASON_UNSPECIFIED: _ClassVar[RetryReason]
+    UNKNOWN_ARENA: _ClassVar[RetryReason]
+    ARENA_TOO_SMALL: _ClassVar[RetryReason]
+    CALLER_MEMORY_REFUSED: _ClassVar[RetryReason]
+    CALLER_MEMORY_TOO_SMALL: _ClassVar[RetryReason]
+RETRY_REASON_UNSPECIFIED: RetryReason
+UNKNOWN_ARENA: RetryReason
+ARENA_TOO_SMALL: RetryReason
+CALLER_MEMORY_REFUSED: RetryReason
+CALLER_MEMORY_TOO_SMALL: RetryReason
 
 class DeviceBufferHandle(_message.Message):
     __slots__ = ("gpu_uuid", "handle", "storage_bytes", "storage_offset", "ref_counter_handle", "ref_counter_offset", "event_handle", "event_sync_required", "size")
@@ -642,3 +656,11 @@ class LookupKeysResponse(_message.Message):
     TIERS_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, tiers: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class RetryInfo(_message.Message):
+    __slots__ = ("reason", "needed_bytes")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    reason: RetryReason
+    needed_bytes: int
+    def __init__(self, reason: _Optional[_Union[RetryReason, str]] = ..., needed_bytes: _Optional[int] = ...) -> None: ...
