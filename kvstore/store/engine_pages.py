@@ -65,9 +65,6 @@ class EnginePages:
     def unchanged(self, old: Sequence[bytes], new: Sequence[bytes]) -> int:
         return 0  # in no order: a turn checks every block it names
 
-    def readable(self, layout_id: bytes) -> bool:
-        return self.layouts.page(layout_id) is not None
-
     def verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo], values: Sequence[Stored]) -> list[bool]:
         """One ``pages_match`` (the C kernel) per layout and namespace (a load's are one of each)."""
         threads = verify_threads(values)
@@ -77,7 +74,7 @@ class EnginePages:
         ok = [False] * len(keys)
         for (layout_id, namespace), idx in runs.items():
             lay = self.layouts.page(layout_id)
-            assert lay is not None, "an unreadable layout's blob is never read (readable)"
+            assert lay is not None, "a blob of a layout this store does not know is never read (SessionReads._readable)"
             good = pages_match([keys[i] for i in idx], namespace, lay, [values[i] for i in idx], threads)
             for i, g in zip(idx, good):
                 ok[i] = g

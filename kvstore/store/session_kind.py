@@ -91,10 +91,6 @@ class SessionKind(Protocol):
         (those a turn need not check or index again)."""
         ...
 
-    def readable(self, layout_id: bytes) -> bool:
-        """Whether this store can verify blobs of ``layout_id`` (unless it can, no tier is asked)."""
-        ...
-
     def verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo], values: Sequence[Stored]) -> list[bool]:
         """Whether each stored copy is the blob its key names, as the index knows it: one batch, in
         the C kernel where it was built, a long load's over VERIFY_THREADS threads."""

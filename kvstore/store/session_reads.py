@@ -13,6 +13,7 @@ import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 from kvstore.format.manifest import check_namespace
 from kvstore.results import LookupResult
@@ -49,15 +50,14 @@ class SessionReads:
         return self._readable(infos)
 
     def _readable(self, infos: list[ChunkInfo | None]) -> list[ChunkInfo | None]:
-        """``infos`` without the page blobs whose layout this store cannot read (one that did not
-        reopen, or one a shared session names that this daemon was never told of): nothing could
-        verify them, so no tier is asked and none deletes them; they are misses, and stay stored."""
-        kinds = self.index.kinds
-        unreadable = {(i.kind, i.layout_id) for i in infos if i is not None}
-        unreadable = {(k, lid) for k, lid in unreadable if not kinds.of(k).readable(lid)}
-        if not unreadable:
+        """``infos`` without the blobs whose layout this store cannot read, of any kind (a page layout
+        that did not reopen, or one a shared session names that this daemon was never told of):
+        nothing could verify them, so no tier is asked and none deletes them; they are misses, and
+        stay stored."""
+        unknown = {lid for lid in {i.layout_id for i in infos if i is not None} if self.layouts.get(lid) is None}
+        if not unknown:
             return infos
-        return [None if info is not None and (info.kind, info.layout_id) in unreadable else info for info in infos]
+        return [None if info is not None and info.layout_id in unknown else info for info in infos]
 
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         """Longest cached prefix of ``token_ids`` (whole chunks), and which tiers hold it."""
@@ -159,11 +159,13 @@ class SessionReads:
                 values: Sequence[Stored]) -> list[bool]:
         """Whether each value (of ``keys[at[i]]``, known as ``infos[at[i]]``) is what the index says: each
         kind's in one batch by its own kernel (``SessionKind.verify``), a long load's over the cores."""
+        mine = [infos[j] for j in at]
+        kinds = {info.kind for info in mine if info is not None}
+        if len(kinds) == 1 and all(mine):  # a load's: one kind, every blob known (a ChunkInfo is true)
+            return self.index.kinds.of(kinds.pop()).verify([keys[j] for j in at], cast(list[ChunkInfo], mine), values)
         ok = [False] * len(at)
-        known = [(i, info) for i, j in enumerate(at) if (info := infos[j]) is not None]
-        kinds = {info.kind for _, info in known}
-        for kind in kinds:  # a load's are of one kind
-            run = known if len(kinds) == 1 else [(i, info) for i, info in known if info.kind is kind]
+        for kind in kinds:
+            run = [(i, info) for i, info in enumerate(mine) if info is not None and info.kind is kind]
             good = self.index.kinds.of(kind).verify([keys[at[i]] for i, _ in run], [info for _, info in run],
                                                     [values[i] for i, _ in run])
             for (i, _), g in zip(run, good):

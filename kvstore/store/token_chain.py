@@ -60,14 +60,11 @@ class TokenChain:
     def unchanged(self, old: Sequence[bytes], new: Sequence[bytes]) -> int:
         return common_prefix(old, new)
 
-    def readable(self, layout_id: bytes) -> bool:
-        return True  # a preset: every daemon knows it
-
     def verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo], values: Sequence[Stored]) -> list[bool]:
         """One ``chunk_batch.check``: checksum, header, place, and the key from the chunk's own token ids."""
         if not keys:
             return []
-        expected = Expected(list(keys), [i.layout_id for i in infos], [i.index * self.chunk_tokens for i in infos],
+        expected = Expected(keys, [i.layout_id for i in infos], [i.index * self.chunk_tokens for i in infos],
                             self.chunk_tokens, infos[0].namespace, [i.parent for i in infos])
         return chunk_batch.check(values, expected, threads=verify_threads(values)).valid.tolist()  # type: ignore[no-any-return]
 
