@@ -58,7 +58,7 @@ from test_fuzz import (
 
 from kvstore.client import Client, into
 from kvstore.format import page
-from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.server.request_checks import MAX_KEYS
 from kvstore.transport import shm
 from kvstore.v1 import kvstore_pb2 as pb
@@ -87,7 +87,7 @@ page_keys = st.one_of(st.sampled_from([k for k, _ in FUZZ_PAGES + A_PAGES]), key
 
 def page_session(ns: str, sid: str, items: list[tuple[bytes, bytes]]) -> Manifest:
     return Manifest(sid, ns, PAGES.layout_id, 16 * len(items), 0, tuple(k for k, _ in items), b"", (),
-                    retention=Retention(ttl_s=3600))
+                    retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES)
 
 
 @dataclass

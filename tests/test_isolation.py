@@ -31,7 +31,7 @@ from kvstore.client import Client
 from kvstore.errors import KvstoreError
 from kvstore.format import page
 from kvstore.format.keys import ROOT, chain_keys
-from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.format.page_layout import PageLayout
 from kvstore.transport import local_channel, shm
 from kvstore.transport.carrier import UNKNOWN_ARENA, ArenaCarrier, Blob
@@ -60,7 +60,7 @@ def page_blob(ns: str, seed: int, lay: PageLayout = PAGES) -> tuple[bytes, bytes
 
 def page_manifest(ns: str, sid: str, items: list[tuple[bytes, bytes]], lay: PageLayout = PAGES) -> Manifest:
     return Manifest(sid, ns, lay.layout_id, 16 * len(items), 0, tuple(k for k, _ in items), b"", (),
-                    retention=Retention(ttl_s=3600))
+                    retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES)
 
 
 B_PAGES = [page_blob(B, s) for s in range(6)]

@@ -24,7 +24,7 @@ from store_helpers import make_tiered, store_config
 
 from kvstore.client import Client
 from kvstore.format import page
-from kvstore.format.manifest import Manifest
+from kvstore.format.manifest import Kind, Manifest
 from kvstore.format.page_layout import MAX_DEFINITION_BYTES, MAX_TOKENS, PageLayout, PageLayoutError
 from kvstore.store.layouts import Layouts
 from kvstore.tiers.base import WriteBatch
@@ -135,7 +135,7 @@ def page_blobs(lay: PageLayout, ns: str, n: int) -> tuple[list[bytes], list[byte
 
 
 def page_manifest(lay: PageLayout, ns: str, sid: str, keys: list[bytes], tokens: int) -> Manifest:
-    return Manifest(sid, ns, lay.layout_id, tokens, 0, tuple(keys), b"", ())
+    return Manifest(sid, ns, lay.layout_id, tokens, 0, tuple(keys), b"", (), kind=Kind.ENGINE_PAGES)
 
 
 def metrics_text(port: int) -> str:

@@ -20,7 +20,7 @@ from page_helpers import v41_layout
 from kvstore.client import AsyncClient, Client
 from kvstore.errors import InvalidArgument
 from kvstore.format import page
-from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.format.page_layout import PageLayout
 from kvstore.server.process import Exec, kvstore_command
 from kvstore.transport import local_channel, shm
@@ -62,7 +62,7 @@ def saved(c: Client, ns: str, n: int, sid: str = "s") -> tuple[list[bytes], list
         blobs.append(page.encode(LAYOUT, g, h, key, blocks[-1]))
     c.register_layout(LAYOUT.definition())
     c.save_session(Manifest(sid, ns, LAYOUT.layout_id, 256 * n, 0, tuple(keys), b"", (),
-                            retention=Retention(ttl_s=3600)), blobs)
+                            retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), blobs)
     return keys, blobs, blocks
 
 
@@ -308,7 +308,7 @@ def filled(blocks: list[bytes], offsets: list[int], slots: int) -> np.ndarray:
 
 def page_manifest(ns: str, keys: list[bytes], sid: str = "s") -> Manifest:
     return Manifest(sid, ns, LAYOUT.layout_id, 256 * len(keys), 0, tuple(keys), b"", (),
-                    retention=Retention(ttl_s=3600))
+                    retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES)
 
 
 @pytest.mark.parametrize("local", [True, False])

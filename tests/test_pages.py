@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from kvstore.client import Client
 from kvstore.engines.vllm.geometry import EngineGroup, derive
 from kvstore.format import page
-from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.format.page_layout import PageLayout, PageLayoutError
 
 NS = "team-a"
@@ -230,7 +230,8 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 
 
 def page_session(sid: str, keys: list[bytes], tokens: int) -> Manifest:
-    return Manifest(sid, NS, LAYOUT.layout_id, tokens, 0, tuple(keys), b"", (), retention=Retention(ttl_s=3600))
+    return Manifest(sid, NS, LAYOUT.layout_id, tokens, 0, tuple(keys), b"", (), retention=Retention(ttl_s=3600),
+                    kind=Kind.ENGINE_PAGES)
 
 
 def test_pages_are_saved_as_a_turn_found_by_key_and_loaded_back_across_a_restart(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ from benchmarks.reliability.workload import CHUNK_TOKENS, version  # noqa: E402
 from kvstore.client import Client  # noqa: E402
 from kvstore.engines.vllm.geometry import page_layout, v41_groups  # noqa: E402
 from kvstore.format import page  # noqa: E402
-from kvstore.format.manifest import Manifest, Retention  # noqa: E402
+from kvstore.format.manifest import Kind, Manifest, Retention  # noqa: E402
 from kvstore.server.process import DaemonProcess, clean_env  # noqa: E402
 from kvstore.transport import local_channel  # noqa: E402
 from kvstore.v1 import kvstore_pb2 as pb  # noqa: E402
@@ -120,7 +120,8 @@ def measure(rounds: int, sessions: int, data_dir: Path) -> dict[str, dict[str, f
             items = page_blobs(2 * sessions)
             page_keys = [k for k, _ in items]
             a.save_session(Manifest("pages", A, PAGES.layout_id, len(items) * 16, 0, tuple(page_keys), b"", (),
-                                    retention=Retention(ttl_s=3600)), [b for _, b in items])
+                                    retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES),
+                           [b for _, b in items])
             for keys in (chunk_keys, page_keys):
                 assert len(list(a.load_chunks(A, keys))) == len(keys)
                 where = a.lookup_keys(A, keys)

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import git_state, markdown_table, write_result
 from kvstore.client import Client
 from kvstore.format import page
-from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.format.page_layout import GroupSpec, PageLayout, PageSpec
 from kvstore.server.process import DaemonProcess, clean_env
 
@@ -94,7 +94,7 @@ def save(c: Client, lay: PageLayout, ns: str, n: int, rng: np.random.Generator) 
             keys.append(page.page_key(lay.layout_id, ns, g.group, h))
             blobs.append(page.encode(lay, g.group, h, keys[-1], blocks[i]))
         c.save_session(Manifest("bench", ns, lay.layout_id, 256 * len(keys), 0, tuple(keys), b"", (),
-                                retention=Retention(ttl_s=3600)), blobs)
+                                retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), blobs)
     return keys, blocks
 
 
@@ -193,7 +193,7 @@ def main() -> None:
                 tenant = f"s-{uuid.uuid4().hex[:8]}"
                 pkeys = [page.page_key(lay.layout_id, tenant, g.group, h) for h in hashes]
                 store(Manifest("bench", tenant, lay.layout_id, 256 * n, 0, tuple(pkeys), b"", (),
-                               retention=Retention(ttl_s=3600)), tenant)
+                               retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), tenant)
             return run
 
         def gather(m: Manifest, tenant: str) -> None:

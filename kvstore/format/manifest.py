@@ -8,6 +8,9 @@ key all zeros), and the ids of the last tokens (what bounded replay needs). Bina
 
 A manifest is one value written in one transaction, so a commit is atomic: a crashed save leaves
 the previous version intact.
+
+A manifest says its session's kind (``Kind``): a token chain, or engine pages (no trailing span, no
+token ids, its keys an engine's blocks). The store's behaviour for each is ``store/session_kind.py``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import math
 import re
 import struct
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from typing import Any
 
 import xxhash
@@ -32,6 +36,23 @@ KEY_PREFIX = b"m:"
 #: A manifest keeps the ids of its last min(token_count, LAST_TOKEN_IDS) tokens: what bounded replay
 #: needs (the SWA window of every preset, docs/FORMAT.md section 3).
 LAST_TOKEN_IDS = 128
+
+
+class Kind(StrEnum):
+    """What a session is made of, chosen from its layout when it is saved and said by its manifest.
+    (A StrEnum: a load groups its blobs by kind, and a plain Enum hashes in Python, 5x slower.)"""
+
+    #: Chunks of ``chunk_tokens`` tokens keyed by their token ids, in a chain; a trailing span; the last ids.
+    TOKEN_CHAIN = "token-chain"
+    #: An engine's KV blocks (``format/page.py``) keyed by the engine's block hashes, in no chain.
+    ENGINE_PAGES = "engine-pages"
+
+
+def unnamed_kind(chunk_tokens: int) -> Kind:
+    """The kind of a session whose record does not name one: a manifest stored before manifests said
+    their kind, and a ``Session`` on the wire (its proto has no kind). In both, engine pages are the
+    sessions of ``chunk_tokens`` 0, and only they are (docs/FORMAT.md sections 3 and 6)."""
+    return Kind.ENGINE_PAGES if chunk_tokens == 0 else Kind.TOKEN_CHAIN
 
 
 class ManifestError(ValueError):
@@ -103,6 +124,8 @@ class Manifest:
     #: for every later one, never reused; 0 in manifests written before stamps); in a save, the
     #: version it replaces (0: none given, the save replaces whatever is there).
     generation: int = 0
+    #: The session's kind (written in the stored form unless it is a token chain, the first kind).
+    kind: Kind = Kind.TOKEN_CHAIN
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -111,10 +134,16 @@ class Manifest:
             raise InvalidArgument("layout id must be 16 bytes")
         if any(len(k) != 16 for k in self.chunk_keys):
             raise InvalidArgument("chunk keys must be 16 bytes each")
-        if self.engine_pages:  # no token chunks, no tail
-            if self.token_count < 0 or self.tail or self.last_token_ids:
-                raise InvalidArgument("a session of engine pages has no trailing span and no token ids")
+        if not isinstance(self.kind, Kind):
+            raise InvalidArgument(f"a session's kind is one of {', '.join(k.value for k in Kind)}, not {self.kind!r}")
+        if self.kind is Kind.ENGINE_PAGES:  # no token chunks, no tail
+            if self.chunk_tokens or self.token_count < 0 or self.tail or self.last_token_ids:
+                raise InvalidArgument("a session of engine pages has chunk_tokens 0, no trailing span and no token "
+                                      "ids (the engine replays its own tokens)")
             return
+        if self.chunk_tokens <= 0:
+            raise InvalidArgument(f"a token chain's chunks hold chunk_tokens > 0 tokens, not {self.chunk_tokens} (a "
+                                  f"session of engine pages says kind=Kind.ENGINE_PAGES)")
         if self.token_count < len(self.chunk_keys) * self.chunk_tokens:
             raise InvalidArgument(f"token_count {self.token_count} is less than {len(self.chunk_keys)} chunks of "
                                   f"{self.chunk_tokens} tokens")
@@ -122,13 +151,8 @@ class Manifest:
             raise InvalidArgument("the trailing span must be shorter than one chunk")
 
     @property
-    def engine_pages(self) -> bool:
-        """A session of engine pages (``store/pages.py``): its keys are an engine's blocks, in no chain."""
-        return self.chunk_tokens == 0
-
-    @property
     def tail_tokens(self) -> int:
-        if self.engine_pages:
+        if self.kind is Kind.ENGINE_PAGES:
             return 0
         return self.token_count - len(self.chunk_keys) * self.chunk_tokens
 
@@ -152,6 +176,8 @@ class Manifest:
             "retention": {"pinned": self.retention.pinned, "ttl_s": self.retention.ttl_s},
             "metadata": self.metadata, "generation": self.generation,
         }
+        if self.kind is not Kind.TOKEN_CHAIN:  # a token chain's manifest is byte for byte what it was before kinds
+            meta["kind"] = self.kind.value
         mj = json.dumps(meta, separators=(",", ":")).encode()
         body = _HEAD.pack(MAGIC, VERSION, len(mj)) + mj + struct.pack("<I", len(self.tail)) + self.tail
         return body + struct.pack("<Q", xxhash.xxh3_64_intdigest(body))
@@ -210,10 +236,15 @@ class Manifest:
         metadata = get("metadata", dict)
         if not all(isinstance(v, str) for v in metadata.values()):
             raise ManifestError("manifest meta 'metadata' maps strings to something other than strings")
+        chunk_tokens = ints("chunk_tokens", get("chunk_tokens", int))
+        named = get("kind", str, default=None)
+        if named is not None and named not in {k.value for k in Kind}:
+            raise ManifestError(f"manifest meta 'kind' is {named!r}, not one of {', '.join(k.value for k in Kind)}")
+        kind = Kind(named) if named is not None else unnamed_kind(chunk_tokens)  # stored before kinds: by C
         return cls(get("session_id", str), get("namespace", str), bytes.fromhex(get("layout_id", str)),
-                   ints("token_count", get("token_count", int)), ints("chunk_tokens", get("chunk_tokens", int)),
+                   ints("token_count", get("token_count", int)), chunk_tokens,
                    tuple(bytes.fromhex(k) for k in get("chunk_keys", list)), tail,
                    tuple(ints("last_token_ids", t) for t in get("last_token_ids", list)),
                    get("created_at", int, float), get("updated_at", int, float),
                    Retention(pinned, ttl), dict(metadata),
-                   ints("generation", get("generation", int, default=0)))
+                   ints("generation", get("generation", int, default=0)), kind)

@@ -11,6 +11,9 @@ filled at save and rebuilt at open from the manifests. It serves three rules:
   planted under another's key, is a miss, never served);
 - a manifest is consistent with it: chunk i holds tokens [i*C, (i+1)*C), follows chunk i-1, and
   is of the manifest's layout.
+
+Entries are made by their session's kind (``session_kind.py``): a token chain's chunks with their
+place, an engine's page blobs in none (their keys are chained by the engine).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import logging
 from dataclasses import dataclass
 
 from kvstore.format import chunk
-from kvstore.format.keys import ROOT, chunk_key_raw
+from kvstore.format.keys import chunk_key_raw
+from kvstore.format.manifest import Kind
 from kvstore.tiers.base import Stored
 
 log = logging.getLogger(__name__)
@@ -33,9 +37,15 @@ class ChunkInfo:
     layout_id: bytes
     parent: bytes  # the previous chunk's key; ROOT for a sequence's first chunk
     index: int  # position in its sequence: the chunk holds tokens [index * C, (index + 1) * C)
-    #: An engine page blob (``kvstore/format/page.py``) rather than a chunk: no place in a chain (its key
-    #: is the engine's chained block hash), index -1 and parent ROOT.
-    page: bool = False
+    #: The kind of the sessions it belongs to (``store/session_kind.py``): what verifies it. An engine
+    #: page blob has no place in a chain (its key is the engine's chained block hash): index -1, parent ROOT.
+    kind: Kind = Kind.TOKEN_CHAIN
+
+    @property
+    def page(self) -> bool:
+        """Whether this is an engine page blob: for ``SessionReads.matcher`` only, until the per-chunk
+        read path goes (issue 28, point 1); everything else asks its kind."""
+        return self.kind is Kind.ENGINE_PAGES
 
 
 class ChunkIndex:
@@ -51,18 +61,6 @@ class ChunkIndex:
         old = self._info.setdefault(key, info)
         if old != info:  # only an inconsistent manifest of an older version can disagree
             log.error("chunk %s is recorded as %s; ignoring a conflicting %s", key.hex(), old, info)
-
-    def add_sequence(self, namespace: str, layout_id: bytes, keys: tuple[bytes, ...] | list[bytes],
-                     first_index: int = 0, parent: bytes = ROOT) -> None:
-        """Record consecutive chunks of one sequence, the first at ``first_index`` after ``parent``."""
-        for n, key in enumerate(keys):
-            self.add(key, ChunkInfo(namespace, layout_id, parent, first_index + n))
-            parent = key
-
-    def add_pages(self, namespace: str, layout_id: bytes, keys: tuple[bytes, ...] | list[bytes]) -> None:
-        """Record engine page blobs: owned by ``namespace``, of ``layout_id``, in no chain."""
-        for key in keys:
-            self.add(key, ChunkInfo(namespace, layout_id, ROOT, -1, page=True))
 
     def owned(self, namespace: str, key: bytes) -> ChunkInfo | None:
         """The chunk's info if ``namespace`` owns it; None if it is absent or someone else's (one

@@ -1,10 +1,6 @@
 """What a store checks of engine page blobs (``kvstore/format/page.py``), beside the chunk checks of
-``validate.py`` and ``chunk_index.py``: pure functions, no store state.
-
-A page session's manifest names its blocks' keys (every group's, in the engine's order) with
-``chunk_tokens = 0``: no trailing span, no token ids (the engine keeps those and replays the last
-128 tokens itself). Its blocks need no place in a chain: their keys are the engine's chained
-block hashes, so equal keys already mean equal prefixes."""
+``validate.py`` and ``chunk_index.py``: pure functions, no store state. Sessions of engine pages
+use them through their kind (``engine_pages.py``)."""
 
 from __future__ import annotations
 
@@ -16,7 +12,6 @@ import numpy as np
 from kvstore.errors import InvalidArgument
 from kvstore.format import chunk, page
 from kvstore.format.chunk_batch import _chunks
-from kvstore.format.manifest import Manifest
 from kvstore.format.page_layout import PageLayout
 from kvstore.tiers.base import Stored
 
@@ -31,12 +26,6 @@ def page_batch_keys(namespace: str, lay: PageLayout, blobs: Sequence[bytes | mem
         except page.PageError as e:
             raise InvalidArgument(f"page blob {n}: {e}") from e
     return keys
-
-
-def check_page_manifest(m: Manifest) -> None:
-    if not m.engine_pages or m.tail or m.last_token_ids:
-        raise InvalidArgument("a session of engine pages has chunk_tokens 0, no trailing span and no token ids "
-                              "(the engine replays its own tokens)")
 
 
 def page_matches(key: bytes, namespace: str, lay: PageLayout, blob: Stored) -> bool:

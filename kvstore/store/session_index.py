@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from kvstore.format.manifest import Manifest
 from kvstore.store.chunk_index import ChunkIndex, ChunkInfo
+from kvstore.store.session_kind import Kinds
 from kvstore.store.sharing import SessionRef, Update
 
 #: Pins (or unpins) chunks in the tiered store: a pinned session's chunks are never demoted.
@@ -25,7 +26,9 @@ PinChunks = Callable[[Sequence[bytes]], None]
 
 
 class SessionIndex:
-    def __init__(self, pin: PinChunks, unpin: PinChunks) -> None:
+    def __init__(self, pin: PinChunks, unpin: PinChunks, kinds: Kinds) -> None:
+        #: The session kinds: each manifest's (``Manifest.kind``) enters its chunks and finds them again.
+        self.kinds = kinds
         self.write_lock = threading.RLock()
         self.lock = threading.RLock()
         self._pin, self._unpin = pin, unpin
@@ -47,10 +50,7 @@ class SessionIndex:
             self._manifests[ref] = m
             for k in m.chunk_keys:
                 self._refs[k].add(ref)
-            if m.engine_pages:
-                self.chunks.add_pages(m.namespace, m.layout_id, m.chunk_keys)
-            else:
-                self.chunks.add_sequence(m.namespace, m.layout_id, m.chunk_keys)
+            self.kinds.of(m.kind).record(self.chunks, m.namespace, m.layout_id, m.chunk_keys)
         if m.retention.pinned:  # a pinned session's chunks are never demoted or evicted
             self._pin(m.chunk_keys)
 
@@ -81,16 +81,16 @@ class SessionIndex:
             self._unref(ref, [k for k in old.chunk_keys[same:] if k not in kept])
             for k in added:
                 self._refs[k].add(ref)
-            self.chunks.add_sequence(m.namespace, m.layout_id, added, same, m.chunk_keys[same - 1])
+            self.kinds.of(m.kind).record(self.chunks, m.namespace, m.layout_id, added, same, m.chunk_keys[same - 1])
 
     def unchanged_prefix(self, m: Manifest) -> int:
-        """How many leading chunks ``m`` names exactly as its session's current version does (0 for
-        engine pages, which are in no order, or another layout)."""
+        """How many leading chunks ``m`` names in the places its session's current version has them, as
+        its kind counts them (0 for another layout)."""
         with self.lock:
             old = self._manifests.get((m.namespace, m.session_id))
-        if old is None or old.layout_id != m.layout_id or old.engine_pages or m.engine_pages:
+        if old is None or old.layout_id != m.layout_id or old.kind is not m.kind:
             return 0
-        return common_prefix(old.chunk_keys, m.chunk_keys)
+        return self.kinds.of(m.kind).unchanged(old.chunk_keys, m.chunk_keys)
 
     def _unref(self, ref: SessionRef, keys: Iterable[bytes]) -> list[bytes]:
         """``ref`` no longer references ``keys``; returns those nobody references any more (under ``lock``)."""

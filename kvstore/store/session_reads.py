@@ -11,29 +11,21 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
-from kvstore.errors import InvalidArgument
-from kvstore.format import chunk_batch
-from kvstore.format.chunk_batch import Expected
-from kvstore.format.keys import chain_keys
 from kvstore.format.manifest import check_namespace
-from kvstore.format.page_layout import PageLayout
 from kvstore.results import LookupResult
 from kvstore.store.chunk_index import ChunkInfo, chunk_matches
 from kvstore.store.counters import HitCounters
 from kvstore.store.layouts import Layouts
-from kvstore.store.pages import page_matches, pages_match
+from kvstore.store.pages import page_matches
 from kvstore.store.session_index import SessionIndex
 from kvstore.store.sharing import Sharing
 from kvstore.store.tiered import TieredStore
 from kvstore.tiers.base import Stored
 
-#: A batch this large is verified by up to VERIFY_THREADS threads.
-VERIFY_SPLIT_BYTES = 16 << 20
-VERIFY_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: How a read verifies one stored copy: True to serve it.
 Check = Callable[[Stored], bool]
 
@@ -58,21 +50,23 @@ class SessionReads:
         return self._readable(infos)
 
     def _readable(self, infos: list[ChunkInfo | None]) -> list[ChunkInfo | None]:
-        """``infos`` without the page blobs whose layout this store cannot read (one that did not
-        reopen, or one a shared session names that this daemon was never told of): nothing could
-        verify them, so no tier is asked and none deletes them; they are misses, and stay stored."""
-        return [None if info is not None and info.page and self.layouts.page(info.layout_id) is None else info
-                for info in infos]
+        """``infos`` without the blobs whose layout this store cannot read, of any kind (a page layout
+        that did not reopen, or one a shared session names that this daemon was never told of):
+        nothing could verify them, so no tier is asked and none deletes them; they are misses, and
+        stay stored."""
+        unknown = {lid for lid in {i.layout_id for i in infos if i is not None} if self.layouts.get(lid) is None}
+        if not unknown:
+            return infos
+        return [None if info is not None and info.layout_id in unknown else info for info in infos]
 
     def lookup(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> LookupResult:
         """Longest cached prefix of ``token_ids`` (whole chunks), and which tiers hold it."""
         check_namespace(namespace)
-        if isinstance(self.layouts.known(namespace, layout_id), PageLayout):
-            raise InvalidArgument("engine page blobs are looked up by key (LookupKeys), not by token ids")
+        keys = self.index.kinds.for_layout(namespace, layout_id).prefix_keys(namespace, layout_id, token_ids)
         self.index.adopt(self.sharing.catch_up(namespace), self.sharing.advance)
         tiers: dict[str, int] = defaultdict(int)
         n = 0
-        for key in chain_keys(layout_id, namespace, token_ids, self.chunk_tokens):
+        for key in keys:
             # Index and presence, not the bytes: a load verifies those (docs/FORMAT.md).
             with self.index.lock:
                 known = self.index.chunks.owned(namespace, key) is not None
@@ -163,35 +157,19 @@ class SessionReads:
 
     def _verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo | None], at: Sequence[int],
                 values: Sequence[Stored]) -> list[bool]:
-        """Whether each value (of ``keys[at[i]]``, known as ``infos[at[i]]``) is what the index says: the
-        chunks in one ``chunk_batch.check``, engine pages in one ``pages_match`` (C kernel) per layout, a long
-        load's split over the cores as the chunks' are."""
+        """Whether each value (of ``keys[at[i]]``, known as ``infos[at[i]]``) is what the index says: each
+        kind's in one batch by its own kernel (``SessionKind.verify``), a long load's over the cores."""
+        mine = [infos[j] for j in at]
+        kinds = {info.kind for info in mine if info is not None}
+        if len(kinds) == 1 and all(mine):  # a load's: one kind, every blob known (a ChunkInfo is true)
+            return self.index.kinds.of(kinds.pop()).verify([keys[j] for j in at], cast(list[ChunkInfo], mine), values)
         ok = [False] * len(at)
-        known = [infos[j] for j in at]
-        chunks = [i for i, info in enumerate(known) if info is not None and not info.page]
-        if chunks:
-            mine = [info for info in known if info is not None and not info.page]
-            expected = Expected([keys[at[i]] for i in chunks], [m.layout_id for m in mine],
-                                [m.index * self.chunk_tokens for m in mine], self.chunk_tokens, mine[0].namespace,
-                                [m.parent for m in mine])
-            batch = [values[i] for i in chunks]
-            # a long load's checks split over the cores (the kernel releases the GIL): a resume waits on them
-            threads = VERIFY_THREADS if sum(len(b) for b in batch) >= VERIFY_SPLIT_BYTES else 1
-            valid = chunk_batch.check(batch, expected, threads=threads).valid
-            for i, good in zip(chunks, valid.tolist()):
-                ok[i] = good
-        pages = [(i, info) for i, info in enumerate(known) if info is not None and info.page]
-        if pages:  # by layout and namespace (a load's are one of each), each run in one pages_match call
-            threads = VERIFY_THREADS if sum(len(values[i]) for i, _ in pages) >= VERIFY_SPLIT_BYTES else 1
-            runs: dict[tuple[bytes, str], list[int]] = {}
-            for i, info in pages:
-                runs.setdefault((info.layout_id, info.namespace), []).append(i)
-            for (layout_id, namespace), idx in runs.items():
-                play = self.layouts.page(layout_id)
-                assert play is not None, "an unreadable layout's blob is never read (_readable)"
-                good = pages_match([keys[at[i]] for i in idx], namespace, play, [values[i] for i in idx], threads)
-                for i, g in zip(idx, good):
-                    ok[i] = g
+        for kind in kinds:
+            run = [(i, info) for i, info in enumerate(mine) if info is not None and info.kind is kind]
+            good = self.index.kinds.of(kind).verify([keys[at[i]] for i, _ in run], [info for _, info in run],
+                                                    [values[i] for i, _ in run])
+            for (i, _), g in zip(run, good):
+                ok[i] = g
         return ok
 
     def checks(self, namespace: str, keys: Sequence[bytes]) -> list[tuple[bytes, Check]]:

@@ -42,16 +42,17 @@ from kvstore.format.manifest import (
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.counters import DamageCounters, HitCounters
+from kvstore.store.engine_pages import EnginePages
 from kvstore.store.group_commit import GroupCommit
 from kvstore.store.layouts import Layouts
-from kvstore.store.pages import check_page_manifest, page_batch_keys
 from kvstore.store.session_index import SessionIndex
+from kvstore.store.session_kind import Kinds
 from kvstore.store.session_reads import Check, SessionReads
 from kvstore.store.sharing import NoSharing, SessionRef, Sharing
 from kvstore.store.tiered import TieredStore
+from kvstore.store.token_chain import TokenChain
 from kvstore.store.turn import SavedTurn, Turn
 from kvstore.store.turn_commit import TurnCommit, new_chunks, next_generation
-from kvstore.store.validate import chunk_batch_keys, chunk_layout, manifest_layout
 from kvstore.tiers.base import Stored, WriteBatch
 
 __all__ = ["SessionRef", "SessionStore"]
@@ -68,9 +69,11 @@ class SessionStore:
         self.damage = DamageCounters()
         #: Shares sessions with other daemons, or not (``sharing.py``): chosen by whoever builds the store.
         self._sharing = sharing if sharing is not None else NoSharing()
-        self._index = SessionIndex(store.pin, store.unpin)
         #: Token layouts (presets) and the engine page layouts clients registered.
         self.layouts = Layouts(store, config.max_layouts_per_namespace)
+        #: Token chains and engine pages, one object each: a session's kind, chosen from its layout.
+        self.kinds = Kinds(self.layouts, TokenChain(config.chunk_tokens), EnginePages(self.layouts))
+        self._index = SessionIndex(store.pin, store.unpin, self.kinds)
         #: Concurrent turn saves share one durable transaction (one fsync) per group; the clock is
         #: read through this store (tests set ``clock``).
         commit = TurnCommit(self._index, store, self._sharing, config.write_mode, lambda: self.clock())
@@ -129,21 +132,14 @@ class SessionStore:
         ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
         written again. Returns their keys."""
         check_namespace(namespace)
-        play = self.layouts.usable(namespace, layout_id)
-        if play is not None:
-            keys = page_batch_keys(namespace, play, blobs)
-        else:
-            lay = chunk_layout(layout_id, self.config.chunk_tokens)
-            keys = chunk_batch_keys(namespace, lay, self.config.chunk_tokens, parent, first_index, blobs)
+        kind = self.kinds.for_layout(namespace, layout_id)
+        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs)
         # everything was validated first: bad input changes nothing stored; a failed write leaves
         # nothing behind either (put_many is all or nothing), and the index learns only of success
         new = new_chunks(self.store, keys, blobs)
         self.store.put_many(new)
         with self._index.lock:
-            if play is not None:
-                self._index.chunks.add_pages(namespace, layout_id, keys)
-            else:
-                self._index.chunks.add_sequence(namespace, layout_id, keys, first_index, parent)
+            kind.record(self._index.chunks, namespace, layout_id, keys, first_index, parent)
         return SaveResult(keys, len(new))
 
     def commit(self, m: Manifest) -> Manifest:
@@ -167,24 +163,11 @@ class SessionStore:
         if manifest.namespace != namespace or manifest.layout_id != layout_id:
             raise InvalidArgument("the manifest must name the save's namespace and layout")
         check_retention(manifest.retention)
-        ct = self.config.chunk_tokens
-        play = self.layouts.usable(namespace, layout_id)
-        if play is not None:  # a turn of engine pages: the manifest names them wherever it likes
-            check_page_manifest(manifest)
-            keys = page_batch_keys(namespace, play, blobs)
-            if not set(keys) <= set(manifest.chunk_keys):
-                raise InvalidArgument("the manifest does not name every saved page blob")
-            return self._turns.submit(Turn(namespace, layout_id, ROOT, 0, keys, blobs, manifest, pages=True))
-        manifest_layout(manifest, ct)
-        keys = []
-        if blobs:
-            lay = chunk_layout(layout_id, ct)
-            keys = chunk_batch_keys(namespace, lay, ct, parent, first_index, blobs)
-            end = first_index + len(keys)
-            if list(manifest.chunk_keys[first_index:end]) != keys:
-                raise InvalidArgument(f"the manifest does not name the saved chunks as its chunks "
-                                      f"{first_index} to {end - 1}")
-        return self._turns.submit(Turn(namespace, layout_id, parent, first_index, keys, blobs, manifest))
+        kind = self.kinds.for_layout(namespace, layout_id)
+        kind.check_manifest(manifest)
+        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs) if blobs else []
+        at = kind.positions(manifest, first_index, keys)
+        return self._turns.submit(Turn(namespace, layout_id, parent, first_index, keys, blobs, manifest, kind, at))
 
     # -- sessions -------------------------------------------------------------------------------
     def _catch_up(self, namespace: str | None) -> None:

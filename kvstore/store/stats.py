@@ -12,11 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvstore.format import chunk, page
-from kvstore.format.layout import Layout
-from kvstore.format.page_layout import PageLayout
 from kvstore.store.counters import HitCounters
-from kvstore.store.layouts import AnyLayout
+from kvstore.store.session_kind import UNREADABLE, StoredSizes
 from kvstore.store.sessions import SessionStore
 from kvstore.store.tiered import TierReport
 
@@ -59,25 +56,10 @@ class StoreStats:
     bytes_per_token: BytesPerToken
 
 
-#: The block hash length a page blob is counted with (vLLM's sha256 block hashes); the store does not
-#: keep each blob's length, and the header is a small part of a blob either way
-_BLOCK_HASH_BYTES = 32
-
-
-def _unique_sizes(lay: AnyLayout | None, chunk_tokens: int) -> tuple[Fraction, Fraction, int]:
-    """(tokens, payload bytes, encoded bytes) one stored chunk or engine page blob of ``lay``
-    stands for. A page blob is one group's block: its share of the block's tokens is
-    tokens / groups, exactly so when every block of a session has every group (as in vLLM). A
-    chunk of an unreadable layout stands for nothing we can say."""
-    if lay is None:
-        return Fraction(0), Fraction(0), 0
-    if isinstance(lay, PageLayout):
-        n = len(lay.groups)
-        tokens = Fraction(sum(g.tokens for g in lay.groups), n * n)
-        encoded = sum(page.blob_bytes(g, _BLOCK_HASH_BYTES) for g in lay.groups) // n
-        return tokens, tokens * lay.bytes_per_token, encoded
-    payload = Fraction(lay.chunk_payload_bytes(chunk_tokens))
-    return Fraction(chunk_tokens), payload, chunk.encoded_size(lay, chunk_tokens)
+def _sizes(sessions: SessionStore, layout_id: bytes) -> StoredSizes:
+    """What one stored blob of ``layout_id`` counts for, as its kind says; nothing for an unreadable one."""
+    kind = sessions.kinds.stored(layout_id)
+    return kind.sizes(layout_id) if kind is not None else UNREADABLE
 
 
 def _bpt(sessions: SessionStore, layout_id: bytes) -> Fraction:
@@ -87,25 +69,23 @@ def _bpt(sessions: SessionStore, layout_id: bytes) -> Fraction:
 
 def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     store = sessions.store
-    ct = sessions.config.chunk_tokens
     live = sessions.live_chunks()
     manifests = sessions.list_sessions()
     # per layout, then multiplied: a page layout's Fractions may have large denominators (one per group)
     chunks_of = Counter(live.values())
-    sizes = {lid: _unique_sizes(sessions.layouts.get(lid), ct) for lid in chunks_of}
-    tokens = round(sum((sizes[lid][0] * n for lid, n in chunks_of.items()), Fraction(0)))
+    sizes = {lid: _sizes(sessions, lid) for lid in chunks_of}
+    tokens = round(sum((sizes[lid].tokens * n for lid, n in chunks_of.items()), Fraction(0)))
     tokens += sum(m.tail_tokens for m in manifests)
-    chunk_payload = round(sum((sizes[lid][1] * n for lid, n in chunks_of.items()), Fraction(0)))
+    chunk_payload = round(sum((sizes[lid].payload * n for lid, n in chunks_of.items()), Fraction(0)))
     payload = chunk_payload
-    raw_chunks = sum(sizes[lid][2] * n for lid, n in chunks_of.items())
+    raw_chunks = sum(sizes[lid].encoded * n for lid, n in chunks_of.items())
     manifest_bytes = 0
     session_tokens: Counter[bytes] = Counter()  # of sessions whose layout this store can read
     for m in manifests:
-        lay = sessions.layouts.get(m.layout_id)
-        tail = lay.chunk_payload_bytes(m.tail_tokens) if isinstance(lay, Layout) else 0
+        tail = sessions.kinds.of(m.kind).tail_payload(m)
         payload += tail
         manifest_bytes += len(m.encode()) - tail
-        if lay is not None:
+        if sessions.layouts.get(m.layout_id) is not None:
             session_tokens[m.layout_id] += m.token_count
     total_session_tokens = sum(session_tokens.values())
     formula_num = sum((_bpt(sessions, lid) * t for lid, t in session_tokens.items()), Fraction(0))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from kvstore.format.manifest import Manifest
 from kvstore.results import SaveResult
+from kvstore.store.session_kind import Positions, SessionKind
 
 #: What a committed turn gives its caller: the manifest as committed, and its chunks' keys.
 SavedTurn = tuple[Manifest, SaveResult]
@@ -23,13 +24,7 @@ class Turn:
     keys: list[bytes]
     blobs: Sequence[bytes | memoryview]
     manifest: Manifest
-    #: Engine page blobs: no chain, so their positions in the manifest are wherever it names them.
-    pages: bool = False
-
-    @property
-    def batch(self) -> range | frozenset[int]:
-        """The manifest positions of the chunks this turn brings."""
-        if self.pages:
-            mine = set(self.keys)
-            return frozenset(i for i, k in enumerate(self.manifest.chunk_keys) if k in mine)
-        return range(self.first_index, self.first_index + len(self.keys))
+    #: The session's kind, chosen from its layout when the turn was validated.
+    kind: SessionKind
+    #: Where in the manifest the chunks this turn brings sit (``SessionKind.positions``).
+    positions: Positions

@@ -13,11 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from kvstore.errors import FailedPrecondition, InvalidArgument
-from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
 from kvstore.results import SaveResult
 from kvstore.store.group_commit import Pending
 from kvstore.store.session_index import SessionIndex
+from kvstore.store.session_kind import Positions, SessionKind
 from kvstore.store.sharing import Accepted, SessionRef, Sharing
 from kvstore.store.tiered import TieredStore
 from kvstore.store.turn import SavedTurn, Turn
@@ -73,9 +73,9 @@ class TurnCommit:
             if ref in refs:
                 later.append(p)
                 continue
-            batch = t.batch  # a page turn's positions are found in its manifest: once
+            batch = t.positions
             try:
-                self.check_chunks(t.manifest, skip=batch)
+                self.check_chunks(t.manifest, t.kind, skip=batch)
                 self.check_base(t.manifest)
                 if self.write_mode == "back":
                     self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in batch])
@@ -105,10 +105,7 @@ class TurnCommit:
         with self.index.lock:
             for p, m, _ in accepted:
                 t = p.item
-                if t.keys and t.pages:
-                    self.index.chunks.add_pages(t.namespace, t.layout_id, t.keys)
-                elif t.keys:
-                    self.index.chunks.add_sequence(t.namespace, t.layout_id, t.keys, t.first_index, t.parent)
+                t.kind.record(self.index.chunks, t.namespace, t.layout_id, t.keys, t.first_index, t.parent)
                 self.index.replace(m)
         self.index.forget_chunks(doomed)
         for p, m, new in accepted:
@@ -136,9 +133,10 @@ class TurnCommit:
                                  f"client: this save was based on version {m.generation}, {now}. This change was "
                                  f"not applied; load the session again and retry")
 
-    def check_chunks(self, m: Manifest, skip: range | frozenset[int] = range(0)) -> None:
-        """Every chunk ``m`` names is stored, owned by its namespace, and in its place; except the
-        positions in ``skip``, whose chunks this save brings (validated against their keys)."""
+    def check_chunks(self, m: Manifest, kind: SessionKind, skip: Positions = range(0)) -> None:
+        """Every chunk ``m`` names is stored, owned by its namespace, and in its place (as its
+        ``kind`` places them); except the positions in ``skip``, whose chunks this save brings
+        (validated against their keys)."""
         # Chunks in the places the session's current version has them passed the checks below when
         # it was committed (a chunk's owner and place never change while a version names it): a turn
         # checks what it adds. Whether they are still stored is asked of every one.
@@ -164,9 +162,4 @@ class TurnCommit:
             if info.layout_id != m.layout_id:
                 raise InvalidArgument(f"chunk {i} ({k.hex()}) was saved under layout {info.layout_id.hex()}, "
                                       f"the manifest's is {m.layout_id.hex()}")
-            if m.engine_pages:  # in no chain
-                continue
-            parent = m.chunk_keys[i - 1] if i else ROOT
-            if info.index != i or info.parent != parent:
-                raise InvalidArgument(f"chunk {i} ({k.hex()}) is out of place: it is chunk {info.index} of its "
-                                      f"sequence and follows {info.parent.hex()}, not {parent.hex()}")
+            kind.check_place(m, i, info)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvstore.format import chunk
 from kvstore.format.layout import Layout, layout_by_id
-from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.manifest import Manifest, Retention, unnamed_kind
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -33,13 +33,16 @@ def session_to_pb(m: Manifest) -> pb.Session:
 def session_from_pb(s: pb.Session, now: float | None = None) -> Manifest:
     """A manifest from the wire. With ``now`` (a commit), the daemon stamps the times and the store
     keeps the first created_at; without it (a client reading), the stored times are kept. Its
-    ``generation``: the stored version's (an answer), or the version a commit replaces."""
+    ``generation``: the stored version's (an answer), or the version a commit replaces. Its kind: the
+    wire has no field for it, engine pages travel as ``chunk_tokens`` 0 (a daemon checks it is its
+    layout's kind)."""
     created, updated = (now, now) if now is not None else (s.created_at, s.updated_at)
     return Manifest(
         session_id=s.session_id, namespace=s.namespace, layout_id=bytes(s.layout_id),
         token_count=s.token_count, chunk_tokens=s.chunk_tokens, chunk_keys=tuple(bytes(k) for k in s.chunk_keys),
         tail=bytes(s.tail), last_token_ids=tuple(s.last_token_ids), created_at=created, updated_at=updated,
         retention=retention_from_pb(s.retention), metadata=dict(s.metadata), generation=s.generation,
+        kind=unnamed_kind(s.chunk_tokens),
     )
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from kvstore.errors import FailedPrecondition, NotFound
 from kvstore.format import page
-from kvstore.format.manifest import Manifest, Retention
+from kvstore.format.manifest import Kind, Manifest, Retention
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import ReqContext
@@ -109,7 +109,7 @@ class Sessions:
                 tokens = max([0, *s.held.values(), *new.values()])
                 m = Manifest(s.session_id, s.tenant.namespace, self.layout.layout_id, tokens, 0,
                              (*s.held, *new), b"", (), retention=self.retention,
-                             metadata={"engine": "vllm", "model": self.layout.name})
+                             metadata={"engine": "vllm", "model": self.layout.name}, kind=Kind.ENGINE_PAGES)
                 try:
                     s.version = save(m, fresh, s.version).manifest.generation  # type: ignore[arg-type]
                 except FailedPrecondition:  # saved meanwhile through another engine or daemon: merge, once
