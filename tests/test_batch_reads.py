@@ -1,6 +1,6 @@
-"""A load's batch read (SessionStore.read, kvstore/store/batch_reads.py) serves exactly what the per-chunk
-read (SessionStore.load) serves: the same verified bytes, the same misses, a damaged copy dropped from its
-tier and read from the next one."""
+"""A load's batch read (SessionStore.read, kvstore/store/batch_reads.py) serves exactly what the windowed
+read a stream makes (SessionStore.windows, a batch per window) serves: the same verified bytes, the same
+misses, a damaged copy dropped from its tier and read from the next one."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from store_helpers import SSD_HEADER, Session, build_session, check_chunk, save, store_config, token_stream
+from store_helpers import SSD_HEADER, Session, build_session, check_chunk, load, save, store_config, token_stream
 
 from kvstore.store import SessionStore, open_store
 from kvstore.tiers.ssd import DB_NAME
@@ -26,7 +26,7 @@ def read_all(ss: SessionStore, ns: str, keys: list[bytes]) -> list[bytes | None]
 
 
 def load_all(ss: SessionStore, ns: str, keys: list[bytes]) -> list[bytes | None]:
-    return [None if v is None else bytes(v) for _, v in ss.load(ns, keys)]
+    return [v for _, v in load(ss, ns, keys)]
 
 
 @pytest.mark.parametrize("zstd_level", [0, 3])  # raw records are views into the map; compressed ones decoded

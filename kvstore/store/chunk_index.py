@@ -6,9 +6,10 @@ filled at save and rebuilt at open from the manifests. It serves three rules:
 
 - ownership: a request sees only chunks its namespace owns; another namespace's chunk answers
   exactly as an absent one (same result, same counters, no tier touched);
-- a hit is verified against it: the stored chunk's own token ids, hashed with the owner, parent
-  and layout recorded here, must give the key it was found under (a collision, or a chunk
-  planted under another's key, is a miss, never served);
+- a hit is verified against it (``session_reads.py``, by ``kvstore.format.chunk_batch.check``): the
+  stored chunk's own token ids, hashed with the owner, parent and layout recorded here, must give
+  the key it was found under (a collision, or a chunk planted under another's key, is a miss,
+  never served);
 - a manifest is consistent with it: chunk i holds tokens [i*C, (i+1)*C), follows chunk i-1, and
   is of the manifest's layout.
 """
@@ -18,9 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kvstore.format import chunk
-from kvstore.format.keys import ROOT, chunk_key_raw
-from kvstore.tiers.base import Stored
+from kvstore.format.keys import ROOT
 
 log = logging.getLogger(__name__)
 
@@ -72,18 +71,3 @@ class ChunkIndex:
 
     def discard(self, key: bytes) -> None:
         self._info.pop(key, None)
-
-
-def chunk_matches(key: bytes, info: ChunkInfo, chunk_tokens: int, blob: Stored) -> bool:
-    """Whether ``blob`` is the chunk ``key`` names: checksum, header (key, layout, span), and the
-    key recomputed from its own token ids (xxh3 over C x 4 bytes: cheap next to the checksum)."""
-    try:
-        h = chunk.read_header(blob)
-        chunk.verify_checksum(blob)
-    except chunk.ChunkError:
-        return False
-    if (h.key, h.layout_id, h.start, h.token_count) != (key, info.layout_id, info.index * chunk_tokens,
-                                                        chunk_tokens):
-        return False
-    ids = memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
-    return chunk_key_raw(info.layout_id, info.namespace, info.parent, ids) == key
