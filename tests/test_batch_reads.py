@@ -10,6 +10,7 @@ import lmdb
 import pytest
 from store_helpers import SSD_HEADER, Session, build_session, check_chunk, load, save, store_config, token_stream
 
+from kvstore.errors import InvalidArgument
 from kvstore.store import SessionStore, open_store
 from kvstore.tiers.ssd import DB_NAME
 
@@ -100,5 +101,32 @@ def test_a_damaged_copy_is_dropped_and_the_next_tier_serves(tmp_path: Path) -> N
         assert ss.store.counters["ssd"].verify_failures == 3
         assert not any(ss.store.where(k) for k in keys[2:5])  # dropped: never served, gone from the tier
         assert load_all(ss, "ns", keys) == got
+    finally:
+        ss.close()
+
+
+@pytest.mark.parametrize("bad", [b"", b"x" * 65536], ids=["0 bytes", "65,536 bytes"])
+def test_the_stores_read_entry_refuses_a_key_no_tier_can_hold(tmp_path: Path, bad: bytes) -> None:
+    """Issue 28: an in-process read (the store's own entry, not a front end's) of a 0-byte or a 65,536-byte
+    key is InvalidArgument naming it, before any tier is asked (a tier's guard would be a ValueError:
+    INTERNAL); a key of another length names nothing stored and is a miss; what is stored is unaffected."""
+    ss = open_store(store_config(tmp_path))
+    try:
+        s = session("a", 16 * 4)
+        save(ss, s)
+        keys = [*s.keys[:2], bad]
+        hits = {n: (c.hits, c.errors) for n, c in ss.store.counters.items()}
+        message = rf"keys\[2\] is {len(bad)} bytes long; a key is 1 to 256 bytes"
+        with pytest.raises(InvalidArgument, match=message):
+            read_all(ss, "ns", keys)
+        with pytest.raises(InvalidArgument, match=message):
+            load_all(ss, "ns", keys)
+        with pytest.raises(InvalidArgument, match=message):
+            ss.lookup_keys("ns", keys)
+        with pytest.raises(InvalidArgument, match=message):
+            ss.held_in_memory("ns", keys, 1 << 20)
+        assert {n: (c.hits, c.errors) for n, c in ss.store.counters.items()} == hits  # no tier was asked
+        assert read_all(ss, "ns", [*s.keys[:2], b"short"]) == [*s.blobs[:2], None]
+        assert read_all(ss, "ns", list(s.keys)) == list(s.blobs)
     finally:
         ss.close()
