@@ -41,9 +41,11 @@ from kvstore.tiers.base import MAX_KEY_BYTES, Stored
 VERIFY_SPLIT_BYTES = 16 << 20
 VERIFY_THREADS = max(1, min(4, os.cpu_count() or 1))
 #: A stream's windows (``windows``): the first this many chunks (its first bytes leave at once), then
-#: about WINDOW_BYTES each, at most WINDOW_CHUNKS chunks.
+#: about WINDOW_BYTES each, at most WINDOW_CHUNKS chunks: about what the gRPC adapter sends a hop
+#: (``grpc_adapter.MESSAGES_PER_HOP`` messages of 512 KiB), so that a hop does a base load's work per hop
+#: and a stream holds at most that much encoded while its caller drains it.
 FIRST_WINDOW_CHUNKS = 8
-WINDOW_BYTES = 8 << 20
+WINDOW_BYTES = 2 << 20
 WINDOW_CHUNKS = 1024
 _T = TypeVar("_T")
 
