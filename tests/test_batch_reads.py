@@ -4,6 +4,8 @@ misses, a damaged copy dropped from its tier and read from the next one."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import lmdb
@@ -12,6 +14,7 @@ from store_helpers import SSD_HEADER, Session, build_session, check_chunk, load,
 
 from kvstore.errors import InvalidArgument
 from kvstore.store import SessionStore, open_store
+from kvstore.tiers.base import Views
 from kvstore.tiers.ssd import DB_NAME
 
 HOST, SSD = 0, 1
@@ -128,5 +131,50 @@ def test_the_stores_read_entry_refuses_a_key_no_tier_can_hold(tmp_path: Path, ba
         assert {n: (c.hits, c.errors) for n, c in ss.store.counters.items()} == hits  # no tier was asked
         assert read_all(ss, "ns", [*s.keys[:2], b"short"]) == [*s.blobs[:2], None]
         assert read_all(ss, "ns", list(s.keys)) == list(s.blobs)
+    finally:
+        ss.close()
+
+
+def test_a_stream_holds_no_read_open_while_its_caller_drains_and_keeps_its_keys_pinned(tmp_path: Path) -> None:
+    """Issue 28: the stream's answer is read in windows (SessionStore.windows), each a batch read whose read
+    (the ssd tier's read transaction, its views) has ended before its messages are handed on; the keys
+    stay pinned from the first window to the last, and closing the stream early unpins them."""
+    ss = open_store(store_config(tmp_path, promote_on_read=False))  # no second read behind, on another thread
+    try:
+        s = session("a", 16 * 40)  # 40 chunks: several windows
+        save(ss, s)
+        keys = list(s.keys)
+        assert ss.evict("ns", "a", "ssd") == len(keys)  # every read goes to the ssd tier's memory map
+        ssd = ss.store.tiers[SSD]
+        real, open_reads, windows = ssd.read_views, [0], []
+
+        @contextlib.contextmanager
+        def counted(asked: Sequence[bytes]) -> Iterator[Views]:
+            open_reads[0] += 1
+            try:
+                with real(asked) as views:
+                    yield views
+            finally:
+                open_reads[0] -= 1
+
+        ssd.read_views = counted  # type: ignore[method-assign]
+
+        def copies(start: int, values: list[bytes | memoryview | None]) -> list[tuple[int, bytes | None]]:
+            assert open_reads[0] == 1  # inside the window's read
+            windows.append(start)
+            return [(start + i, None if v is None else bytes(v)) for i, v in enumerate(values)]
+
+        got = []
+        for item in ss.windows("ns", keys, copies):
+            assert open_reads[0] == 0  # handed on with no read open
+            assert all(k in ss.store._pins for k in keys)  # pinned across the windows
+            got.append(item)
+        assert [b for _, b in got] == list(s.blobs) and [i for i, _ in got] == list(range(len(keys)))
+        assert len(windows) > 1
+        assert not any(k in ss.store._pins for k in keys)
+        stream = ss.windows("ns", keys, copies)
+        next(stream)
+        stream.close()  # a caller gone mid-stream
+        assert not any(k in ss.store._pins for k in keys) and open_reads[0] == 0
     finally:
         ss.close()
