@@ -8,7 +8,7 @@ chunk must hold without passing data around, and equal keys always carry equal b
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -154,6 +154,24 @@ def save(sessions: SessionStore, s: Session, *, first: int = 0, **manifest_kw: o
         return sessions.commit(s.manifest(**manifest_kw))  # type: ignore[arg-type]
     finally:
         sessions.clock = clock
+
+
+def load(sessions: SessionStore, namespace: str, keys: Sequence[bytes]) -> list[tuple[bytes, bytes | None]]:
+    """Each key with its verified chunk (None: a miss), read as the gRPC stream reads a load
+    (``SessionStore.windows``: a batch read per window), copied out; then the promotions behind the
+    read are waited for, so that a test can say where the chunks sit afterwards."""
+    def copied(start: int, values: list[bytes | memoryview | None]) -> list[tuple[bytes, bytes | None]]:
+        return [(keys[start + i], None if v is None else bytes(v)) for i, v in enumerate(values)]
+
+    out = list(sessions.windows(namespace, keys, copied))
+    sessions.store.settle()
+    return out
+
+
+def get(store: TieredStore, key: bytes) -> bytes | None:
+    """One key's verified value (checksum and the key it claims) from the fastest tier holding a
+    valid copy, promoted as any read (``TieredStore.copies`` of one key)."""
+    return store.copies([key])[0]
 
 
 def count_puts(store: TieredStore, tier: int) -> list[bytes]:

@@ -1,16 +1,20 @@
-"""A load's batch read (SessionStore.read, kvstore/store/batch_reads.py) serves exactly what the per-chunk
-read (SessionStore.load) serves: the same verified bytes, the same misses, a damaged copy dropped from its
-tier and read from the next one."""
+"""A load's batch read (SessionStore.read, kvstore/store/batch_reads.py) serves exactly what the windowed
+read a stream makes (SessionStore.windows, a batch per window) serves: the same verified bytes, the same
+misses, a damaged copy dropped from its tier and read from the next one."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import lmdb
 import pytest
-from store_helpers import SSD_HEADER, Session, build_session, check_chunk, save, store_config, token_stream
+from store_helpers import SSD_HEADER, Session, build_session, check_chunk, load, save, store_config, token_stream
 
+from kvstore.errors import InvalidArgument
 from kvstore.store import SessionStore, open_store
+from kvstore.tiers.base import Views
 from kvstore.tiers.ssd import DB_NAME
 
 HOST, SSD = 0, 1
@@ -26,7 +30,7 @@ def read_all(ss: SessionStore, ns: str, keys: list[bytes]) -> list[bytes | None]
 
 
 def load_all(ss: SessionStore, ns: str, keys: list[bytes]) -> list[bytes | None]:
-    return [None if v is None else bytes(v) for _, v in ss.load(ns, keys)]
+    return [v for _, v in load(ss, ns, keys)]
 
 
 @pytest.mark.parametrize("zstd_level", [0, 3])  # raw records are views into the map; compressed ones decoded
@@ -100,5 +104,77 @@ def test_a_damaged_copy_is_dropped_and_the_next_tier_serves(tmp_path: Path) -> N
         assert ss.store.counters["ssd"].verify_failures == 3
         assert not any(ss.store.where(k) for k in keys[2:5])  # dropped: never served, gone from the tier
         assert load_all(ss, "ns", keys) == got
+    finally:
+        ss.close()
+
+
+@pytest.mark.parametrize("bad", [b"", b"x" * 65536], ids=["0 bytes", "65,536 bytes"])
+def test_the_stores_read_entry_refuses_a_key_no_tier_can_hold(tmp_path: Path, bad: bytes) -> None:
+    """Issue 28: an in-process read (the store's own entry, not a front end's) of a 0-byte or a 65,536-byte
+    key is InvalidArgument naming it, before any tier is asked (a tier's guard would be a ValueError:
+    INTERNAL); a key of another length names nothing stored and is a miss; what is stored is unaffected."""
+    ss = open_store(store_config(tmp_path))
+    try:
+        s = session("a", 16 * 4)
+        save(ss, s)
+        keys = [*s.keys[:2], bad]
+        hits = {n: (c.hits, c.errors) for n, c in ss.store.counters.items()}
+        message = rf"keys\[2\] is {len(bad)} bytes long; a key is 1 to 256 bytes"
+        with pytest.raises(InvalidArgument, match=message):
+            read_all(ss, "ns", keys)
+        with pytest.raises(InvalidArgument, match=message):
+            load_all(ss, "ns", keys)
+        with pytest.raises(InvalidArgument, match=message):
+            ss.lookup_keys("ns", keys)
+        with pytest.raises(InvalidArgument, match=message):
+            ss.held_in_memory("ns", keys, 1 << 20)
+        assert {n: (c.hits, c.errors) for n, c in ss.store.counters.items()} == hits  # no tier was asked
+        assert read_all(ss, "ns", [*s.keys[:2], b"short"]) == [*s.blobs[:2], None]
+        assert read_all(ss, "ns", list(s.keys)) == list(s.blobs)
+    finally:
+        ss.close()
+
+
+def test_a_stream_holds_no_read_open_while_its_caller_drains_and_keeps_its_keys_pinned(tmp_path: Path) -> None:
+    """Issue 28: the stream's answer is read in windows (SessionStore.windows), each a batch read whose read
+    (the ssd tier's read transaction, its views) has ended before its messages are handed on; the keys
+    stay pinned from the first window to the last, and closing the stream early unpins them."""
+    ss = open_store(store_config(tmp_path, promote_on_read=False))  # no second read behind, on another thread
+    try:
+        s = session("a", 16 * 40)  # 40 chunks: several windows
+        save(ss, s)
+        keys = list(s.keys)
+        assert ss.evict("ns", "a", "ssd") == len(keys)  # every read goes to the ssd tier's memory map
+        ssd = ss.store.tiers[SSD]
+        real, open_reads, windows = ssd.read_views, [0], []
+
+        @contextlib.contextmanager
+        def counted(asked: Sequence[bytes]) -> Iterator[Views]:
+            open_reads[0] += 1
+            try:
+                with real(asked) as views:
+                    yield views
+            finally:
+                open_reads[0] -= 1
+
+        ssd.read_views = counted  # type: ignore[method-assign]
+
+        def copies(start: int, values: list[bytes | memoryview | None]) -> list[tuple[int, bytes | None]]:
+            assert open_reads[0] == 1  # inside the window's read
+            windows.append(start)
+            return [(start + i, None if v is None else bytes(v)) for i, v in enumerate(values)]
+
+        got = []
+        for item in ss.windows("ns", keys, copies):
+            assert open_reads[0] == 0  # handed on with no read open
+            assert all(k in ss.store._pins for k in keys)  # pinned across the windows
+            got.append(item)
+        assert [b for _, b in got] == list(s.blobs) and [i for i, _ in got] == list(range(len(keys)))
+        assert len(windows) > 1
+        assert not any(k in ss.store._pins for k in keys)
+        stream = ss.windows("ns", keys, copies)
+        next(stream)
+        stream.close()  # a caller gone mid-stream
+        assert not any(k in ss.store._pins for k in keys) and open_reads[0] == 0
     finally:
         ss.close()

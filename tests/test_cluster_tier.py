@@ -12,6 +12,7 @@ import pytest
 import redis
 from cluster_helpers import RedisClusterProcess, require_cluster, running_cluster
 from daemon_helpers import make_session
+from store_helpers import load
 
 from kvstore.errors import FailedPrecondition, Unavailable
 from kvstore.format.manifest import Retention
@@ -98,7 +99,7 @@ def test_sessions_are_shared_through_a_single_server(redis_url: str, tmp_path: P
         s = make_session(namespace="ns", session_id="s", tokens=700)
         a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
         assert [m.session_id for m in b.list_sessions("ns")] == ["s"]
-        assert [bytes(blob) for _, blob in b.load("ns", b.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
+        assert [bytes(blob) for _, blob in load(b, "ns", b.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
         other = make_session(namespace="ns", session_id="s", tokens=700, seed=9)
         b.save_session("ns", other.layout.layout_id, bytes(16), 0, other.blobs, other.manifest)
         with pytest.raises(FailedPrecondition, match="changed through another daemon"):
@@ -134,7 +135,7 @@ def test_without_its_shared_tier_a_daemon_reads_what_it_holds_and_refuses_saves(
         a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
         redis_server.kill()
         assert [m.session_id for m in a.list_sessions("ns")] == ["s"]  # from its own index
-        assert [bytes(b) for _, b in a.load("ns", a.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
+        assert [bytes(b) for _, b in load(a, "ns", a.get("ns", "s").chunk_keys)] == s.blobs  # type: ignore[arg-type]
         t = make_session(namespace="ns", session_id="t", tokens=700, seed=3)
         with pytest.raises(Unavailable, match="chunks were not published"):
             a.save_session("ns", t.layout.layout_id, bytes(16), 0, t.blobs, t.manifest)
@@ -150,7 +151,7 @@ def test_a_daemon_with_other_chunk_sizes_ignores_shared_sessions_and_leaves_thei
     try:
         s = make_session(namespace="ns", session_id="s", tokens=700)
         a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
-        assert b.list_sessions("ns") == [] and list(b.load("ns", s.keys)) == [(k, None) for k in s.keys]
+        assert b.list_sessions("ns") == [] and list(load(b, "ns", s.keys)) == [(k, None) for k in s.keys]
         shared = next(t for t in b.store.tiers if isinstance(t, RedisTier))
         assert shared.exists_many(s.keys) == [True] * len(s.keys)  # nothing deleted as "corrupt"
     finally:

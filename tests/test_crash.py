@@ -37,6 +37,7 @@ from store_helpers import (
     Session,
     build_session,
     check_chunk,
+    load,
     store_config,
     token_stream,
     unframe,
@@ -270,7 +271,7 @@ def check_wreck(root: Path, acked: dict[str, int]) -> int:
         for sid, m in found.items():
             s = crash_session(sid, versions[sid])
             assert (m.chunk_keys, m.tail, m.token_count) == (s.keys, s.tail, len(s.token_ids))
-            for i, (key, blob) in enumerate(sessions.load(m.namespace, m.chunk_keys)):
+            for i, (key, blob) in enumerate(load(sessions, m.namespace, m.chunk_keys)):
                 check_chunk(blob, TINY8, key, s.chunk_ids(i))
         live = set(sessions.live_chunks())
         assert sessions.store.chunk_keys(local_only=True) == live  # the interrupted save's garbage is gone

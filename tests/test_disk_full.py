@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from daemon_helpers import make_session, running_daemon, save_session
-from store_helpers import Session, build_session, check_chunk, save, store_config, token_stream
+from store_helpers import Session, build_session, check_chunk, load, save, store_config, token_stream
 
 from kvstore.client import Client
 from kvstore.errors import ResourceExhausted
@@ -49,7 +49,7 @@ def session(sid: str, chunks: int, seed: int) -> Session:
 
 def assert_loads(ss: SessionStore, s: Session) -> None:
     m = ss.get(s.namespace, s.session_id)
-    for i, (k, blob) in enumerate(ss.load(s.namespace, m.chunk_keys)):
+    for i, (k, blob) in enumerate(load(ss, s.namespace, m.chunk_keys)):
         check_chunk(blob, s.layout, k, s.chunk_ids(i))
 
 

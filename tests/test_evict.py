@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from store_helpers import build_session, save, store_config, token_stream
+from store_helpers import build_session, load, save, store_config, token_stream
 
 from kvstore.errors import InvalidArgument
 from kvstore.store import SessionStore, open_store
@@ -47,7 +47,7 @@ def test_a_move_up_is_refused_and_moves_nothing(sessions: SessionStore) -> None:
     s = build_session("ns", "s", token_stream(1, 4 * CT))
     save(sessions, s)
     sessions.evict("ns", "s", "ssd")
-    list(sessions.load("ns", s.keys[:1]))  # chunk 0 read back: promoted to host memory again
+    list(load(sessions, "ns", s.keys[:1]))  # chunk 0 read back: promoted to host memory again
     assert tiers_of(sessions, s.keys) == ["host", "ssd", "ssd", "ssd"]
     before = demotions(sessions)
     with pytest.raises(InvalidArgument, match=r"evict moves chunks down; use prefetch to move them up \(3 of 4 "

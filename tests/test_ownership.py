@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from store_helpers import TINY8, Session, build_session, encode_chunk, save, token_stream
+from store_helpers import TINY8, Session, build_session, encode_chunk, load, save, token_stream
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kvstore.format.keys import ROOT, chain_keys
@@ -64,13 +64,13 @@ def test_another_namespaces_chunks_load_exactly_as_absent_ones(sessions: Session
     deltas, touched = [], []
     for keys in (absent, list(b.keys)):  # keys nobody has, then B's chunks, both asked for by A
         c0, calls = counters(sessions), tier_calls(sessions)
-        assert [blob for _, blob in sessions.load("A", keys)] == [None] * len(keys)
+        assert [blob for _, blob in load(sessions, "A", keys)] == [None] * len(keys)
         deltas.append([y - x for x, y in zip(c0, counters(sessions))])
         touched.append(calls)
     assert deltas[0] == deltas[1]  # the same counters moved by the same amounts
     assert touched == [[], []]  # neither touched a tier: the same path, whatever B holds
     assert stored(sessions) == before
-    assert all(blob is not None for _, blob in sessions.load("B", b.keys))  # B still reads them
+    assert all(blob is not None for _, blob in load(sessions, "B", b.keys))  # B still reads them
 
 
 def test_a_read_never_deletes_what_it_does_not_own(sessions: SessionStore) -> None:
@@ -80,7 +80,7 @@ def test_a_read_never_deletes_what_it_does_not_own(sessions: SessionStore) -> No
     save(sessions, a)
     before = stored(sessions)
     weird = [manifest_key("A", "s"), *a.keys, b"m:A/s" + bytes(11)]
-    assert [blob for _, blob in sessions.load("B", weird)] == [None] * len(weird)
+    assert [blob for _, blob in load(sessions, "B", weird)] == [None] * len(weird)
     assert stored(sessions) == before
     assert all(c.verify_failures == 0 for c in sessions.store.counters.values())
     assert sessions.get("A", "s").chunk_keys == a.keys
@@ -119,12 +119,12 @@ def test_lookup_counts_only_indexed_chunks_of_the_namespace(sessions: SessionSto
 def test_a_chunk_holding_other_tokens_under_a_key_is_never_served(sessions: SessionStore) -> None:
     s = session("A", "s", 3 * CT, seed=3)
     save(sessions, s)
-    sessions.load("A", s.keys)  # promote into host
+    load(sessions, "A", s.keys)  # promote into host
     other = token_stream(99, CT)
     forged = encode_chunk(TINY8, s.keys[1], CT, other)  # claims key 1, right span, valid checksum
     for tier in (HOST, SSD):
         sessions.store.tiers[tier].put(s.keys[1], forged)
-    loaded = [blob for _, blob in sessions.load("A", s.keys)]
+    loaded = [blob for _, blob in load(sessions, "A", s.keys)]
     assert loaded[0] is not None and loaded[2] is not None
     assert loaded[1] is None
     assert [sessions.store.counters[n].verify_failures for n in ("host", "ssd")] == [1, 1]
@@ -136,7 +136,7 @@ def test_a_chunk_holding_other_tokens_under_a_key_is_never_served(sessions: Sess
 def test_a_save_failing_on_the_durable_tier_leaves_nothing_in_faster_ones(sessions: SessionStore) -> None:
     base = session("A", "base", 2 * CT, seed=4)
     save(sessions, base)
-    sessions.load("A", base.keys)  # in host and ssd
+    load(sessions, "A", base.keys)  # in host and ssd
     longer = build_session("A", "longer", token_stream(4, 4 * CT))
     cached = longer.keys[2]  # a chunk host already held before this save (e.g. promoted from Redis)
     sessions.store.tiers[HOST].put(cached, longer.blobs[2])
@@ -150,7 +150,7 @@ def test_a_save_failing_on_the_durable_tier_leaves_nothing_in_faster_ones(sessio
     host = set(sessions.store.tiers[HOST].keys())
     assert host == {*base.keys, cached}  # the new chunk 3 is gone; what was there before stays
     assert sessions.lookup("A", TINY8.layout_id, longer.token_ids).cached_tokens == 2 * CT
-    assert [blob is None for _, blob in sessions.load("A", longer.keys)] == [False, False, True, True]
+    assert [blob is None for _, blob in load(sessions, "A", longer.keys)] == [False, False, True, True]
     with pytest.raises(FailedPrecondition, match="not stored"):
         sessions.commit(longer.manifest())
 

@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -225,10 +225,10 @@ def test_one_worker_coalesces_and_drops_past_its_bound(store: SessionStore) -> N
     gate, entered = threading.Event(), threading.Event()
     real = store.store.prefetch
 
-    def held(key: bytes, check: Callable[..., bool]) -> bool:  # the first copy waits for the gate
+    def held(keys: Sequence[bytes], verify: Callable[..., Sequence[bool]]) -> list[bool | None]:  # waits for the gate
         entered.set()
         gate.wait(WAIT_S)
-        return real(key, check)
+        return real(keys, verify)
 
     store.store.prefetch = held  # type: ignore[method-assign]
     p = Prefetcher(store, PrefetchConfig(max_pending=2))
@@ -244,7 +244,7 @@ def test_one_worker_coalesces_and_drops_past_its_bound(store: SessionStore) -> N
         wait_until("both sessions promoted", lambda: p.counters().completed == 2 and p.counters().pending == 0)
         c = p.counters()
         assert (c.requested, c.coalesced, c.dropped, c.chunks_promoted, c.chunks_skipped) == (5, 1, 2, 8, 0)
-        assert all(store.store.where(k)[0] == "host" for i in (0, 1) for k, _ in store.chunk_checks("n", f"s{i}"))
+        assert all(store.store.where(k)[0] == "host" for i in (0, 1) for k in store.session_chunks("n", f"s{i}"))
     finally:
         gate.set()
         p.stop()

@@ -157,3 +157,29 @@ def test_every_request_that_names_a_namespace_key_or_id_has_its_checks() -> None
         cls = getattr(pb, m.input_type.name)
         if named & {f.name for f in m.input_type.fields}:
             assert cls in CHECKS, f"{m.name}: {m.input_type.name} has no entry in request_checks.CHECKS"
+
+
+BAD_KEYS = [b"", b"x" * 65536]  # no tier can hold either (1 to 256 bytes): once they answered INTERNAL
+
+
+@pytest.mark.parametrize("bad", BAD_KEYS, ids=["0 bytes", "65,536 bytes"])
+def test_a_bad_key_beside_good_ones_is_invalid_argument_on_both_front_ends_wherever_they_sit(
+        tmp_path_factory: pytest.TempPathFactory, bad: bytes) -> None:
+    """Issue 28: LoadChunks naming a 0-byte or a 65,536-byte key after keys the memory tier holds (the quick
+    path) and after keys only the ssd tier holds (the batch read) is INVALID_ARGUMENT naming that key, on gRPC
+    and on the local socket, before any tier is asked; the session stored reads back as it was."""
+    with running_daemon(tmp_path_factory.mktemp("bad-keys") / "data") as d:
+        with Client(address=d.address) as c:
+            save_session(c, S)
+            before = _stored(d)
+            for where in ("host", "ssd"):
+                if where == "ssd":
+                    assert c.evict("ns", "s1", "ssd") == len(S.keys)
+                for transport, stub in _stubs(d):
+                    request = pb.LoadChunksRequest(namespace="ns", keys=[*S.keys[:2], bad])
+                    code, details = _invoke(stub, "LoadChunks", request)
+                    assert (where, transport, code) == (where, transport, grpc.StatusCode.INVALID_ARGUMENT), details
+                    assert details.startswith(f"LoadChunksRequest.keys[2] is {len(bad)} bytes long"), details
+            assert _stored(d) == before
+        log = d.log()
+        assert "internal error" not in log and "Traceback" not in log, log[-3000:]

@@ -18,6 +18,7 @@ from store_helpers import (
     check_chunk,
     count_puts,
     encode_chunk,
+    load,
     save,
     store_config,
     token_stream,
@@ -47,7 +48,7 @@ def assert_loads(ss: SessionStore, s: Session) -> None:
     """Every chunk of ``s`` loads, verified: checksum, key, token ids and entries."""
     m = ss.get(s.namespace, s.session_id)
     assert m.chunk_keys == s.keys and m.tail == s.tail and m.token_count == len(s.token_ids)
-    loaded = list(ss.load(s.namespace, m.chunk_keys))
+    loaded = list(load(ss, s.namespace, m.chunk_keys))
     assert [k for k, _ in loaded] == list(s.keys)
     for i, (k, blob) in enumerate(loaded):
         check_chunk(blob, s.layout, k, s.chunk_ids(i))
@@ -276,7 +277,7 @@ def test_evict_to_ssd_then_lookup_reports_ssd(sessions: SessionStore) -> None:
     assert sessions.evict("ns", "s", "ssd") == 5
     assert sessions.lookup("ns", lid, s.token_ids).tiers == {"ssd": 5}
     assert chunk_items(sessions, HOST) == set()
-    loaded = [k for k, blob in sessions.load("ns", s.keys[:2]) if blob is not None]
+    loaded = [k for k, blob in load(sessions, "ns", s.keys[:2]) if blob is not None]
     assert loaded == list(s.keys[:2])
     assert sessions.lookup("ns", lid, s.token_ids).tiers == {"host": 2, "ssd": 3}
     assert (sessions.hits.loads, sessions.hits.loaded_chunks, sessions.hits.missed_chunks) == (1, 2, 0)

@@ -15,6 +15,8 @@ from store_helpers import (
     Session,
     abandon,
     build_session,
+    get,
+    load,
     make_tiered,
     store_config,
     token_stream,
@@ -95,7 +97,7 @@ def test_write_through_chunk_is_durable_when_put_returns(tmp_path: Path) -> None
     try:
         for k, b in zip(s.keys, s.blobs):
             assert st.where(k) == ["ssd"]
-            assert bytes(st.get(k)) == b
+            assert bytes(get(st, k)) == b
             assert st.where(k) == ["host", "ssd"]  # promoted on read
         assert counters(st, SSD).hits == 3 and counters(st, HOST).promotions == 3
     finally:
@@ -110,14 +112,14 @@ def test_write_back_is_not_durable_until_flush(tmp_path: Path) -> None:
     assert [st.where(k) for k in s.keys] == [["host"]] * 3
     abandon(st)
     st = make_tiered(cfg)
-    assert [st.get(k) for k in s.keys] == [None] * 3  # nothing had reached the disk
+    assert [get(st, k) for k in s.keys] == [None] * 3  # nothing had reached the disk
     put_all(st, s)
     st.flush()
     assert [st.where(k) for k in s.keys] == [["host", "ssd"]] * 3
     abandon(st)
     st = make_tiered(cfg)
     try:
-        assert [bytes(st.get(k)) for k in s.keys] == list(s.blobs)
+        assert [bytes(get(st, k)) for k in s.keys] == list(s.blobs)
     finally:
         st.close()
 
@@ -132,8 +134,8 @@ def test_write_back_demotion_makes_chunks_durable(tmp_path: Path) -> None:
     abandon(st)
     st = make_tiered(cfg)
     try:
-        assert [bytes(st.get(k)) for k in s.keys[:2]] == list(s.blobs[:2])
-        assert [st.get(k) for k in s.keys[2:]] == [None] * 3
+        assert [bytes(get(st, k)) for k in s.keys[:2]] == list(s.blobs[:2])
+        assert [get(st, k) for k in s.keys[2:]] == [None] * 3
     finally:
         st.close()
 
@@ -146,7 +148,7 @@ def test_promote_on_read_off_leaves_chunks_where_they_are(tmp_path: Path) -> Non
         assert all(st.demote(k, SSD) for k in s.keys)
         assert counters(st, HOST).demotions == 2  # ssd already held them: moved down by dropping the host copy
         assert counters(st, HOST).evictions == 0
-        assert bytes(st.get(s.keys[0])) == s.blobs[0]
+        assert bytes(get(st, s.keys[0])) == s.blobs[0]
         assert st.where(s.keys[0]) == ["ssd"]
         assert counters(st, SSD).hits == 1 and counters(st, HOST).promotions == 0
     finally:
@@ -163,7 +165,7 @@ def test_capacity_pressure_demotes_least_recently_used(tmp_path: Path, mode: str
         host = st.tiers[HOST]
         for k, b in zip(s.keys[:3], s.blobs[:3]):
             st.put(k, b)
-        assert bytes(st.get(s.keys[0])) == s.blobs[0]  # chunk 0 is now the most recently used
+        assert bytes(get(st, s.keys[0])) == s.blobs[0]  # chunk 0 is now the most recently used
         for k, b in zip(s.keys[3:], s.blobs[3:]):
             st.put(k, b)
             u = host.usage()
@@ -173,7 +175,7 @@ def test_capacity_pressure_demotes_least_recently_used(tmp_path: Path, mode: str
         c = counters(st, HOST)
         assert (c.evictions, c.demotions) == ((7, 0) if mode == "through" else (0, 7))
         for k, b in reversed([*zip(s.keys, s.blobs)]):  # newest first: 9, 8, 7 from host, the rest from ssd
-            assert bytes(st.get(k)) == b
+            assert bytes(get(st, k)) == b
             u = host.usage()
             assert u.used_bytes <= u.capacity_bytes
         assert counters(st, HOST).hits == 1 + 3 and counters(st, SSD).hits == 7 and c.promotions == 7
@@ -223,13 +225,13 @@ def test_three_tiers_demote_into_redis_and_read_back(tmp_path: Path, redis_serve
         raw.close()
         # Newest first, so each chunk is read before promotions push it further down.
         for k, b in reversed([*zip(s.keys, s.blobs)]):
-            assert bytes(st.get(k)) == b
+            assert bytes(get(st, k)) == b
             u = st.tiers[SSD].usage()
             assert u.used_bytes <= u.capacity_bytes
         assert (counters(st, HOST).hits, counters(st, SSD).hits, counters(st, REDIS).hits) == (2, 1, 5)
         assert counters(st, SSD).promotions == 5 and counters(st, HOST).promotions == 6
         for k, b in zip(s.keys, s.blobs):  # and again, wherever the promotions left them
-            assert bytes(st.get(k)) == b
+            assert bytes(get(st, k)) == b
     finally:
         st.close()
 
@@ -250,13 +252,13 @@ def test_corrupt_lmdb_value_is_detected_and_deleted(tmp_path: Path) -> None:
 
     st = make_tiered(cfg)
     try:
-        assert st.get(s.keys[0]) is None and st.get(s.keys[1]) is None
+        assert get(st, s.keys[0]) is None and get(st, s.keys[1]) is None
         assert counters(st, SSD).verify_failures == 2
         assert not st.tiers[SSD].contains(s.keys[0]) and not st.tiers[SSD].contains(s.keys[1])
-        assert st.get(s.keys[3]) is None  # torn framing: a miss, never served, deleted like the others
+        assert get(st, s.keys[3]) is None  # torn framing: a miss, never served, deleted like the others
         assert counters(st, SSD).verify_failures == 3 and not st.tiers[SSD].contains(s.keys[3])
         assert counters(st, SSD).errors == 0 and not counters(st, SSD).degraded  # the tier itself is fine
-        assert bytes(st.get(s.keys[2])) == s.blobs[2]
+        assert bytes(get(st, s.keys[2])) == s.blobs[2]
         assert counters(st, HOST).verify_failures == 0
     finally:
         st.close()
@@ -270,7 +272,7 @@ def test_corrupt_lmdb_value_falls_back_to_a_good_redis_copy(tmp_path: Path, redi
     st = make_tiered(cfg)
     put_all(st, s)
     assert st.demote(s.keys[0], REDIS) and st.where(s.keys[0]) == ["ssd", "redis"]  # the durable copy stays
-    assert bytes(st.get(s.keys[0])) == s.blobs[0]  # promoted back: now on all three tiers
+    assert bytes(get(st, s.keys[0])) == s.blobs[0]  # promoted back: now on all three tiers
     assert st.where(s.keys[0]) == ["host", "ssd", "redis"]
     st.close()
     path = ssd_path(cfg)
@@ -278,7 +280,7 @@ def test_corrupt_lmdb_value_falls_back_to_a_good_redis_copy(tmp_path: Path, redi
 
     st = make_tiered(cfg)
     try:
-        assert bytes(st.get(s.keys[0])) == s.blobs[0]
+        assert bytes(get(st, s.keys[0])) == s.blobs[0]
         assert counters(st, SSD).verify_failures == 1 and counters(st, REDIS).hits == 1
         assert st.where(s.keys[0]) == ["host", "ssd", "redis"]  # the good copy was promoted back
     finally:
@@ -298,7 +300,7 @@ def test_corrupt_redis_value_is_detected_and_deleted(tmp_path: Path, redis_serve
         bad[100] ^= 1
         raw.set(b"kvtest:" + s.keys[1], bytes(bad))
         raw.set(b"kvtest:" + s.keys[2], s.blobs[0])  # a valid chunk, but not the one this key names
-        assert [st.get(k) for k in s.keys] == [None] * 3
+        assert [get(st, k) for k in s.keys] == [None] * 3
         assert counters(st, REDIS).verify_failures == 3 and counters(st, REDIS).hits == 0
         assert [raw.exists(b"kvtest:" + k) for k in s.keys] == [0] * 3
         assert st.where(s.keys[0]) == []
@@ -320,17 +322,17 @@ def test_dead_redis_is_reported_and_the_store_keeps_serving(tmp_path: Path, redi
         assert len(local) == 3
         redis_server.kill()
 
-        assert st.get(s.keys[0]) is None  # it lived only in redis: a miss, not an exception
+        assert get(st, s.keys[0]) is None  # it lived only in redis: a miss, not an exception
         report = {r.name: r for r in st.reports()}["redis"]
         assert report.counters.errors > 0 and report.counters.degraded and report.counters.last_error
         for k, b in zip(s.keys[3:], s.blobs[3:]):
-            assert bytes(st.get(k)) == b
+            assert bytes(get(st, k)) == b
 
         more = chunks(4, seed=1)
         put_all(st, more)  # write-through still succeeds: ssd is the durable tier
         # The full ssd cannot demote into the dead redis: it must keep its chunks, not drop them.
         for k, b in [*zip(s.keys[3:], s.blobs[3:]), *zip(more.keys, more.blobs)]:
-            assert bytes(st.get(k)) == b
+            assert bytes(get(st, k)) == b
             assert st.tiers[SSD].contains(k)
         assert counters(st, REDIS).degraded
     finally:
@@ -352,12 +354,12 @@ def test_redis_killed_mid_workload_then_back_the_sessions_store_serves_on_and_re
             saved.append(s)
             for t in saved:  # lookups ask every tier, redis included; loads come from host or ssd
                 assert ss.lookup("ns", t.layout.layout_id, t.token_ids).cached_tokens == 3 * 16
-                assert all(bytes(b) == want for (_, b), want in zip(ss.load("ns", t.keys), t.blobs))
+                assert all(bytes(b) == want for (_, b), want in zip(load(ss, "ns", t.keys), t.blobs))
         assert counters(ss.store, REDIS).errors > 0  # the outage was noticed...
         assert ss.evict("ns", "s7", "redis") == 3  # ...and redis takes chunks again
         assert not counters(ss.store, REDIS).degraded
         assert ss.store.where(saved[7].keys[0]) == ["ssd", "redis"]  # the durable copy stays
-        assert [bytes(b) for _, b in ss.load("ns", saved[7].keys)] == list(saved[7].blobs)
+        assert [bytes(b) for _, b in load(ss, "ns", saved[7].keys)] == list(saved[7].blobs)
     finally:
         ss.store.close()
 
@@ -373,7 +375,7 @@ def test_write_back_falls_back_to_write_through_when_the_fast_tier_fails(tmp_pat
         assert all(st.holds_durably(k) for k in s.keys)
         assert all(st.tiers[SSD].contains(k) for k in s.keys)
         assert counters(st, HOST).errors > 0 and counters(st, HOST).degraded
-        assert [bytes(st.get(k)) for k in s.keys] == list(s.blobs)
+        assert [bytes(get(st, k)) for k in s.keys] == list(s.blobs)
     finally:
         st.close()
 
@@ -407,7 +409,7 @@ def test_demoting_below_the_durable_tier_keeps_the_durable_copy(tmp_path: Path, 
         assert all(st.holds_durably(k) for k in s.keys)
         redis_server.kill()
         redis_server.start()  # no persistence: Redis comes back empty
-        assert [bytes(st.get(k)) for k in s.keys] == list(s.blobs)
+        assert [bytes(get(st, k)) for k in s.keys] == list(s.blobs)
     finally:
         st.close()
 

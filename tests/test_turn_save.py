@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from store_helpers import TINY8, Session, build_session, save, store_config, token_stream
+from store_helpers import TINY8, Session, build_session, load, save, store_config, token_stream
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from kvstore.format.keys import ROOT
@@ -33,7 +33,7 @@ def turn(ss: SessionStore, s: Session, first: int = 0, **manifest_kw: object) ->
 
 def loads_whole(ss: SessionStore, s: Session) -> bool:
     m = ss.get(s.namespace, s.session_id)
-    got = list(ss.load(s.namespace, m.chunk_keys))
+    got = list(load(ss, s.namespace, m.chunk_keys))
     return m.chunk_keys == s.keys and m.tail == s.tail and all(b is not None for _, b in got)
 
 

@@ -1,11 +1,13 @@
 """Two revisions of the daemon side by side, in one run: did a change make saves and loads faster?
 
     python benchmarks/daemon/bench_revisions.py --base e3755c0 [--sizes-mib 1,16] [--clients 1,8] [--rounds 100]
+    python benchmarks/daemon/bench_revisions.py --base ../base   # a checkout of the base, its extensions built
 
 On a shared, noisy machine two runs of bench_daemon.py an hour apart differ by more than most
-changes do. This starts one daemon from ``--base`` (a git worktree in a temp dir) and one from the
-working tree, and times the same ops against both, alternating round by round, so drift in the
-machine hits both alike: a durable turn save (then an untimed delete) and a load, over the
+changes do. This starts one daemon from ``--base`` (a git worktree in a temp dir; or, given a
+directory, that checkout as it is: a temp worktree has no C extensions built, so its daemon verifies
+in Python) and one from the working tree, and times the same ops against both, alternating round
+by round, so drift in the machine hits both alike: a durable turn save (then an untimed delete) and a load, over the
 same-host path (arena + local socket) and over gRPC, with 1 and N client processes (the client
 code is the working tree's in both cases: only the daemon differs). A raw LMDB put+fsync of the
 same bytes is timed in the same rounds, for scale. Writes results/revisions.{md,json}.
@@ -93,7 +95,8 @@ def worker(idx: int, addresses: dict[str, str], template: Path, n_chunks: int, r
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="the git revision to compare the working tree against")
+    ap.add_argument("--base", required=True, help="the git revision (or a checkout's directory) to compare the "
+                                                  "working tree against")
     ap.add_argument("--sizes-mib", default="1,16")
     ap.add_argument("--clients", default="1,8")
     ap.add_argument("--rounds", type=int, default=60)
@@ -104,12 +107,14 @@ def main() -> None:
     chunk_bytes = chunk.encoded_size(lay, bd.CHUNK_TOKENS)
     sizes = {m: max(1, round((m << 20) / chunk_bytes)) for m in map(int, args.sizes_mib.split(","))}
     clients = sorted(map(int, args.clients.split(",")))
-    base_rev = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
+    checkout = Path(args.base) if Path(args.base).is_dir() else None
+    base_rev = subprocess.run(["git", "rev-parse", "--short", "HEAD" if checkout else args.base], cwd=checkout or ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
     head_rev = common.git_state()
     tmp = Path(tempfile.mkdtemp(prefix="bench-revs-"))
-    tree = tmp / "base"
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), base_rev], cwd=ROOT, check=True)
+    tree = checkout.resolve() if checkout else tmp / "base"
+    if checkout is None:
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(tree), base_rev], cwd=ROOT, check=True)
     daemons: dict[str, DaemonProcess] = {}
     rows: list[dict[str, Any]] = []
     try:
@@ -133,7 +138,8 @@ def main() -> None:
     finally:
         for d in daemons.values():
             d.stop()
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+        if checkout is None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
     table = []
     for r in rows:
         for op in ("save", "load"):

@@ -92,11 +92,12 @@ def check(ss: SessionStore, saved: list[Session]) -> dict[str, int]:
         if m.chunk_keys != s.keys or m.tail != s.tail:
             served_corrupt += 1
         want = dict(zip(s.keys, s.blobs))
-        for key, blob in ss.load(s.namespace, m.chunk_keys):
-            if blob is None:
-                missing += 1
-            elif bytes(blob) != want.get(key):
-                served_corrupt += 1
+        with ss.read(s.namespace, m.chunk_keys) as got:
+            for key, blob in zip(m.chunk_keys, got):
+                if blob is None:
+                    missing += 1
+                elif bytes(blob) != want.get(key):
+                    served_corrupt += 1
     reported = sum(c.verify_failures + c.errors for c in ss.store.counters.values())
     reported += ss.damage.manifests + ss.damage.missing_chunks  # (a repair at open counts as a tier error)
     return {"served_corrupt": served_corrupt, "missing": missing, "reported": reported, "refused": 0}

@@ -83,6 +83,12 @@ def save_turn(ss: Any, blobs: list[bytes], m: Manifest) -> None:
         ss.commit(m)
 
 
+def load(ss: Any, keys: Any) -> list[bytes | None]:
+    """A load of ``keys`` through the store's one read path, copied out (as a load's carrier copies them)."""
+    with ss.read("ops", keys) as got:
+        return [None if b is None else bytes(b) for b in got]
+
+
 def txnid(ss: Any) -> int:
     return ss.store.tiers[-1]._env.info()["last_txnid"]
 
@@ -102,8 +108,8 @@ def single(root: Path, turns: Turns, repeats: int, zstd_level: int) -> dict[str,
             blobs, m = turns.make("ops", f"s{r}")
             ops = {
                 "save": lambda b=blobs, m=m: save_turn(ss, b, m),
-                "load (host tier)": lambda m=m: [b for _, b in ss.load("ops", m.chunk_keys)],
-                "load (ssd tier)": lambda m=m: [b for _, b in ss.load("ops", m.chunk_keys)],
+                "load (host tier)": lambda m=m: load(ss, m.chunk_keys),
+                "load (ssd tier)": lambda m=m: load(ss, m.chunk_keys),
                 "delete": lambda m=m: ss.delete("ops", m.session_id),
             }
             for op, fn in ops.items():

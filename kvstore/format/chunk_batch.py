@@ -1,6 +1,6 @@
 """Checks for a batch of chunk blobs at once, and copies of the valid ones, in one pass.
 
-What a load applies to every chunk it reads (``kvstore/store/chunk_index.py``'s ``chunk_matches``):
+What a load applies to every chunk it reads (``kvstore/store/session_reads.py``, against ``chunk_index.py``):
 the header's sanity checks (``chunk.read_header``), the xxh3-64 checksum (``chunk.verify_checksum``),
 the header's claims (key, layout, start, token count) against what the store expects, and the key
 recomputed from the chunk's own token ids (``keys.chunk_key_raw``, a chained xxh3-128). Here for N

@@ -7,7 +7,7 @@ naming its id gets the same answer as for an unknown id. Each token keeps at mos
 ``MAX_PER_OWNER`` buffers open (attaching one more closes its oldest), so a client that dies
 without detaching pins a bounded amount of its GPU's memory. A load copies the chunks the HBM
 tier holds device to device, under that tier's lock (they cannot be freed mid-copy); chunks held
-only by slower tiers are read through the host path (verified, as any load) and uploaded. The
+only by slower tiers are read through the host path (a batch read verified as any load) and uploaded. The
 HBM copies are not re-verified: they were checked on the way in, and HBM is not where bit rot
 lives. Nothing here imports torch until a daemon with an HBM tier is asked to attach.
 """
@@ -115,11 +115,12 @@ class DeviceArenas:
                                               device_chunks=len(on_device) - len(lost))
 
     def _read_host(self, namespace: str, keys: list[bytes], which: list[int]) -> dict[int, Any]:
-        """Chunks ``which`` (indices into ``keys``) read and verified through the ordinary load path."""
+        """Chunks ``which`` (indices into ``keys``) read and verified as every load is (one batch read:
+        ``SessionStore.read``), copied out of the tiers for the upload."""
         if not which:
             return {}
-        loaded = list(self._sessions.load(namespace, [keys[i] for i in which]))  # whole: it unpins at its end
-        return {i: blob for i, (_, blob) in zip(which, loaded) if blob is not None}
+        with self._sessions.read(namespace, [keys[i] for i in which]) as got:
+            return {i: bytes(blob) for i, blob in zip(which, got) if blob is not None}
 
 
 def _upload(dst: Any, pieces: list[tuple[int, Any]]) -> None:

@@ -11,10 +11,10 @@ its arena, or the stream.
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from kvstore import __version__
 from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted, Retry
@@ -53,6 +53,7 @@ QUICK_LOAD_BYTES = 4 << 20
 #: The largest engine page blob a save buffers (a vLLM chunk of a few blocks of every layer of a group):
 #: one of the largest block a page layout may have (``MAX_BLOCK_BYTES``), so a registered layout's blobs fit.
 MAX_PAGE_BLOB_BYTES = page.header_bytes(page.MAX_HASH_BYTES) + MAX_BLOCK_BYTES + page.CHECKSUM_BYTES
+_M = TypeVar("_M")
 
 
 class KVStoreService:
@@ -87,24 +88,27 @@ class KVStoreService:
         owner = self.auth.identity(call.metadata) if arena_id else ""
         return self.carriers.for_call(owner, arena_id, into, call.sender, n_keys)
 
-    def _send(self, carrier: Carrier, namespace: str, keys: list[bytes]) -> Iterator[Piece]:
-        """The verified chunks, one piece per message. Through an arena or into the caller's memory:
-        read as one batch (each tier asked once, its answers verified in one pass:
-        ``SessionStore.read``), written while the tiers' bytes are in hand, answered in one message;
-        an arena too small for the load is told so before a byte is written (the client grows it:
-        ARENA_TOO_SMALL). On the stream: as they are read, chunk by chunk, so that no read is held
-        open while a remote caller drains the stream; closed early, it unpins what it read."""
+    def _send(self, carrier: Carrier, namespace: str, keys: list[bytes], encode: Callable[[Piece], _M]
+              ) -> Iterator[_M]:
+        """The verified chunks as messages (``encode`` makes one of a piece), read as batches (each
+        tier asked once, its answers verified in one pass: ``SessionStore.read``) and written or
+        encoded while the tiers' bytes are in hand. Through an arena or into the caller's memory: one
+        batch, answered in one message; an arena too small for the load is told so before a byte is
+        written (the client grows it: ARENA_TOO_SMALL). On the stream: a batch per window of a few MB
+        (``SessionStore.windows``), each window's read ended before its messages are yielded, so that
+        no read is held open while a remote caller drains the stream; closed early, it unpins."""
         if isinstance(carrier, StreamCarrier):
-            hits = ((i, b) for i, (_, b) in enumerate(self.sessions.load(namespace, keys)) if b is not None)
-            with contextlib.closing(carrier.send(hits)) as pieces:
-                yield from pieces
+            def window(start: int, blobs: list[Blob | None]) -> list[_M]:
+                return [encode(p) for p in carrier.send((start + i, b) for i, b in enumerate(blobs) if b is not None)]
+
+            yield from self.sessions.windows(namespace, keys, window)
         else:
             with self.sessions.read(namespace, keys) as blobs:
                 items = [(i, b) for i, b in enumerate(blobs) if b is not None]
                 if isinstance(carrier, ArenaCarrier) and (need := sum(len(b) for _, b in items)) > carrier.arena.size:
                     raise ResourceExhausted(f"{ARENA_TOO_SMALL}: it needs {need} bytes; the arena holds "
                                             f"{carrier.arena.size}", reason=Retry.ARENA_TOO_SMALL, needed_bytes=need)
-                answer = list(carrier.send(items))
+                answer = [encode(p) for p in carrier.send(items)]
             yield from answer
         self.carriers.count(carrier)
 
@@ -250,8 +254,7 @@ class KVStoreService:
         self._ns(call, request.namespace)  # the keys' count and lengths: request_checks.py, before this body
         carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None,
                                 len(request.keys))
-        for piece in self._send(carrier, request.namespace, [bytes(k) for k in request.keys]):
-            yield piece.message() if piece.handle is not None else fastpb.Encoded(b"".join(piece.encoded()))
+        yield from self._send(carrier, request.namespace, [bytes(k) for k in request.keys], _chunk_data)
 
     @quick_when(_quick_session)
     def LoadSession(self, request: pb.LoadSessionRequest, call: Call
@@ -259,18 +262,10 @@ class KVStoreService:
         self._ns(call, request.namespace)
         carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None)
         m = self.sessions.get(request.namespace, request.session_id)
-        session: pb.Session | None = convert.session_to_pb(m)  # in the first message, with the first chunks
-        for piece in self._send(carrier, request.namespace, list(m.chunk_keys)):
-            if piece.handle is not None:
-                r = pb.LoadSessionResponse(session=session) if session is not None else pb.LoadSessionResponse()
-                piece.into(r.chunks)
-                yield r
-            else:
-                yield fastpb.load_session_message(session.SerializeToString() if session is not None else None,
-                                                  piece.encoded())
-            session = None
-        if session is not None:
-            yield pb.LoadSessionResponse(session=session)
+        first = _SessionMessages(convert.session_to_pb(m))  # the session in the first message, with the first chunks
+        yield from self._send(carrier, request.namespace, list(m.chunk_keys), first.encode)
+        if first.session is not None:
+            yield pb.LoadSessionResponse(session=first.session)
 
     def Lookup(self, request: pb.LookupRequest, call: Call) -> pb.LookupResponse:
         self._ns(call, request.namespace)
@@ -376,3 +371,24 @@ class KVStoreService:
     def DetachDeviceBuffer(self, request: pb.DetachArenaRequest, call: Call) -> pb.DetachArenaResponse:
         self.device_arenas.detach(self.auth.identity(call.metadata), request.arena_id)
         return pb.DetachArenaResponse()
+
+
+def _chunk_data(piece: Piece) -> pb.ChunkData | fastpb.Encoded:
+    """A LoadChunks message: a piece's handle, or its stream bytes encoded (one copy, while they are in hand)."""
+    return piece.message() if piece.handle is not None else fastpb.Encoded(b"".join(piece.encoded()))
+
+
+class _SessionMessages:
+    """LoadSession's messages: the session in the first one only."""
+
+    def __init__(self, session: pb.Session) -> None:
+        self.session: pb.Session | None = session
+
+    def encode(self, piece: Piece) -> pb.LoadSessionResponse | fastpb.Encoded:
+        session, self.session = self.session, None
+        if piece.handle is not None:
+            r = pb.LoadSessionResponse(session=session) if session is not None else pb.LoadSessionResponse()
+            piece.into(r.chunks)
+            return r
+        return fastpb.load_session_message(session.SerializeToString() if session is not None else None,
+                                           piece.encoded())

@@ -6,9 +6,10 @@ filled at save and rebuilt at open from the manifests. It serves three rules:
 
 - ownership: a request sees only chunks its namespace owns; another namespace's chunk answers
   exactly as an absent one (same result, same counters, no tier touched);
-- a hit is verified against it: the stored chunk's own token ids, hashed with the owner, parent
-  and layout recorded here, must give the key it was found under (a collision, or a chunk
-  planted under another's key, is a miss, never served);
+- a hit is verified against it (``session_reads.py``, by ``kvstore.format.chunk_batch.check``): the
+  stored chunk's own token ids, hashed with the owner, parent and layout recorded here, must give
+  the key it was found under (a collision, or a chunk planted under another's key, is a miss,
+  never served);
 - a manifest is consistent with it: chunk i holds tokens [i*C, (i+1)*C), follows chunk i-1, and
   is of the manifest's layout.
 
@@ -21,10 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kvstore.format import chunk
-from kvstore.format.keys import chunk_key_raw
 from kvstore.format.manifest import Kind
-from kvstore.tiers.base import Stored
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +38,6 @@ class ChunkInfo:
     #: The kind of the sessions it belongs to (``store/session_kind.py``): what verifies it. An engine
     #: page blob has no place in a chain (its key is the engine's chained block hash): index -1, parent ROOT.
     kind: Kind = Kind.TOKEN_CHAIN
-
-    @property
-    def page(self) -> bool:
-        """Whether this is an engine page blob: for ``SessionReads.matcher`` only, until the per-chunk
-        read path goes (issue 28, point 1); everything else asks its kind."""
-        return self.kind is Kind.ENGINE_PAGES
 
 
 class ChunkIndex:
@@ -70,18 +62,3 @@ class ChunkIndex:
 
     def discard(self, key: bytes) -> None:
         self._info.pop(key, None)
-
-
-def chunk_matches(key: bytes, info: ChunkInfo, chunk_tokens: int, blob: Stored) -> bool:
-    """Whether ``blob`` is the chunk ``key`` names: checksum, header (key, layout, span), and the
-    key recomputed from its own token ids (xxh3 over C x 4 bytes: cheap next to the checksum)."""
-    try:
-        h = chunk.read_header(blob)
-        chunk.verify_checksum(blob)
-    except chunk.ChunkError:
-        return False
-    if (h.key, h.layout_id, h.start, h.token_count) != (key, info.layout_id, info.index * chunk_tokens,
-                                                        chunk_tokens):
-        return False
-    ids = memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
-    return chunk_key_raw(info.layout_id, info.namespace, info.parent, ids) == key

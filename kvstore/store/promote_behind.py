@@ -1,11 +1,13 @@
-"""Promotion behind a load: what a batch read served from a slower tier is copied up after the load answered.
+"""The store's one mover: a thread that copies chunks up the tiers after the call that asked for it answered.
 
-A resume from the ssd tier wants its bytes now; the copy into the host tier only speeds up the next
-resume. Made inside the load, that copy is a second pass over every byte (and for a long session,
-fresh memory faulted in): a fifth of a 128K-token resume. So a batch read hands the keys it served
-from below to this worker, which reads them again (one batch per tier, verified as any read) and
-promotes them, once the load is done. One thread per store, started on first use; ``settle`` waits
-until it is idle (``evict`` and ``close`` do, so that nothing moves up behind an admin's move down).
+Two kinds of job run on it, in the order they were submitted. Promotion behind a load: a resume from
+the ssd tier wants its bytes now; the copy into the host tier only speeds up the next resume. Made
+inside the load, that copy is a second pass over every byte (and for a long session, fresh memory
+faulted in): a fifth of a 128K-token resume. So a batch read hands the keys it served from below to
+this worker, which reads them again (one batch per tier, verified as any read) and promotes them.
+And a prefetch (``prefetch.py``): a session's chunks read as batches and put into the fastest tier
+ahead of its load. One thread per store, started on first use; ``settle`` waits until it is idle
+(``evict`` and ``close`` do, so that nothing moves up behind an admin's move down).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from typing import TypeVar
 log = logging.getLogger(__name__)
 _V = TypeVar("_V")
 
-#: a promotion to run: read some keys again and promote what slower tiers serve of them
+#: a promotion to run: keys read (again) and promoted, best effort
 Job = Callable[[], None]
 
 
-class PromoteBehind:
+class PromotionWorker:
     def __init__(self) -> None:
         self._jobs: collections.deque[Job] = collections.deque()
         self._cond = threading.Condition()
@@ -32,7 +34,8 @@ class PromoteBehind:
         self._closed = False
 
     def submit(self, job: Job) -> None:
-        """Run ``job`` (a best-effort promotion) on the worker thread, after what is queued."""
+        """Run ``job`` (a best-effort promotion) on the worker thread, after what is queued; nothing
+        once the worker is closed."""
         with self._cond:
             if self._closed:
                 return
@@ -67,7 +70,7 @@ class PromoteBehind:
             try:
                 job()
             except Exception:  # best effort, as every promotion: never the load's failure
-                log.exception("promotion behind a load failed")
+                log.exception("a promotion on the worker failed")
             finally:
                 with self._cond:
                     self._busy = False

@@ -1,20 +1,17 @@
-"""Moving chunks up the tiers. A read takes the fastest copy that passes verification (a failing
-copy is counted and deleted where it lies, and the next tier is tried); its copy is then promoted
-into every faster tier, best effort: a read never waits for a tier's lock. A shared tier's copies
-go into the durable tier as one batch (one fsync), and prefetch puts a chunk into the fastest tier
-ahead of a load, waiting for that tier's lock (it is a background worker).
+"""Moving chunks up the tiers, from verified copies a batch read made (``batch_reads.py``): into
+every tier faster than the one that served them, best effort (a read never waits for a tier's lock;
+a chunk not promoted now is promoted by a later read). A shared tier's copies go into the durable
+tier as one batch (one fsync). A prefetch puts a session's copies into the fastest tier ahead of a
+load, waiting for that tier's lock (it runs on the promotion worker, never on a load's thread).
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+from collections.abc import Sequence
 
 from kvstore.store.demotion import Demotion
 from kvstore.store.tier_slot import TierSlot
-from kvstore.tiers.base import CorruptValue, Stored, TierError
-
-log = logging.getLogger(__name__)
+from kvstore.tiers.base import Stored, TierError
 
 
 class Promotion:
@@ -24,6 +21,16 @@ class Promotion:
         self._slots = slots
         self._durable = durable
         self._make_room = down.make_room  # room is made by demoting
+
+    def promote_copies(self, copies: Sequence[tuple[bytes, bytes, int]]) -> None:
+        """Each (key, copy, tier it was read from) into the faster tiers; those read from below the
+        durable tier (a shared one) into the durable tier in one batch."""
+        durable_later: list[tuple[bytes, Stored]] = []
+        for key, copy, t in copies:
+            if t > self._durable:
+                durable_later.append((key, copy))
+            self.promote(key, copy, min(t, self._durable))
+        self.promote_durably(durable_later)
 
     def promote_durably(self, items: list[tuple[bytes, Stored]]) -> int:
         """Copies read from below the durable tier, written into it in one transaction (one fsync,
@@ -41,44 +48,31 @@ class Promotion:
         finally:
             slot.lock.release()
 
-    def find(self, key: bytes, valid: Callable[[Stored], bool]) -> tuple[int, Stored] | None:
-        """The fastest tier holding a copy that passes ``valid``, and that copy (failing ones deleted)."""
-        for i, slot in enumerate(self._slots):
-            try:
-                blob = slot.get_strict(key)
-            except CorruptValue:
-                blob = b""  # fails verification below: counted, deleted there, next tier tried
-            except TierError:
-                continue
-            if blob is None:
-                continue
-            if not valid(blob):
-                slot.counters.verify_failures += 1
-                log.error("chunk %s failed verification in tier %s: deleted there", key.hex(), slot.name)
-                slot.drop(key)
-                continue
-            return i, blob
-        return None
-
-    def prefetch(self, key: bytes, check: Callable[[Stored], bool]) -> bool:
-        """Put a verified copy of a chunk, whole, into the fastest tier ahead of a load (prefetch.py);
-        only making room demotes anything. Waits for that tier's lock (a background worker; reads never
-        take it). False: already there, no valid copy, or no room (the rest pinned)."""
+    def into_fastest(self, items: Sequence[tuple[bytes, Stored]]) -> list[bool]:
+        """Verified copies, whole, into the fastest tier ahead of a load (prefetch.py): room made for
+        them all by demoting (only that demotes anything), then those that fit, in one batch; the
+        rest skipped. Waits for that tier's lock (reads never take it). For each, whether
+        it went in."""
         fast = self._slots[0]
-        found = None if fast.has(key) else self.find(key, check)
-        if found is None or found[0] == 0:
-            return False
+        if not items:
+            return []
         with fast.lock:
-            self._make_room(0, len(found[1]), protect=key)
+            self._make_room(0, sum(len(b) for _, b in items))
             u = fast.usage()
-            if u is None or (u.capacity_bytes and u.used_bytes + len(found[1]) > u.capacity_bytes):
-                return False
+            if u is None:
+                return [False] * len(items)
+            room = u.capacity_bytes - u.used_bytes if u.capacity_bytes else None
+            fits = [False] * len(items)
+            for i, (_, blob) in enumerate(items):
+                if room is None or len(blob) <= room:
+                    fits[i] = True
+                    room = None if room is None else room - len(blob)
             try:
-                fast.put(key, found[1])
+                fast.put_many([item for item, ok in zip(items, fits) if ok])
             except TierError:
-                return False
-            fast.counters.promotions += 1
-        return True
+                return [False] * len(items)
+            fast.counters.promotions += sum(fits)
+        return fits
 
     def promote(self, key: bytes, blob: Stored, found: int) -> None:
         # Best effort: a read never waits for a tier's lock; a chunk not promoted now is promoted

@@ -2,9 +2,13 @@
 
 Each sees only chunks the asking namespace owns (``chunk_index.py``): another namespace's chunk is a
 miss exactly like an absent one. Lookups answer from the index and the tiers' presence, not the
-bytes; a load verifies every chunk it serves against the index (``matcher``), and a copy that fails
-is a miss there (deleted from the tier that held it, ``tiered.py``). A chunk the index does not
-know may have been saved through another daemon: the sharing layer catches up first.
+bytes. Every load is one kind of read, a batch (``read``; ``windows`` for a stream: a batch per
+window): each tier asked once, every chunk it serves verified against the index in one pass
+(``_verify``: the C kernel), and a copy that fails is a miss there (deleted from the tier that held
+it, ``batch_reads.py``). The keys a caller names are checked before any of it (``check_keys``: the
+front ends check a request's more strictly, ``server/request_checks.py``, but an in-process caller
+comes here directly). A chunk the index does not know may have been saved through another daemon:
+the sharing layer catches up first.
 """
 
 from __future__ import annotations
@@ -13,21 +17,37 @@ import contextlib
 import functools
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import cast
+from typing import TypeVar, cast
 
+from kvstore.errors import InvalidArgument
 from kvstore.format.manifest import check_namespace
 from kvstore.results import LookupResult
-from kvstore.store.chunk_index import ChunkInfo, chunk_matches
+from kvstore.store.batch_reads import Verify
+from kvstore.store.chunk_index import ChunkInfo
 from kvstore.store.counters import HitCounters
 from kvstore.store.layouts import Layouts
-from kvstore.store.pages import page_matches
 from kvstore.store.session_index import SessionIndex
 from kvstore.store.sharing import Sharing
 from kvstore.store.tiered import TieredStore
-from kvstore.tiers.base import Stored
+from kvstore.tiers.base import MAX_KEY_BYTES, Stored
 
-#: How a read verifies one stored copy: True to serve it.
-Check = Callable[[Stored], bool]
+#: A stream's windows (``windows``): the first this many chunks (its first bytes leave at once), then
+#: about WINDOW_BYTES each, at most WINDOW_CHUNKS chunks: about what the gRPC adapter sends a hop
+#: (``grpc_adapter.MESSAGES_PER_HOP`` messages of 512 KiB), so that a hop does a base load's work per hop
+#: and a stream holds at most that much encoded while its caller drains it.
+FIRST_WINDOW_CHUNKS = 8
+WINDOW_BYTES = 2 << 20
+WINDOW_CHUNKS = 1024
+_T = TypeVar("_T")
+
+
+def check_keys(keys: Sequence[bytes]) -> None:
+    """InvalidArgument naming the first of ``keys`` that no tier could hold (0 bytes, or more than
+    ``MAX_KEY_BYTES``), before any tier is asked: a tier's own guard is an internal invariant (an
+    INTERNAL error if a read ever reached it). Any other key names a chunk or nothing: a miss at worst."""
+    bad = next((i for i, k in enumerate(keys) if not 0 < len(k) <= MAX_KEY_BYTES), None)
+    if bad is not None:
+        raise InvalidArgument(f"keys[{bad}] is {len(keys[bad])} bytes long; a key is 1 to {MAX_KEY_BYTES} bytes")
 
 
 class SessionReads:
@@ -87,6 +107,7 @@ class SessionReads:
         store validated for ``namespace``, or None. As ``lookup``: the index and presence, not the
         bytes (a load verifies those, and a copy damaged since is a miss there)."""
         check_namespace(namespace)
+        check_keys(keys)
         known = [info is not None for info in self._owned(namespace, keys)]
         owned = [k for k, ok in zip(keys, known) if ok]
         where = iter(self.store.fastest(owned))
@@ -101,59 +122,90 @@ class SessionReads:
         Ownership first, from the index alone (no catch-up: the sharing layer may be remote), and a
         tier is asked only about owned keys, so the answer depends on the caller's own data only:
         another namespace's chunk in memory and a key nobody stored answer alike, in the same time."""
+        check_keys(keys)
         infos = self._readable(self.index.owned(namespace, keys))
         return all(infos) and self.store.held_in_memory(keys, max_bytes)
 
-    def load(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
-        """Verified chunks in order (None for a miss), pinned while they are read. Only chunks
-        ``namespace`` owns are read at all, and nothing but an owned chunk's failing copy is ever
-        deleted."""
+    def owned(self, namespace: str, keys: Sequence[bytes]) -> list[bytes]:
+        """The keys of ``keys`` that ``namespace`` owns and this store can verify: what a load of
+        them reads (a prefetch asks for the same)."""
         check_namespace(namespace)
-        infos = self._owned(namespace, keys)
-        owned = [k for k, info in zip(keys, infos) if info is not None]
-        self.store.pin(owned)
-        durable_later: list[tuple[bytes, Stored]] = []  # read from a shared tier: one batch, one fsync
-        try:
-            # chunks only a shared tier holds are fetched ahead, a pipelined window at a time
-            with self.sharing.read_ahead(owned, self.store):
-                for k, info in zip(keys, infos):
-                    blob = None if info is None else self.store.get(k, self.matcher(k, info), durable_later)
-                    with self.index.lock:
-                        self.hits.loaded_chunks += blob is not None
-                        self.hits.missed_chunks += blob is None
-                    yield k, blob
-            self.store.promote_durably(durable_later)
-        finally:
-            self.store.unpin(owned)
-            with self.index.lock:
-                self.hits.loads += 1
+        check_keys(keys)
+        return [k for k, info in zip(keys, self._readable(self.index.owned(namespace, keys))) if info is not None]
 
     @contextlib.contextmanager
     def read(self, namespace: str, keys: Sequence[bytes]) -> Iterator[list[Stored | None]]:
-        """``load`` as one batch: the verified value of each key (None for a miss), valid inside the
-        ``with`` block only (views into a tier's storage: send or copy them there). Each tier is asked
-        once for the keys no faster tier served, and its answers verified in one pass
-        (``batch_reads.py``; chunks by ``chunk_batch.check``, pages blob by blob)."""
-        check_namespace(namespace)
-        infos = self._owned(namespace, keys)
-        pos = [j for j, info in enumerate(infos) if info is not None]
-        owned = [keys[j] for j in pos]
+        """The verified value of each key (None for a miss) of those ``namespace`` owns, pinned while
+        read, valid inside the ``with`` block only (views into a tier's storage: send or copy them
+        there). Each tier is asked once for the keys no faster tier served, and its answers verified
+        in one pass (``batch_reads.py``; chunks by ``chunk_batch.check``, pages by ``pages_match``).
+        Only chunks ``namespace`` owns are read at all, and nothing but an owned chunk's failing copy
+        is ever deleted."""
+        infos = self._checked(namespace, keys)
+        owned = [k for k, info in zip(keys, infos) if info is not None]
         self.store.pin(owned)
-        verify = functools.partial(self._verify, owned, [infos[j] for j in pos])
         try:
-            with self.sharing.read_ahead(owned, self.store), self.store.read_verified(owned, verify) as got:
-                out: list[Stored | None] = [None] * len(keys)
-                for j, value in zip(pos, got):
-                    out[j] = value
-                served = sum(v is not None for v in got)
-                with self.index.lock:
-                    self.hits.loaded_chunks += served
-                    self.hits.missed_chunks += len(keys) - served
+            with self._batch(keys, infos) as out:
                 yield out
         finally:
             self.store.unpin(owned)
             with self.index.lock:
                 self.hits.loads += 1
+
+    def windows(self, namespace: str, keys: Sequence[bytes], use: Callable[[int, list[Stored | None]], list[_T]]
+                ) -> Iterator[_T]:
+        """``read`` in windows, for an answer a remote caller drains at its own pace (the gRPC stream):
+        each window is a batch read of a few MB whose values ``use(its first position in keys, its
+        values)`` turns into what it returns (messages: copies), and whose read (an LMDB read
+        transaction, the views) ends before they are yielded. The keys stay pinned across the windows,
+        and are unpinned when the generator ends or is closed."""
+        infos = self._checked(namespace, keys)
+        owned = [k for k, info in zip(keys, infos) if info is not None]
+        self.store.pin(owned)
+        try:
+            start, n = 0, FIRST_WINDOW_CHUNKS
+            while start < len(keys):
+                end = min(len(keys), start + n)
+                with self._batch(keys[start:end], infos[start:end]) as values:
+                    done = use(start, values)
+                    got = [len(v) for v in values if v is not None]
+                yield from done
+                if got:  # about WINDOW_BYTES of chunks the size of these
+                    n = max(1, min(WINDOW_CHUNKS, WINDOW_BYTES * len(got) // max(1, sum(got))))
+                start = end
+        finally:
+            self.store.unpin(owned)
+            with self.index.lock:
+                self.hits.loads += 1
+
+    def _checked(self, namespace: str, keys: Sequence[bytes]) -> list[ChunkInfo | None]:
+        """A read's keys checked (before any tier is asked: InvalidArgument naming a bad one), then the
+        index entry of each that ``namespace`` owns."""
+        check_namespace(namespace)
+        check_keys(keys)
+        return self._owned(namespace, keys)
+
+    @contextlib.contextmanager
+    def _batch(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo | None]) -> Iterator[list[Stored | None]]:
+        """One batch read of the owned ones of ``keys`` (already pinned), verified, counted."""
+        pos = [j for j, info in enumerate(infos) if info is not None]
+        owned = [keys[j] for j in pos]
+        verify = functools.partial(self._verify, owned, [infos[j] for j in pos])
+        with self.sharing.read_ahead(owned, self.store), self.store.read_verified(owned, verify) as got:
+            out: list[Stored | None] = [None] * len(keys)
+            for j, value in zip(pos, got):
+                out[j] = value
+            served = sum(v is not None for v in got)
+            with self.index.lock:
+                self.hits.loaded_chunks += served
+                self.hits.missed_chunks += len(keys) - served
+            yield out
+
+    def verifier(self, namespace: str, keys: Sequence[bytes]) -> Verify:
+        """The verification a read of ``keys`` (owned by ``namespace``) applies, for a batch read of them
+        outside a load (a prefetch: ``TieredStore.prefetch``); a key the index no longer knows fails."""
+        infos = self._readable(self.index.owned(namespace, keys))
+        return functools.partial(self._verify, keys, infos)
 
     def _verify(self, keys: Sequence[bytes], infos: Sequence[ChunkInfo | None], at: Sequence[int],
                 values: Sequence[Stored]) -> list[bool]:
@@ -171,16 +223,3 @@ class SessionReads:
             for (i, _), g in zip(run, good):
                 ok[i] = g
         return ok
-
-    def checks(self, namespace: str, keys: Sequence[bytes]) -> list[tuple[bytes, Check]]:
-        """The chunks of ``keys`` that ``namespace`` owns, each with the verification a load applies."""
-        infos = self._readable(self.index.owned(namespace, keys))
-        return [(k, self.matcher(k, i)) for k, i in zip(keys, infos) if i is not None]
-
-    def matcher(self, key: bytes, info: ChunkInfo) -> Check:
-        """The verification a read of ``key`` applies: chunk (key from its token ids) or page blob."""
-        if info.page:
-            play = self.layouts.page(info.layout_id)
-            assert play is not None, "an unreadable layout's blob is never read (_readable): a failed check deletes"
-            return functools.partial(page_matches, key, info.namespace, play)
-        return functools.partial(chunk_matches, key, info, self.chunk_tokens)

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from kvstore.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from kvstore.format.keys import ROOT
@@ -40,6 +41,7 @@ from kvstore.format.manifest import (
     manifest_key,
 )
 from kvstore.results import LookupResult, SaveResult
+from kvstore.store.batch_reads import Verify
 from kvstore.store.config import StoreConfig
 from kvstore.store.counters import DamageCounters, HitCounters
 from kvstore.store.engine_pages import EnginePages
@@ -47,7 +49,7 @@ from kvstore.store.group_commit import GroupCommit
 from kvstore.store.layouts import Layouts
 from kvstore.store.session_index import SessionIndex
 from kvstore.store.session_kind import Kinds
-from kvstore.store.session_reads import Check, SessionReads
+from kvstore.store.session_reads import SessionReads
 from kvstore.store.sharing import NoSharing, SessionRef, Sharing
 from kvstore.store.tiered import TieredStore
 from kvstore.store.token_chain import TokenChain
@@ -57,6 +59,7 @@ from kvstore.tiers.base import Stored, WriteBatch
 
 __all__ = ["SessionRef", "SessionStore"]
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class SessionStore:
@@ -244,17 +247,24 @@ class SessionStore:
         return self._reads.held_in_memory(namespace, keys, max_bytes)
 
     def read(self, namespace: str, keys: Sequence[bytes]) -> contextlib.AbstractContextManager[list[Stored | None]]:
-        """``load`` as one batch, values valid inside the ``with`` block (``SessionReads.read``)."""
+        """Verified chunks (None for a miss) of those ``namespace`` owns, as one batch, pinned while
+        read, valid inside the ``with`` block (``SessionReads.read``): every load is this read."""
         return self._reads.read(namespace, keys)
 
-    def load(self, namespace: str, keys: Sequence[bytes]) -> Iterator[tuple[bytes, memoryview | bytes | None]]:
-        """Verified chunks in order (None for a miss) of those ``namespace`` owns, pinned while read."""
-        return self._reads.load(namespace, keys)
+    def windows(self, namespace: str, keys: Sequence[bytes], use: Callable[[int, list[Stored | None]], list[_T]]
+                ) -> Iterator[_T]:
+        """``read`` in windows of a few MB, none held open while its answer is yielded
+        (``SessionReads.windows``): for a stream a remote caller drains."""
+        return self._reads.windows(namespace, keys, use)
 
-    def chunk_checks(self, namespace: str, session_id: str) -> list[tuple[bytes, Check]]:
-        """A live session's chunks, each with the verification a load applies to it (prefetch.py)."""
+    def session_chunks(self, namespace: str, session_id: str) -> list[bytes]:
+        """A live session's chunks that ``namespace`` owns: what a load of it reads (prefetch.py)."""
         m = self.get(namespace, session_id)
-        return self._reads.checks(namespace, m.chunk_keys)
+        return self._reads.owned(namespace, m.chunk_keys)
+
+    def verifier(self, namespace: str, keys: Sequence[bytes]) -> Verify:
+        """The verification a load of ``keys`` applies, for a batch read of them outside a load (prefetch.py)."""
+        return self._reads.verifier(namespace, keys)
 
     def evict(self, namespace: str, session_id: str, tier: str) -> int:
         """Move a session's chunks down to ``tier`` (admin: simulate memory pressure); how many moved

@@ -124,8 +124,8 @@ class SharedSessions(Sharing):
         try:
             held = self.tier.exists_many(others) if others else []
             items = list(batch.items())
-            for k in (k for k, h in zip(others, held) if not h):
-                blob = store.get(k)
+            lacking = [k for k, h in zip(others, held) if not h]
+            for k, blob in zip(lacking, store.copies(lacking)):
                 if blob is None:
                     raise Unavailable(f"chunk {k.hex()} of session {m.session_id!r} cannot be read to publish it")
                 items.append((k, blob))

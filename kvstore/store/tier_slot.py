@@ -92,9 +92,6 @@ class TierSlot:
     def get(self, key: bytes) -> Stored | None:
         return self.attempt("get", lambda t: t.get(key), None)
 
-    def get_strict(self, key: bytes) -> Stored | None:
-        return self.call("get", lambda t: t.get(key))
-
     @contextlib.contextmanager
     def read_views(self, keys: Sequence[bytes]) -> Iterator[Views]:
         """``Tier.read_views``: values valid inside the ``with`` block. A TierError opening the batch

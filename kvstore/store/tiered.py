@@ -3,14 +3,16 @@
 The tiers never know about each other; this class moves data between them:
 - writes go to the fastest tier and (write-through, the default) to the persistent tier before
   the call returns, so every acknowledged chunk is durable;
-- reads come from the fastest tier holding the chunk, are verified (checksum and the key the
-  chunk claims), and are promoted to faster tiers; a chunk that fails verification is deleted
-  from that tier and served from a slower one, or is a miss: never returned;
+- reads are batches (``batch_reads.py``): each tier, fastest first, asked once for what no faster
+  tier served, its answers verified in one pass (a session's chunks by the C kernel; checksum and
+  the key each blob claims otherwise), and promoted to faster tiers; a chunk that fails
+  verification is deleted from that tier and served from a slower one, or is a miss: never returned;
 - a tier over its capacity demotes its least recently used chunks to the next tier (dropping them
   only where the next tier already holds them or there is none), skipping pinned chunks;
 - a tier that fails (TierError, e.g. Redis down) is reported and degraded around.
 
-Moving chunks up is ``promotion.py``'s, down ``demotion.py``'s; this class writes, reads, keeps the
+Moving chunks up is ``promotion.py``'s (after a load answered, or ahead of one, on the store's one
+promotion worker: ``promote_behind.py``), down ``demotion.py``'s; this class writes, reads, keeps the
 durable tier's meta records (manifests, layouts), and answers what the daemon asks of its tiers.
 
 Locks: each tier has its own (``TierSlot.lock``, for moves into and out of it, taken fast to
@@ -28,11 +30,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from kvstore.errors import ResourceExhausted, Unavailable
-from kvstore.store.batch_reads import Verify, read_verified
+from kvstore.store.batch_reads import Verify, read_tiers, read_verified
 from kvstore.store.config import StoreConfig
 from kvstore.store.demotion import Demotion, Dirty, Pins
 from kvstore.store.pages import is_valid_blob
-from kvstore.store.promote_behind import PromoteBehind, subset
+from kvstore.store.promote_behind import Job, PromotionWorker, subset
 from kvstore.store.promotion import Promotion
 from kvstore.store.tier_slot import TierCounters, TierReport, TierSlot
 from kvstore.tiers.base import MetaMap, OutOfSpace, Stored, Tier, TierError, Usage, WriteBatch
@@ -40,15 +42,9 @@ from kvstore.tiers.base import MetaMap, OutOfSpace, Stored, Tier, TierError, Usa
 if TYPE_CHECKING:
     from kvstore.tiers.hbm import HbmTier
 
-__all__ = ["TierCounters", "TierReport", "TieredStore", "chunk_is_valid"]
+__all__ = ["TierCounters", "TierReport", "TieredStore"]
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-
-
-def chunk_is_valid(key: bytes, blob: Stored) -> bool:
-    """A stored chunk (or engine page blob) is served only if its checksum holds and it claims the
-    key it was found under."""
-    return is_valid_blob(key, blob)
 
 
 class TieredStore:
@@ -69,7 +65,7 @@ class TieredStore:
         self._down = Demotion(self._slots, self.durable, self._pins, self._dirty)
         self._make_room = self._down.make_room
         self._up = Promotion(self._slots, self.durable, self._down)
-        self._behind = PromoteBehind()
+        self._worker = PromotionWorker()  # the one mover: promotions behind loads, prefetches
 
     # -- writes ---------------------------------------------------------------------------------
     def put(self, key: bytes, blob: bytes | memoryview) -> None:
@@ -147,12 +143,9 @@ class TieredStore:
     def flush(self, keys: Sequence[bytes] | None = None) -> None:
         """Write-back mode: make ``keys`` (default: every dirty chunk) durable now, in one
         transaction."""
-        todo = self._dirty.among(keys)
+        todo = list(self._dirty.among(keys))
         items = []
-        for key in todo:
-            blob = self._slots[0].get(key)
-            if blob is None:
-                blob = self.get(key)
+        for key, blob in zip(todo, self.copies(todo)):
             if blob is None:
                 raise Unavailable(f"chunk {key.hex()} was lost before it became durable")
             items.append((key, blob))
@@ -172,50 +165,47 @@ class TieredStore:
         self.delete_many([key], local_only)
 
     # -- reads ----------------------------------------------------------------------------------
-    def get(self, key: bytes, check: Callable[[Stored], bool] | None = None,
-            durable_later: list[tuple[bytes, Stored]] | None = None) -> Stored | None:
-        """The verified chunk, from the fastest tier holding it; None on a miss. ``check`` is the
-        verification (default: checksum and the key the chunk claims); a copy that fails it is
-        counted, deleted from that tier, and the next tier is tried. ``durable_later``: a copy read
-        from below the durable tier (a shared one) is promoted into the faster tiers now and left in
-        this list for the durable one, for the caller to write as one batch (``promote_durably``)."""
-        if (found := self._up.find(key, check or (lambda blob: chunk_is_valid(key, blob)))) is None:
-            return None
-        i, blob = found
-        self._slots[i].counters.hits += 1
-        if i > 0 and self.config.promote_on_read:
-            if durable_later is not None and i > self.durable:
-                durable_later.append((key, blob))
-                i = self.durable
-            self._up.promote(key, blob, i)
-        return blob
-
     def read_verified(self, keys: Sequence[bytes], verify: Verify) -> contextlib.AbstractContextManager[
             list[Stored | None]]:
-        """``get`` for a whole batch: each tier asked once, its answers verified in one ``verify`` call;
-        the values are valid inside the ``with`` block only (``batch_reads.py``)."""
+        """The verified value of each key (None: a miss), each tier asked once, its answers verified in
+        one ``verify`` call; valid inside the ``with`` block only (``batch_reads.py``). What slower
+        tiers served is promoted behind the read, on the promotion worker."""
         def behind(at: list[int]) -> None:
-            self._behind.submit(functools.partial(self._promote_again, keys, verify, at))
+            self._worker.submit(functools.partial(self._promote_again, keys, verify, at))
 
-        return read_verified(self._slots, self._up, self.durable, self.config.promote_on_read, keys, verify, behind)
+        return read_verified(self._slots, self._up, self.config.promote_on_read, keys, verify, behind)
 
     def _promote_again(self, keys: Sequence[bytes], verify: Verify, at: Sequence[int]) -> None:
         """Behind a load: read ``keys[at]`` again (verified as any read) and promote what slower tiers serve."""
         again = [keys[j] for j in at]
-        with read_verified(self._slots, self._up, self.durable, True, again, subset(verify, at), counted=False):
+        with read_verified(self._slots, self._up, True, again, subset(verify, at), counted=False):
             pass
 
+    def copies(self, keys: Sequence[bytes]) -> list[bytes | None]:
+        """A copy of each key's value (None: a miss), read as one batch and verified as every stored
+        blob is (its checksum, and the key it claims): for what reads without a session's index (a
+        write-back flush, a publication to a shared tier). What slower tiers served is promoted."""
+        with read_verified(self._slots, self._up, self.config.promote_on_read, keys, _claims_its_key(keys)) as got:
+            return [None if v is None else bytes(v) for v in got]
+
+    def prefetch(self, keys: Sequence[bytes], verify: Verify) -> list[bool | None]:
+        """Verified copies of ``keys`` into the fastest tier ahead of a load (``Promotion.into_fastest``);
+        for each key, None: already there; True: copied there now; False: skipped (no valid copy, or
+        no room). Waits for that tier's lock: for the promotion worker (``run_behind``)."""
+        with read_tiers(self._slots, keys, verify, counted=False) as got:
+            below = [(j, bytes(v)) for j, (v, t) in enumerate(zip(got.values, got.tiers)) if v is not None and t > 0]
+            out: list[bool | None] = [None if t == 0 else False for t in got.tiers]
+        for (j, _), ok in zip(below, self._up.into_fastest([(keys[j], c) for j, c in below])):
+            out[j] = ok
+        return out
+
+    def run_behind(self, job: Job) -> None:
+        """``job`` on the store's promotion worker, after what is queued there (``promote_behind.py``)."""
+        self._worker.submit(job)
+
     def settle(self) -> None:
-        """Wait for the promotions behind loads (``promote_behind.py``)."""
-        self._behind.settle()
-
-    def promote_durably(self, items: list[tuple[bytes, Stored]]) -> int:
-        """Copies read from below the durable tier into it, one transaction (``Promotion.promote_durably``)."""
-        return self._up.promote_durably(items)
-
-    def prefetch(self, key: bytes, check: Callable[[Stored], bool]) -> bool:
-        """A verified copy of a chunk into the fastest tier ahead of a load (``Promotion.prefetch``)."""
-        return self._up.prefetch(key, check)
+        """Wait for the promotion worker's jobs (promotions behind loads, prefetches) to be done."""
+        self._worker.settle()
 
     def where(self, key: bytes) -> list[str]:
         """Names of the tiers holding ``key`` (not verified; a lookup, not a read)."""
@@ -296,8 +286,8 @@ class TieredStore:
 
     def evict(self, keys: Sequence[bytes], tier: str, what: str) -> int:
         """Move ``what``'s chunks down to the tier named ``tier``; how many moved (``Demotion.evict``),
-        once the promotions behind earlier loads are done (nothing moves up behind a move down)."""
-        self._behind.settle()
+        once the promotion worker's jobs are done (nothing moves up behind a move down)."""
+        self._worker.settle()
         return self._down.evict(keys, tier, what)
 
     # -- what the daemon asks of its tiers --------------------------------------------------------
@@ -365,7 +355,7 @@ class TieredStore:
         return [s.report() for s in self._slots]
 
     def close(self) -> None:
-        self._behind.close()
+        self._worker.close()
         if len(self._dirty):
             try:
                 self.flush()
@@ -376,6 +366,11 @@ class TieredStore:
                 t.close()
             except TierError as e:
                 log.warning("closing tier %s: %s", t.name, e)
+
+
+def _claims_its_key(keys: Sequence[bytes]) -> Verify:
+    """The check of a stored blob read without its index entry: its checksum, and the key it claims."""
+    return lambda at, values: [is_valid_blob(keys[j], v) for j, v in zip(at, values)]
 
 
 def _ask(batch: Callable[[list[bytes]], list[bool]], keys: list[bytes], _tier: Tier) -> list[bool]:
