@@ -76,7 +76,7 @@ def test_a_damaged_copy_is_dropped_and_the_next_tier_serves(tmp_path: Path) -> N
     keys = list(s.keys)
     bad = bytearray(s.blobs[1])
     bad[200] ^= 1
-    ss.store.tiers[HOST].put(keys[1], bytes(bad))  # the memory copy damaged: the ssd one is served
+    ss.store.tiers[HOST].put_many([(keys[1], bytes(bad))])  # the memory copy damaged: the ssd one is served
     assert read_all(ss, "ns", keys) == list(s.blobs)
     assert ss.store.counters["host"].verify_failures == 1
     ss.store.settle()

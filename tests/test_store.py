@@ -166,7 +166,7 @@ def test_capacity_pressure_demotes_least_recently_used(tmp_path: Path, mode: str
         assert bytes(st.get(s.keys[0])) == s.blobs[0]  # chunk 0 is now the most recently used
         for k, b in zip(s.keys[3:], s.blobs[3:]):
             st.put(k, b)
-            u = host.usage()
+            u = host.stats().usage
             assert u.used_bytes <= u.capacity_bytes and u.items <= 3
         # LRU order: 1 went first (0 had been read), then 2, then 0, 3, 4, ...
         assert set(host.keys()) == set(s.keys[7:])
@@ -174,7 +174,7 @@ def test_capacity_pressure_demotes_least_recently_used(tmp_path: Path, mode: str
         assert (c.evictions, c.demotions) == ((7, 0) if mode == "through" else (0, 7))
         for k, b in reversed([*zip(s.keys, s.blobs)]):  # newest first: 9, 8, 7 from host, the rest from ssd
             assert bytes(st.get(k)) == b
-            u = host.usage()
+            u = host.stats().usage
             assert u.used_bytes <= u.capacity_bytes
         assert counters(st, HOST).hits == 1 + 3 and counters(st, SSD).hits == 7 and c.promotions == 7
     finally:
@@ -191,16 +191,16 @@ def test_pinned_chunks_are_never_demoted(tmp_path: Path) -> None:
         for k, b in zip(s.keys[1:], s.blobs[1:]):
             st.put(k, b)
             assert st.where(s.keys[0]) == ["host"]  # the LRU chunk, but pinned: not even copied down
-        assert st.tiers[HOST].usage().items == 3
+        assert st.tiers[HOST].stats().usage.items == 3
         st.pin(s.keys[8:])  # everything on host pinned: the next put overshoots instead of demoting
         extra = chunks(1, seed=1)
         st.put(extra.keys[0], extra.blobs[0])
-        assert st.tiers[HOST].usage().items == 4
+        assert st.tiers[HOST].stats().usage.items == 4
         assert all(st.where(k) == ["host"] for k in (s.keys[0], *s.keys[8:]))
         st.unpin([s.keys[0], *s.keys[8:]])
         st.put(s.keys[1], s.blobs[1])  # room is made again, least recently used first
         assert st.where(s.keys[0]) == ["ssd"]
-        assert st.tiers[HOST].usage().items <= 3
+        assert st.tiers[HOST].stats().usage.items <= 3
     finally:
         st.close()
 
@@ -214,7 +214,7 @@ def test_three_tiers_demote_into_redis_and_read_back(tmp_path: Path, redis_serve
     try:
         for k, b in zip(s.keys, s.blobs):
             st.put(k, b)
-            u = st.tiers[SSD].usage()
+            u = st.tiers[SSD].stats().usage
             assert u.used_bytes <= u.capacity_bytes
         assert [st.where(k) for k in s.keys] == [["redis"]] * 5 + [["ssd"]] + [["host", "ssd"]] * 2
         assert counters(st, SSD).demotions == 5
@@ -224,7 +224,7 @@ def test_three_tiers_demote_into_redis_and_read_back(tmp_path: Path, redis_serve
         # Newest first, so each chunk is read before promotions push it further down.
         for k, b in reversed([*zip(s.keys, s.blobs)]):
             assert bytes(st.get(k)) == b
-            u = st.tiers[SSD].usage()
+            u = st.tiers[SSD].stats().usage
             assert u.used_bytes <= u.capacity_bytes
         assert (counters(st, HOST).hits, counters(st, SSD).hits, counters(st, REDIS).hits) == (2, 1, 5)
         assert counters(st, SSD).promotions == 5 and counters(st, HOST).promotions == 6
@@ -252,9 +252,9 @@ def test_corrupt_lmdb_value_is_detected_and_deleted(tmp_path: Path) -> None:
     try:
         assert st.get(s.keys[0]) is None and st.get(s.keys[1]) is None
         assert counters(st, SSD).verify_failures == 2
-        assert not st.tiers[SSD].contains(s.keys[0]) and not st.tiers[SSD].contains(s.keys[1])
+        assert not st.tiers[SSD].contains_many([s.keys[0]])[0] and not st.tiers[SSD].contains_many([s.keys[1]])[0]
         assert st.get(s.keys[3]) is None  # torn framing: a miss, never served, deleted like the others
-        assert counters(st, SSD).verify_failures == 3 and not st.tiers[SSD].contains(s.keys[3])
+        assert counters(st, SSD).verify_failures == 3 and not st.tiers[SSD].contains_many([s.keys[3]])[0]
         assert counters(st, SSD).errors == 0 and not counters(st, SSD).degraded  # the tier itself is fine
         assert bytes(st.get(s.keys[2])) == s.blobs[2]
         assert counters(st, HOST).verify_failures == 0
@@ -292,7 +292,7 @@ def test_corrupt_redis_value_is_detected_and_deleted(tmp_path: Path, redis_serve
     raw = redis.Redis.from_url(redis_server.url)
     try:
         for k, b in zip(s.keys, s.blobs):  # chunks only the shared tier holds (e.g. another daemon's)
-            st.tiers[REDIS].put(k, b)
+            st.tiers[REDIS].put_many([(k, b)])
         raw.set(b"kvtest:" + s.keys[0], b"garbage")
         bad = bytearray(s.blobs[1])
         bad[100] ^= 1
@@ -331,7 +331,7 @@ def test_dead_redis_is_reported_and_the_store_keeps_serving(tmp_path: Path, redi
         # The full ssd cannot demote into the dead redis: it must keep its chunks, not drop them.
         for k, b in [*zip(s.keys[3:], s.blobs[3:]), *zip(more.keys, more.blobs)]:
             assert bytes(st.get(k)) == b
-            assert st.tiers[SSD].contains(k)
+            assert st.tiers[SSD].contains_many([k])[0]
         assert counters(st, REDIS).degraded
     finally:
         st.close()
@@ -371,7 +371,7 @@ def test_write_back_falls_back_to_write_through_when_the_fast_tier_fails(tmp_pat
         st.tiers[HOST].close()  # every host call now raises TierError: the tier has failed
         put_all(st, s)  # acknowledged: must be durable somewhere, not "dirty" in a dead tier
         assert all(st.holds_durably(k) for k in s.keys)
-        assert all(st.tiers[SSD].contains(k) for k in s.keys)
+        assert all(st.tiers[SSD].contains_many([k])[0] for k in s.keys)
         assert counters(st, HOST).errors > 0 and counters(st, HOST).degraded
         assert [bytes(st.get(k)) for k in s.keys] == list(s.blobs)
     finally:
@@ -386,10 +386,10 @@ def test_admin_demotion_leaves_pinned_chunks_where_they_are(tmp_path: Path) -> N
         st.pin(s.keys[:2])
         moved = [st.demote(k, SSD) for k in s.keys]
         assert moved == [False, False, True, True]
-        assert all(st.tiers[HOST].contains(k) for k in s.keys[:2])
-        assert not any(st.tiers[HOST].contains(k) for k in s.keys[2:])
+        assert all(st.tiers[HOST].contains_many([k])[0] for k in s.keys[:2])
+        assert not any(st.tiers[HOST].contains_many([k])[0] for k in s.keys[2:])
         st.unpin(s.keys[:2])
-        assert st.demote(s.keys[0], SSD) and not st.tiers[HOST].contains(s.keys[0])
+        assert st.demote(s.keys[0], SSD) and not st.tiers[HOST].contains_many([s.keys[0]])[0]
     finally:
         st.close()
 
@@ -423,7 +423,7 @@ def test_the_store_answers_what_the_daemon_asks_of_its_tiers(tmp_path: Path, red
         sizes = [st.tiers[HOST].size_of(k) or 0 for k in s.keys]
         assert st.held_in_memory(s.keys, sum(sizes)) and not st.held_in_memory(s.keys, sum(sizes) - 1)
         assert st.in_fastest(s.keys[0])
-        st.tiers[HOST].delete(s.keys[0])
+        st.tiers[HOST].delete_many([s.keys[0]])
         assert not st.held_in_memory(s.keys, 1 << 30) and not st.in_fastest(s.keys[0])
         assert st.probe() == {"host": None, "ssd": None, "redis": None}
         redis_server.kill()
