@@ -41,7 +41,7 @@ def chunks(n: int, seed: int = 0) -> Session:
 
 def put_all(st: TieredStore, s: Session) -> None:
     for k, b in zip(s.keys, s.blobs):
-        st.put(k, b)
+        st.put_many([(k, b)])
 
 
 def counters(st: TieredStore, tier: int) -> TierCounters:
@@ -87,7 +87,7 @@ def test_write_through_chunk_is_durable_when_put_returns(tmp_path: Path) -> None
     s = chunks(3)
     st = make_tiered(cfg)
     for k, b in zip(s.keys, s.blobs):
-        st.put(k, b)
+        st.put_many([(k, b)])
         assert st.where(k) == ["host", "ssd"]
     abandon(st)  # no store-level flush: only what put() made durable survives
 
@@ -162,10 +162,10 @@ def test_capacity_pressure_demotes_least_recently_used(tmp_path: Path, mode: str
     try:
         host = st.tiers[HOST]
         for k, b in zip(s.keys[:3], s.blobs[:3]):
-            st.put(k, b)
+            st.put_many([(k, b)])
         assert bytes(st.get(s.keys[0])) == s.blobs[0]  # chunk 0 is now the most recently used
         for k, b in zip(s.keys[3:], s.blobs[3:]):
-            st.put(k, b)
+            st.put_many([(k, b)])
             u = host.stats().usage
             assert u.used_bytes <= u.capacity_bytes and u.items <= 3
         # LRU order: 1 went first (0 had been read), then 2, then 0, 3, 4, ...
@@ -186,19 +186,19 @@ def test_pinned_chunks_are_never_demoted(tmp_path: Path) -> None:
     size = len(s.blobs[0])
     st = make_tiered(store_config(tmp_path, write_mode="back", host_capacity=3 * size))
     try:
-        st.put(s.keys[0], s.blobs[0])
+        st.put_many([(s.keys[0], s.blobs[0])])
         st.pin([s.keys[0]])
         for k, b in zip(s.keys[1:], s.blobs[1:]):
-            st.put(k, b)
+            st.put_many([(k, b)])
             assert st.where(s.keys[0]) == ["host"]  # the LRU chunk, but pinned: not even copied down
         assert st.tiers[HOST].stats().usage.items == 3
         st.pin(s.keys[8:])  # everything on host pinned: the next put overshoots instead of demoting
         extra = chunks(1, seed=1)
-        st.put(extra.keys[0], extra.blobs[0])
+        st.put_many([(extra.keys[0], extra.blobs[0])])
         assert st.tiers[HOST].stats().usage.items == 4
         assert all(st.where(k) == ["host"] for k in (s.keys[0], *s.keys[8:]))
         st.unpin([s.keys[0], *s.keys[8:]])
-        st.put(s.keys[1], s.blobs[1])  # room is made again, least recently used first
+        st.put_many([(s.keys[1], s.blobs[1])])  # room is made again, least recently used first
         assert st.where(s.keys[0]) == ["ssd"]
         assert st.tiers[HOST].stats().usage.items <= 3
     finally:
@@ -213,7 +213,7 @@ def test_three_tiers_demote_into_redis_and_read_back(tmp_path: Path, redis_serve
     st = make_tiered(cfg)
     try:
         for k, b in zip(s.keys, s.blobs):
-            st.put(k, b)
+            st.put_many([(k, b)])
             u = st.tiers[SSD].stats().usage
             assert u.used_bytes <= u.capacity_bytes
         assert [st.where(k) for k in s.keys] == [["redis"]] * 5 + [["ssd"]] + [["host", "ssd"]] * 2

@@ -75,10 +75,6 @@ class TieredStore:
             slot.count_repairs()
 
     # -- writes ---------------------------------------------------------------------------------
-    def put(self, key: bytes, blob: bytes | memoryview) -> None:
-        """Store a chunk. Write-through: returns once the durable tier holds it (else Unavailable)."""
-        self.put_many([(key, blob)])
-
     def buffer_for(self, n: int) -> memoryview | None:
         """A writable buffer to build an ``n``-byte value in that the fastest tier, where a save puts
         it first, keeps as it is (``Tier.buffer_for``); None where there is none to have."""
@@ -170,9 +166,6 @@ class TieredStore:
         for slot in self._slots[: self.durable + 1 if local_only else len(self._slots)]:
             slot.drop_many(keys)
         self._dirty.discard(keys)
-
-    def delete(self, key: bytes, local_only: bool = False) -> None:
-        self.delete_many([key], local_only)
 
     # -- reads ----------------------------------------------------------------------------------
     def get(self, key: bytes, check: Callable[[Stored], bool] | None = None,

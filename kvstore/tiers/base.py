@@ -81,7 +81,7 @@ def check_value(value: Value) -> memoryview:
 
 class Views(NamedTuple):
     """What ``Tier.read_views`` found: each key's value (None where it is absent or unreadable), and
-    which keys' records are unreadable (damaged framing: ``get`` raises CorruptValue for them)."""
+    which keys' records are unreadable (damaged framing: ``get_many`` raises CorruptValue for them)."""
 
     values: list[Stored | None]
     unreadable: frozenset[int]  # indices into the keys
