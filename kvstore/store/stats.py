@@ -115,7 +115,7 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     stored_manifests = sum(len(m.encode()) for m in manifests)  # kept raw in the meta keyspace
     lmdb_overhead = 0
     if (s := durable.pages) is not None:
-        lmdb_overhead = max(0, s.pages * s.psize - usage.used_bytes - stored_manifests)
+        lmdb_overhead = max(0, s.in_use * s.psize - usage.used_bytes - stored_manifests)
     swa = max((getattr(sessions.layouts.get(m.layout_id), "swa_state_bytes", 0) for m in manifests), default=0)
     return BytesPerToken(tokens, len(manifests), len(live), formula, payload, raw_chunks - chunk_payload,
                          manifest_bytes, usage.used_bytes + stored_manifests, usage.raw_bytes + stored_manifests,

@@ -104,7 +104,7 @@ class LmdbPages:
     last_txnid: int  # write transactions so far (each one commit, one fsync)
 
     @property
-    def pages(self) -> int:
+    def in_use(self) -> int:
         """Pages in use by both sub-databases."""
         return self.branch_pages + self.leaf_pages + self.overflow_pages
 
