@@ -8,14 +8,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ParamSpec, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, TierStats, Usage, Value, Views, WriteBatch
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _D = TypeVar("_D")
-_P = ParamSpec("_P")
+_Args = TypeVarTuple("_Args")
 
 
 @dataclass
@@ -61,11 +61,11 @@ class TierSlot:
         if stats is not None and stats.salvaged:
             self.counters.errors, self.counters.last_error = self.counters.errors + 1, stats.salvaged
 
-    def call(self, what: str, op: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    def call(self, what: str, op: Callable[[*_Args], _T], *args: *_Args) -> _T:
         """``op(*args)``, one of the tier's bound methods; a TierError is counted (``what`` names the
         call in the log) and raised."""
         try:
-            out = op(*args, **kwargs)
+            out = op(*args)
         except CorruptValue:
             raise  # one damaged value, not a failing tier: the caller deletes it
         except TierError as e:
@@ -80,16 +80,16 @@ class TierSlot:
         c.last_error, c.degraded = str(e), True
         log.warning("tier %s failed on %s: %s", self.name, what, e)
 
-    def attempt(self, what: str, default: _D, op: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | _D:
+    def attempt(self, what: str, default: _D, op: Callable[[*_Args], _T], *args: *_Args) -> _T | _D:
         """``call``, with ``default`` for a failure (counted all the same)."""
         try:
-            return self.call(what, op, *args, **kwargs)
+            return self.call(what, op, *args)
         except TierError:
             return default
 
     # -- the calls the tiered store makes, typed; the quiet ones degrade to a default ----------------
     def has(self, key: bytes) -> bool:
-        return self.has_many([key])[0]
+        return self.attempt("contains_many", [False], self.tier.contains_many, [key])[0]
 
     def has_many(self, keys: Sequence[bytes]) -> list[bool]:
         return self.attempt("contains_many", [False] * len(keys), self.tier.contains_many, keys)

@@ -25,7 +25,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import ParamSpec, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 from kvstore.errors import ResourceExhausted, Unavailable
 from kvstore.store.batch_reads import Verify, read_verified
@@ -41,7 +41,7 @@ from kvstore.tiers.device_tier import DeviceTier
 __all__ = ["TierCounters", "TierReport", "TieredStore", "chunk_is_valid"]
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
-_P = ParamSpec("_P")
+_Args = TypeVarTuple("_Args")
 
 
 def chunk_is_valid(key: bytes, blob: Stored) -> bool:
@@ -246,10 +246,10 @@ class TieredStore:
         return [h or key in self._dirty for key, h in zip(keys, held)]
 
     # -- meta records (manifests) live in the durable tier's own meta keyspace --------------------
-    def _meta(self, what: str, op: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    def _meta(self, what: str, op: Callable[[*_Args], _T], *args: *_Args) -> _T:
         """``op(*args)``, a method of the durable tier's meta keyspace; its failure is the store's."""
         try:
-            return self._slots[self.durable].call(f"meta {what}", op, *args, **kwargs)
+            return self._slots[self.durable].call(f"meta {what}", op, *args)
         except TierError as e:
             raise self._durable_error(e) from e
 
@@ -364,4 +364,3 @@ class TieredStore:
                 t.close()
             except TierError as e:
                 log.warning("closing tier %s: %s", t.name, e)
-
