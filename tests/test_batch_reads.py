@@ -36,7 +36,7 @@ def test_read_serves_what_load_serves(tmp_path: Path, zstd_level: int) -> None:
         s = session("a", 16 * 12 + 5)
         save(ss, s)
         for k in s.keys[::3]:  # some chunks on the ssd tier only, the rest in memory too
-            assert ss.store.demote(k, SSD)
+            assert ss.store.evict([k], "ssd", "a test") == 1
         keys = list(s.keys)
         got = read_all(ss, "ns", keys)
         assert got == load_all(ss, "ns", keys)

@@ -143,7 +143,7 @@ def test_promote_on_read_off_leaves_chunks_where_they_are(tmp_path: Path) -> Non
     st = make_tiered(store_config(tmp_path, promote_on_read=False))
     try:
         put_all(st, s)
-        assert all(st.demote(k, SSD) for k in s.keys)
+        assert all(st.evict([k], "ssd", "a test") == 1 for k in s.keys)
         assert counters(st, HOST).demotions == 2  # ssd already held them: moved down by dropping the host copy
         assert counters(st, HOST).evictions == 0
         assert bytes(st.get(s.keys[0])) == s.blobs[0]
@@ -269,7 +269,8 @@ def test_corrupt_lmdb_value_falls_back_to_a_good_redis_copy(tmp_path: Path, redi
     cfg = store_config(tmp_path, redis_url=redis_server.url)
     st = make_tiered(cfg)
     put_all(st, s)
-    assert st.demote(s.keys[0], REDIS) and st.where(s.keys[0]) == ["ssd", "redis"]  # the durable copy stays
+    assert st.evict([s.keys[0]], "redis", "a test") == 1
+    assert st.where(s.keys[0]) == ["ssd", "redis"]  # the durable copy stays
     assert bytes(st.get(s.keys[0])) == s.blobs[0]  # promoted back: now on all three tiers
     assert st.where(s.keys[0]) == ["host", "ssd", "redis"]
     st.close()
@@ -384,12 +385,12 @@ def test_admin_demotion_leaves_pinned_chunks_where_they_are(tmp_path: Path) -> N
     try:
         put_all(st, s)
         st.pin(s.keys[:2])
-        moved = [st.demote(k, SSD) for k in s.keys]
+        moved = [st.evict([k], "ssd", "a test") == 1 for k in s.keys]
         assert moved == [False, False, True, True]
         assert all(st.tiers[HOST].contains_many([k])[0] for k in s.keys[:2])
         assert not any(st.tiers[HOST].contains_many([k])[0] for k in s.keys[2:])
         st.unpin(s.keys[:2])
-        assert st.demote(s.keys[0], SSD) and not st.tiers[HOST].contains_many([s.keys[0]])[0]
+        assert st.evict([s.keys[0]], "ssd", "a test") == 1 and not st.tiers[HOST].contains_many([s.keys[0]])[0]
     finally:
         st.close()
 
@@ -401,7 +402,7 @@ def test_demoting_below_the_durable_tier_keeps_the_durable_copy(tmp_path: Path, 
     st = make_tiered(store_config(tmp_path, redis_url=redis_server.url))
     try:
         put_all(st, s)
-        assert all(st.demote(k, REDIS) for k in s.keys)
+        assert all(st.evict([k], "redis", "a test") == 1 for k in s.keys)
         assert [st.where(k) for k in s.keys] == [["ssd", "redis"]] * 3
         assert counters(st, HOST).demotions == 3 and counters(st, HOST).evictions == 0
         assert all(st.holds_durably(k) for k in s.keys)

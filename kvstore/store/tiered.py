@@ -112,11 +112,12 @@ class TieredStore:
         if self.durable != 0 and items:
             slot = self._slots[0]
             with slot.lock:
-                had = {k for k, _ in items if slot.has(k)}
+                keys = [k for k, _ in items]
+                had = {k for k, h in zip(keys, slot.has_many(keys)) if h}
                 try:
                     self._make_room(0, size)
                     slot.put_many(items)
-                    fast = [k for k, _ in items if k not in had]
+                    fast = [k for k in keys if k not in had]
                 except TierError:
                     pass  # a fast tier is a cache: the durable write below is what counts
         durable = self._slots[self.durable]
@@ -280,10 +281,6 @@ class TieredStore:
 
     def unpin(self, keys: Sequence[bytes]) -> None:
         self._pins.unpin(keys)
-
-    def demote(self, key: bytes, to: int) -> bool:
-        """Move ``key`` down to tier ``to`` (``Demotion.demote``)."""
-        return self._down.demote(key, to)
 
     def evict(self, keys: Sequence[bytes], tier: str, what: str) -> int:
         """Move ``what``'s chunks down to the tier named ``tier``; how many moved (``Demotion.evict``),
