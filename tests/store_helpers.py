@@ -175,28 +175,19 @@ def get(store: TieredStore, key: bytes) -> bytes | None:
 
 
 def count_puts(store: TieredStore, tier: int) -> list[bytes]:
-    """Record the key of every value written into ``store.tiers[tier]``, by put, put_many or write
+    """Record the key of every value written into ``store.tiers[tier]``, by put_many or write
     (the list grows as writes happen)."""
     t = store.tiers[tier]
     seen: list[bytes] = []
-    real_put: Callable[..., None] = t.put
     real_many: Callable[..., None] = t.put_many
     real_write: Callable[..., int] = t.write
-    batching = [False]  # a default put_many calls put: count each value once
-
-    def put(key: bytes, value: object) -> None:
-        if not batching[0]:
-            seen.append(key)
-        real_put(key, value)
+    batching = [False]  # a default write calls put_many: count each value once
 
     def put_many(items: Iterable[tuple[bytes, object]]) -> None:
         items = list(items)
-        seen.extend(key for key, _ in items)
-        batching[0] = True
-        try:
-            real_many(items)
-        finally:
-            batching[0] = False
+        if not batching[0]:
+            seen.extend(key for key, _ in items)
+        real_many(items)
 
     def write(batch: WriteBatch) -> int:
         seen.extend(key for key, _ in batch.puts)
@@ -206,7 +197,6 @@ def count_puts(store: TieredStore, tier: int) -> list[bytes]:
         finally:
             batching[0] = False
 
-    t.put = put  # type: ignore[method-assign]
     t.write = write  # type: ignore[method-assign]
     t.put_many = put_many  # type: ignore[method-assign]
     return seen

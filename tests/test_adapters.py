@@ -306,7 +306,7 @@ def test_concurrent_same_host_saves_share_one_fsync(fronts: Fronts, sessions: Se
         finally:
             channel.close()
 
-    txns = lambda: ssd.lmdb_stats()["last_txnid"]  # noqa: E731  (each write transaction: one fsync)
+    txns = lambda: ssd.stats(pages=True).pages.last_txnid  # type: ignore[union-attr]  # noqa: E731  (each write transaction: one fsync)
     threads = [threading.Thread(target=save, args=(made[0],))]
     threads[0].start()
     assert inside.wait(GUARD_S)

@@ -40,7 +40,7 @@ def test_read_serves_what_load_serves(tmp_path: Path, zstd_level: int) -> None:
         s = session("a", 16 * 12 + 5)
         save(ss, s)
         for k in s.keys[::3]:  # some chunks on the ssd tier only, the rest in memory too
-            assert ss.store.demote(k, SSD)
+            assert ss.store.evict([k], "ssd", "a test") == 1
         keys = list(s.keys)
         got = read_all(ss, "ns", keys)
         assert got == load_all(ss, "ns", keys)
@@ -80,7 +80,7 @@ def test_a_damaged_copy_is_dropped_and_the_next_tier_serves(tmp_path: Path) -> N
     keys = list(s.keys)
     bad = bytearray(s.blobs[1])
     bad[200] ^= 1
-    ss.store.tiers[HOST].put(keys[1], bytes(bad))  # the memory copy damaged: the ssd one is served
+    ss.store.tiers[HOST].put_many([(keys[1], bytes(bad))])  # the memory copy damaged: the ssd one is served
     assert read_all(ss, "ns", keys) == list(s.blobs)
     assert ss.store.counters["host"].verify_failures == 1
     ss.store.settle()

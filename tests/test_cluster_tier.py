@@ -44,23 +44,23 @@ def tier(cluster: RedisClusterProcess) -> Iterator[RedisTier]:
 def test_the_tier_contract_holds_across_slots(cluster: RedisClusterProcess, tier: RedisTier) -> None:
     items = [(bytes([i]) * 16, bytes([i]) * (100 + i)) for i in range(64)]
     tier.put_many(items)
-    tier.put(b"\x05" * 16, b"replaced")  # an overwrite is accounted by its size change
+    tier.put_many([(b"\x05" * 16, b"replaced")])  # an overwrite is accounted by its size change
     expected = dict(items) | {b"\x05" * 16: b"replaced"}
     assert tier.get_many([k for k, _ in items] + [b"absent"]) == [*expected.values(), None]
-    assert tier.exists_many([b"\x01" * 16, b"absent"]) == [True, False]
+    assert tier.contains_many([b"\x01" * 16, b"absent"]) == [True, False]
     assert set(tier.keys()) == set(expected)
     used = sum(len(v) for v in expected.values())
-    assert (tier.usage().items, tier.usage().used_bytes) == (64, used)
+    assert (tier.stats().usage.items, tier.stats().usage.used_bytes) == (64, used)
     assert tier.size_of(b"\x07" * 16) == 107 and tier.size_of(b"absent") is None
     assert tier.delete_many([b"\x00" * 16, b"\x01" * 16, b"absent"]) == 2  # an empty value too
-    assert tier.recount() == tier.usage() and tier.usage().items == 62
+    assert tier.recount() == tier.stats().usage and tier.stats().usage.items == 62
     tier.meta().put(b"m:x", b"manifest")
     assert list(tier.meta().keys()) == [b"m:x"] and tier.meta().get(b"m:x") == b"manifest"
     keys = RedisKeys(tier.config.namespace, tagged=True)
     assert len({cluster.master_of(keys.value(k)) for k, _ in items}) == 3  # buckets spread over masters
     with tier.read_ahead([k for k, _ in items]):  # pipelined windows, the same answers
-        assert [tier.get(k) for k, _ in items[2:]] == list(expected.values())[2:]
-        assert tier.get(b"\x00" * 16) is None
+        assert [tier.get_many([k])[0] for k, _ in items[2:]] == list(expected.values())[2:]
+        assert tier.get_many([b"\x00" * 16])[0] is None
 
 
 def test_a_cluster_that_is_down_fails_as_a_tier_error() -> None:
@@ -121,8 +121,8 @@ def test_wait_without_enough_replicas_fails_the_write(redis_url: str) -> None:
     t = RedisTier(RedisTierConfig(url=redis_url, namespace=f"w-{uuid.uuid4().hex[:8]}", wait_replicas=1,
                                   wait_timeout_ms=50))
     with pytest.raises(NotReplicated, match="0 of 1 replicas"):
-        t.put(b"k", b"v")
-    assert t.get(b"k") == b"v"  # applied on the master, just not acknowledged
+        t.put_many([(b"k", b"v")])
+    assert t.get_many([b"k"])[0] == b"v"  # applied on the master, just not acknowledged
     t.close()
     assert redis.Redis.from_url(redis_url).ping()
 
@@ -153,7 +153,7 @@ def test_a_daemon_with_other_chunk_sizes_ignores_shared_sessions_and_leaves_thei
         a.save_session("ns", s.layout.layout_id, bytes(16), 0, s.blobs, s.manifest)
         assert b.list_sessions("ns") == [] and list(load(b, "ns", s.keys)) == [(k, None) for k in s.keys]
         shared = next(t for t in b.store.tiers if isinstance(t, RedisTier))
-        assert shared.exists_many(s.keys) == [True] * len(s.keys)  # nothing deleted as "corrupt"
+        assert shared.contains_many(s.keys) == [True] * len(s.keys)  # nothing deleted as "corrupt"
     finally:
         a.close()
         b.close()

@@ -21,6 +21,7 @@ from kvstore.format import chunk
 from kvstore.server.device_arenas import MAX_PER_OWNER, DeviceArenas
 from kvstore.store import SessionStore, StoreConfig, TieredStore
 from kvstore.tiers import HostTierConfig, SsdTierConfig, make_tier
+from kvstore.tiers.device_tier import DeviceTier
 from kvstore.tiers.host import HostTier
 from kvstore.v1 import kvstore_pb2 as pb
 from tests.daemon_helpers import Daemon, make_session, running_daemon, save_session
@@ -98,7 +99,7 @@ def test_attach_refuses_another_gpu_and_unknown_buffers(hbm_daemon: Daemon) -> N
             c.load_session_into_device_buffer("ns", "s1", "made-up")
 
 
-class _CpuHbm(HostTier):
+class _CpuHbm(HostTier, DeviceTier):
     """A host tier posing as the HBM tier (``copy_to`` into a CPU tensor): the daemon's load logic
     (device_arenas.py) tested on any machine; the real device copies are tested above."""
 
@@ -108,7 +109,7 @@ class _CpuHbm(HostTier):
     def copy_to(self, keys: list[bytes], dst: torch.Tensor, offsets: list[int]) -> list[bool]:
         out = []
         for key, at in zip(keys, offsets):
-            value = self.get(key)
+            value = self.get_many([key])[0]
             if value is not None:
                 dst[at:at + len(value)] = torch.frombuffer(bytearray(value), dtype=torch.uint8)
             out.append(value is not None)
@@ -138,7 +139,7 @@ def test_device_arena_loads_without_a_gpu(tmp_path: Path) -> None:
 
         load_and_check(len(s.blobs))
         for k in s.keys[::2]:  # demoted out of the fast tier: read through the host path, uploaded
-            fast.delete(k)
+            fast.delete_many([k])
         load_and_check(len(s.blobs) - len(s.keys[::2]))
         small = arenas.add_opened("me", torch.zeros(1000, dtype=torch.uint8))
         r = arenas.load("me", s.namespace, s.session_id, small)

@@ -87,7 +87,7 @@ def test_a_save_on_a_full_disk_fails_cleanly_and_works_again_once_space_returns(
             assert set(ss.store.tiers[0].keys()) <= set(before.keys)  # nothing of the failed save stays
             assert ss.lookup("ns", TINY16.layout_id, big.token_ids).cached_tokens == 0
             assert_loads(ss, before)  # reads keep working on the full disk
-            ss.store.tiers[0].delete(before.keys[0])  # and come from the ssd tier
+            ss.store.tiers[0].delete_many([before.keys[0]])  # and come from the ssd tier
             assert_loads(ss, before)
         save(ss, big)  # space returned
         assert_loads(ss, big)

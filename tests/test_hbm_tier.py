@@ -44,12 +44,12 @@ def test_batches_round_trip_bit_exact(hbm: HbmTier) -> None:
     sizes = [229_376] * 40 + [0, 1, 255, 257, 5_000_001] + odd
     keys, values = _keys(len(sizes)), _values(2, sizes)
     hbm.put_many(zip(keys, values))
-    assert hbm.usage().used_bytes == sum(sizes) and hbm.usage().items == len(sizes)
+    assert hbm.stats().usage.used_bytes == sum(sizes) and hbm.stats().usage.items == len(sizes)
     order = [*reversed(keys), b"missing"]
     got = hbm.get_many(order)
     assert got[-1] is None
     assert [bytes(g) for g in got[:-1] if g is not None] == list(reversed(values))
-    assert all(bytes(hbm.get(k) or b"?") == v for k, v in zip(keys[::7], values[::7]))
+    assert all(bytes(hbm.get_many([k])[0] or b"?") == v for k, v in zip(keys[::7], values[::7]))
     view = got[0]
     assert isinstance(view, memoryview) and view.readonly
 
@@ -57,17 +57,17 @@ def test_batches_round_trip_bit_exact(hbm: HbmTier) -> None:
 def test_same_key_twice_in_a_batch_keeps_the_last_and_overwrite_frees(hbm: HbmTier) -> None:
     a, b, c = _values(3, [1000, 2000, 3000])
     hbm.put_many([(b"x", a), (b"y", b), (b"x", c)])
-    assert bytes(hbm.get(b"x") or b"") == c and hbm.usage().used_bytes == 5000
-    hbm.put(b"x", a)
-    assert bytes(hbm.get(b"x") or b"") == a and hbm.usage().used_bytes == 3000
+    assert bytes(hbm.get_many([b"x"])[0] or b"") == c and hbm.stats().usage.used_bytes == 5000
+    hbm.put_many([(b"x", a)])
+    assert bytes(hbm.get_many([b"x"])[0] or b"") == a and hbm.stats().usage.used_bytes == 3000
 
 
 def test_views_outlive_the_blocks_they_came_from(hbm: HbmTier) -> None:
     old, new = _values(4, [100_000, 100_000])
-    hbm.put(b"k", old)
+    hbm.put_many([(b"k", old)])
     view = hbm.get_many([b"k"])[0]
-    hbm.delete(b"k")
-    hbm.put(b"k2", new)  # likely the same block
+    hbm.delete_many([b"k"])
+    hbm.put_many([(b"k2", new)])  # likely the same block
     assert view is not None and bytes(view) == old
 
 
@@ -103,15 +103,15 @@ def test_full_batch_changes_nothing_and_fragmented_space_is_used() -> None:
         with pytest.raises(TierFullError):
             tier.put_many([(b"new", b"z" * 10)])
         for k in keys[::2]:
-            tier.delete(k)  # 8 holes of 64 KiB: no extent for a 3-value batch, but room one by one
+            tier.delete_many([k])  # 8 holes of 64 KiB: no extent for a 3-value batch, but room one by one
         more = _values(6, [65536, 60000, 65536])
         tier.put_many(zip(_keys(3, b"m"), more))
         assert [bytes(g or b"") for g in tier.get_many(_keys(3, b"m"))] == more
         assert [bytes(g or b"") for g in tier.get_many(keys[1::2])] == values[1::2]
-        before = tier.usage()
+        before = tier.stats().usage
         with pytest.raises(TierFullError):
             tier.put_many(zip(_keys(6, b"f"), _values(7, [65536] * 6)))  # 5 holes left: all or nothing
-        assert tier.usage() == before and not any(tier.contains(k) for k in _keys(6, b"f"))
+        assert tier.stats().usage == before and not any(tier.contains_many([k])[0] for k in _keys(6, b"f"))
 
 
 def test_copy_to_device_buffer(hbm: HbmTier) -> None:
@@ -141,9 +141,9 @@ def test_lru_demotion_to_host_keeps_every_value() -> None:
         for i in range(0, 64, 8):
             store.put_many(list(zip(keys[i:i + 8], values[i:i + 8])))
         hbm, host = store.tiers
-        assert hbm.usage().used_bytes <= hbm_cfg.capacity_bytes
-        assert hbm.contains(keys[-1]) and not hbm.contains(keys[0])  # the oldest left first
-        assert host.contains(keys[0])
+        assert hbm.stats().usage.used_bytes <= hbm_cfg.capacity_bytes
+        assert hbm.contains_many([keys[-1]])[0] and not hbm.contains_many([keys[0]])[0]  # the oldest left first
+        assert host.contains_many([keys[0]])[0]
         for k, v in zip(keys, values):
             with store.read_verified([k], lambda at, _: [True] * len(at)) as read:
                 got = None if read[0] is None else bytes(read[0])

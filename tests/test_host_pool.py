@@ -32,14 +32,14 @@ def _wait(pred: object, timeout: float = 10.0) -> None:
 def test_a_dropped_value_s_memory_is_lent_again_once_unreferenced() -> None:
     tier = HostTier(HostTierConfig(pin_memory=False, reserve_bytes=0))
     try:
-        tier.put(_key(1), b"a" * N)
-        view = tier.get(_key(1))
+        tier.put_many([(_key(1), b"a" * N)])
+        view = tier.get_many([_key(1)])[0]
         assert view is not None
         first = _address(view)
         del view
-        assert tier.delete(_key(1))
-        tier.put(_key(2), b"b" * N)
-        again = tier.get(_key(2))
+        assert tier.delete_many([_key(1)]) == 1
+        tier.put_many([(_key(2), b"b" * N)])
+        again = tier.get_many([_key(2)])[0]
         assert again is not None and _address(again) == first and bytes(again) == b"b" * N
     finally:
         tier.close()
@@ -48,16 +48,16 @@ def test_a_dropped_value_s_memory_is_lent_again_once_unreferenced() -> None:
 def test_a_reader_s_view_of_a_deleted_value_keeps_its_bytes() -> None:
     tier = HostTier(HostTierConfig(pin_memory=False, reserve_bytes=0))
     try:
-        tier.put(_key(1), b"a" * N)
-        held = tier.get(_key(1))
+        tier.put_many([(_key(1), b"a" * N)])
+        held = tier.get_many([_key(1)])[0]
         assert held is not None and held.readonly
-        tier.delete(_key(1))
+        tier.delete_many([_key(1)])
         for i in range(2, 6):  # saves of the same size after the delete: none may take that buffer
-            tier.put(_key(i), bytes([i]) * N)
+            tier.put_many([(_key(i), bytes([i]) * N)])
         assert bytes(held) == b"a" * N
-        assert _address(held) not in {_address(tier.get(_key(i))) for i in range(2, 6)}  # type: ignore[arg-type]
-        tier.put(_key(2), b"c" * N)  # a replaced value gives its buffer back too
-        assert bytes(tier.get(_key(2))) == b"c" * N  # type: ignore[arg-type]
+        assert _address(held) not in {_address(tier.get_many([_key(i)])[0]) for i in range(2, 6)}  # type: ignore[arg-type]
+        tier.put_many([(_key(2), b"c" * N)])  # a replaced value gives its buffer back too
+        assert bytes(tier.get_many([_key(2)])[0]) == b"c" * N  # type: ignore[arg-type]
     finally:
         tier.close()
 
@@ -85,10 +85,10 @@ def test_what_the_pool_keeps_free_is_bounded_and_small_values_stay_bytes() -> No
         pool.close()
     tier = HostTier(HostTierConfig(pin_memory=False))
     try:
-        tier.put(_key(1), b"x" * (MIN_AHEAD_BYTES - 1))
-        assert isinstance(tier.get(_key(1)), bytes)
-        tier.put(_key(2), b"y" * MIN_AHEAD_BYTES)
-        got = tier.get(_key(2))
+        tier.put_many([(_key(1), b"x" * (MIN_AHEAD_BYTES - 1))])
+        assert isinstance(tier.get_many([_key(1)])[0], bytes)
+        tier.put_many([(_key(2), b"y" * MIN_AHEAD_BYTES)])
+        got = tier.get_many([_key(2)])[0]
         assert isinstance(got, memoryview) and got.readonly and bytes(got) == b"y" * MIN_AHEAD_BYTES
     finally:
         tier.close()
@@ -100,20 +100,21 @@ def test_a_lent_buffer_put_whole_is_kept_without_a_copy_and_anything_else_is_cop
         lent = tier.buffer_for(N)
         assert lent is not None and not lent.readonly and tier.buffer_for(MIN_AHEAD_BYTES - 1) is None
         lent[:] = b"s" * N
-        tier.put(_key(1), lent.toreadonly())  # what a save does with its private copy of a chunk
-        got = tier.get(_key(1))
+        tier.put_many([(_key(1), lent.toreadonly())])  # what a save does with its private copy of a chunk
+        got = tier.get_many([_key(1)])[0]
         assert got is not None and _address(got) == _address(lent) and bytes(got) == b"s" * N
         again = tier.buffer_for(N)  # lent twice, put twice: the second put of the first copies
         assert again is not None
         again[:] = b"t" * N
-        tier.put(_key(2), again)
-        tier.put(_key(3), lent)
-        assert _address(tier.get(_key(2))) == _address(again)  # type: ignore[arg-type]
-        assert _address(tier.get(_key(3))) != _address(lent)  # type: ignore[arg-type]
+        tier.put_many([(_key(2), again)])
+        tier.put_many([(_key(3), lent)])
+        assert _address(tier.get_many([_key(2)])[0]) == _address(again)  # type: ignore[arg-type]
+        assert _address(tier.get_many([_key(3)])[0]) != _address(lent)  # type: ignore[arg-type]
         part = tier.buffer_for(2 * N)
         assert part is not None
         part[:] = b"p" * (2 * N)
-        tier.put(_key(4), part[:N])  # a slice of a lent buffer is not the buffer: copied
-        assert _address(tier.get(_key(4))) != _address(part) and bytes(tier.get(_key(4))) == b"p" * N  # type: ignore[arg-type]
+        tier.put_many([(_key(4), part[:N])])  # a slice of a lent buffer is not the buffer: copied
+        got = tier.get_many([_key(4)])[0]
+        assert _address(got) != _address(part) and bytes(got) == b"p" * N  # type: ignore[arg-type]
     finally:
         tier.close()

@@ -20,7 +20,7 @@ from kvstore.format.keys import ROOT, chain_keys
 from kvstore.format.layout import get_layout
 from kvstore.format.manifest import manifest_key
 from kvstore.store import SessionStore
-from kvstore.tiers import Tier, TierError
+from kvstore.tiers import TierError
 
 CT = 16
 HOST, SSD = 0, 1
@@ -46,9 +46,10 @@ def tier_calls(ss: SessionStore) -> list[str]:
     for slot in ss.store._slots:  # every tier call goes through its slot's call()
         real = slot.call
 
-        def spy(what: str, op: Callable[[Tier], object], real: Callable[..., object] = real) -> object:
+        def spy(what: str, op: Callable[..., object], *args: object, real: Callable[..., object] = real,
+                **kwargs: object) -> object:
             calls.append(what)
-            return real(what, op)
+            return real(what, op, *args, **kwargs)
 
         slot.call = spy  # type: ignore[method-assign]
     return calls
@@ -107,7 +108,7 @@ def test_lookup_counts_only_indexed_chunks_of_the_namespace(sessions: SessionSto
     ids = token_stream(7, 3 * CT)
     keys = chain_keys(TINY8.layout_id, "A", ids, CT)
     # A chunk planted in a tier (e.g. a shared Redis) that no save of this store validated is not counted.
-    sessions.store.tiers[SSD].put(keys[0], encode_chunk(TINY8, keys[0], 0, ids[:CT]))
+    sessions.store.tiers[SSD].put_many([(keys[0], encode_chunk(TINY8, keys[0], 0, ids[:CT]))])
     assert sessions.lookup("A", TINY8.layout_id, ids).cached_tokens == 0
     a = build_session("A", "s", ids)
     save(sessions, a)
@@ -123,7 +124,7 @@ def test_a_chunk_holding_other_tokens_under_a_key_is_never_served(sessions: Sess
     other = token_stream(99, CT)
     forged = encode_chunk(TINY8, s.keys[1], CT, other)  # claims key 1, right span, valid checksum
     for tier in (HOST, SSD):
-        sessions.store.tiers[tier].put(s.keys[1], forged)
+        sessions.store.tiers[tier].put_many([(s.keys[1], forged)])
     loaded = [blob for _, blob in load(sessions, "A", s.keys)]
     assert loaded[0] is not None and loaded[2] is not None
     assert loaded[1] is None
@@ -139,7 +140,7 @@ def test_a_save_failing_on_the_durable_tier_leaves_nothing_in_faster_ones(sessio
     load(sessions, "A", base.keys)  # in host and ssd
     longer = build_session("A", "longer", token_stream(4, 4 * CT))
     cached = longer.keys[2]  # a chunk host already held before this save (e.g. promoted from Redis)
-    sessions.store.tiers[HOST].put(cached, longer.blobs[2])
+    sessions.store.tiers[HOST].put_many([(cached, longer.blobs[2])])
 
     def broken(items: object) -> None:
         raise TierError("ssd tier: put_many failed: simulated I/O error")

@@ -103,7 +103,7 @@ def test_a_data_dir_of_the_previous_encoding_opens_and_serves(tmp_path: Path) ->
     with SsdTier(SsdTierConfig(path=str(tmp_path)), compressible_from=chunk.compressible_offset) as tier:
         tier.put_many(zip(keys[2:], blobs[2:]))  # new records beside the old ones
         assert [bytes(v) for v in tier.get_many(keys)] == blobs  # type: ignore[arg-type]
-        assert tier.usage().raw_bytes == sum(map(len, blobs))
+        assert tier.stats().usage.raw_bytes == sum(map(len, blobs))
 
 
 def test_damaged_chunk_records_never_raise_anything_else() -> None:

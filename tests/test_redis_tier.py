@@ -27,16 +27,16 @@ def _tier(url: str, **kwargs: Any) -> RedisTier:
 
 def test_namespaces_do_not_see_each_other(redis_url: str) -> None:
     a, b = _tier(redis_url, namespace="ns-a"), _tier(redis_url, namespace="ns-b")
-    a.put(b"shared", b"from a")
-    b.put(b"shared", b"from b!")
-    b.put(b"only-b", b"x")
-    assert a.get(b"shared") == b"from a" and b.get(b"shared") == b"from b!"
-    assert not a.contains(b"only-b") and a.get(b"only-b") is None
+    a.put_many([(b"shared", b"from a")])
+    b.put_many([(b"shared", b"from b!")])
+    b.put_many([(b"only-b", b"x")])
+    assert a.get_many([b"shared"])[0] == b"from a" and b.get_many([b"shared"])[0] == b"from b!"
+    assert not a.contains_many([b"only-b"])[0] and a.get_many([b"only-b"])[0] is None
     assert set(a.keys()) == {b"shared"} and set(b.keys()) == {b"shared", b"only-b"}
-    assert (a.usage().items, a.usage().used_bytes) == (1, 6)
-    assert (b.usage().items, b.usage().used_bytes) == (2, 8)
+    assert (a.stats().usage.items, a.stats().usage.used_bytes) == (1, 6)
+    assert (b.stats().usage.items, b.stats().usage.used_bytes) == (2, 8)
     assert a.delete_many([b"shared", b"only-b"]) == 1
-    assert b.get(b"shared") == b"from b!"
+    assert b.get_many([b"shared"])[0] == b"from b!"
     raw = redis.Redis.from_url(redis_url)
     assert raw.get(b"ns-b:shared") == b"from b!"  # the documented key layout
     raw.close()
@@ -47,13 +47,13 @@ def test_namespaces_do_not_see_each_other(redis_url: str) -> None:
 def test_ttl_expires_values_and_recount_fixes_usage(redis_url: str) -> None:
     tier = _tier(redis_url, namespace="ttl", ttl_s=1)
     tier.put_many([(b"a", b"12345"), (b"b", b"678")])
-    assert tier.get(b"a") == b"12345"
+    assert tier.get_many([b"a"])[0] == b"12345"
     time.sleep(1.5)
-    assert tier.get(b"a") is None and not tier.contains(b"b")
+    assert tier.get_many([b"a"])[0] is None and not tier.contains_many([b"b"])[0]
     assert list(tier.keys()) == []
-    assert tier.usage().items == 2  # Redis expired them behind the counters' back ...
-    assert tier.recount() == tier.usage()
-    assert (tier.usage().items, tier.usage().used_bytes) == (0, 0)  # ... until a recount
+    assert tier.stats().usage.items == 2  # Redis expired them behind the counters' back ...
+    assert tier.recount() == tier.stats().usage
+    assert (tier.stats().usage.items, tier.stats().usage.used_bytes) == (0, 0)  # ... until a recount
     tier.close()
 
 
@@ -61,11 +61,11 @@ def test_ttl_expires_values_and_recount_fixes_usage(redis_url: str) -> None:
 def test_get_refreshes_the_ttl_when_asked(redis_url: str, touch: bool) -> None:
     tier = _tier(redis_url, namespace=f"touch-{touch}", ttl_s=2, touch_on_get=touch)
     raw = redis.Redis.from_url(redis_url)
-    tier.put(b"k", b"v")
+    tier.put_many([(b"k", b"v")])
     time.sleep(0.3)
     before = raw.pttl(b"touch-%s:k" % str(touch).encode())
     assert 0 < before <= 1700
-    tier.get(b"k")
+    tier.get_many([b"k"])[0]
     tier.get_many([b"k"])
     after = raw.pttl(b"touch-%s:k" % str(touch).encode())
     assert (after > before) is touch
@@ -75,12 +75,9 @@ def test_get_refreshes_the_ttl_when_asked(redis_url: str, touch: bool) -> None:
 
 def _operations(tier: RedisTier) -> dict[str, Callable[[], object]]:
     return {
-        "put": lambda: tier.put(b"k", b"v"),
-        "get": lambda: tier.get(b"k"),
-        "delete": lambda: tier.delete(b"k"),
-        "contains": lambda: tier.contains(b"k"),
+        "contains_many": lambda: tier.contains_many([b"k"]),
         "size_of": lambda: tier.size_of(b"k"),
-        "usage": tier.usage,
+        "stats": tier.stats,
         "keys": tier.keys,
         "put_many": lambda: tier.put_many([(b"k", b"v")]),
         "get_many": lambda: tier.get_many([b"k"]),
@@ -91,29 +88,29 @@ def _operations(tier: RedisTier) -> dict[str, Callable[[], object]]:
 
 def test_server_loss_raises_tier_error_and_recovers(redis_server: RedisServer) -> None:
     tier = _tier(redis_server.url, socket_timeout_s=1.0)
-    tier.put(b"k", b"before")
+    tier.put_many([(b"k", b"before")])
     redis_server.kill()
     for call in _operations(tier).values():  # each fails cleanly: no redis exception, no hang
         with pytest.raises(TierError, match="redis tier"):
             call()
     redis_server.start()  # a fresh, empty server on the same port
-    assert tier.get(b"k") is None
-    tier.put(b"k", b"after")
-    assert tier.get(b"k") == b"after"
-    assert tier.usage().items == 1
+    assert tier.get_many([b"k"])[0] is None
+    tier.put_many([(b"k", b"after")])
+    assert tier.get_many([b"k"])[0] == b"after"
+    assert tier.stats().usage.items == 1
     tier.close()
 
 
 def test_hung_server_times_out_as_tier_error(redis_server: RedisServer) -> None:
     tier = _tier(redis_server.url, socket_timeout_s=0.5)
-    tier.put(b"k", b"v")
+    tier.put_many([(b"k", b"v")])
     redis_server.pause()
     try:
         with pytest.raises(TierError, match="Timeout"):
-            tier.get(b"k")
+            tier.get_many([b"k"])[0]
     finally:
         redis_server.resume()
-    assert tier.get(b"k") == b"v"  # the same server, answering again
+    assert tier.get_many([b"k"])[0] == b"v"  # the same server, answering again
     tier.close()
 
 
@@ -121,9 +118,9 @@ def test_down_at_startup_is_not_fatal(redis_server: RedisServer) -> None:
     redis_server.kill()
     tier = _tier(redis_server.url, socket_timeout_s=0.5)  # constructing never connects
     with pytest.raises(TierError):
-        tier.usage()
+        tier.stats()
     redis_server.start()
-    assert tier.usage().items == 0
+    assert tier.stats().usage.items == 0
     tier.close()
 
 

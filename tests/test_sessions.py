@@ -159,7 +159,7 @@ def test_pinned_session_stays_in_host_until_unpinned(tmp_path: Path) -> None:
         for i in range(4):
             save(ss, session(f"other{i}", 2 * CT, seed=10 + i))
             assert all(ss.store.where(k)[0] == "host" for k in pinned.keys)
-            assert ss.store.tiers[HOST].usage().items <= 4
+            assert ss.store.tiers[HOST].stats().usage.items <= 4
         assert ss.pinned_keys() == set(pinned.keys)
         ss.touch("ns", "pinned", Retention(pinned=False))
         assert ss.pinned_keys() == set()
@@ -210,7 +210,7 @@ def test_incremental_save_sends_only_new_chunks(sessions: SessionStore) -> None:
     assert (res.keys, res.written) == (list(full.keys), 0)
     sessions.commit(full.manifest())
     assert [k for k in puts if len(k) == 16] == []
-    assert sessions.store.tiers[SSD].usage().items == 6  # six chunks; the manifest is in the meta keyspace
+    assert sessions.store.tiers[SSD].stats().usage.items == 6  # six chunks; the manifest is in the meta keyspace
     assert list(sessions.store.tiers[SSD].meta().keys()) == [manifest_key("ns", "s")]
     assert_loads(sessions, full)
 
@@ -355,7 +355,7 @@ def test_an_old_format_data_dir_opens_with_every_session(tmp_path: Path) -> None
             for s in olds:
                 assert_loads(ss, s)
             assert chunk_items(ss) == {k for s in olds for k in s.keys}
-            assert ss.store.tiers[SSD].usage().items == sum(len(s.keys) for s in olds)
+            assert ss.store.tiers[SSD].stats().usage.items == sum(len(s.keys) for s in olds)
         finally:
             ss.store.close()
 

@@ -43,7 +43,7 @@ def chunks(n: int, seed: int = 0) -> Session:
 
 def put_all(st: TieredStore, s: Session) -> None:
     for k, b in zip(s.keys, s.blobs):
-        st.put(k, b)
+        st.put_many([(k, b)])
 
 
 def counters(st: TieredStore, tier: int) -> TierCounters:
@@ -89,7 +89,7 @@ def test_write_through_chunk_is_durable_when_put_returns(tmp_path: Path) -> None
     s = chunks(3)
     st = make_tiered(cfg)
     for k, b in zip(s.keys, s.blobs):
-        st.put(k, b)
+        st.put_many([(k, b)])
         assert st.where(k) == ["host", "ssd"]
     abandon(st)  # no store-level flush: only what put() made durable survives
 
@@ -145,7 +145,7 @@ def test_promote_on_read_off_leaves_chunks_where_they_are(tmp_path: Path) -> Non
     st = make_tiered(store_config(tmp_path, promote_on_read=False))
     try:
         put_all(st, s)
-        assert all(st.demote(k, SSD) for k in s.keys)
+        assert all(st.evict([k], "ssd", "a test") == 1 for k in s.keys)
         assert counters(st, HOST).demotions == 2  # ssd already held them: moved down by dropping the host copy
         assert counters(st, HOST).evictions == 0
         assert bytes(get(st, s.keys[0])) == s.blobs[0]
@@ -164,11 +164,11 @@ def test_capacity_pressure_demotes_least_recently_used(tmp_path: Path, mode: str
     try:
         host = st.tiers[HOST]
         for k, b in zip(s.keys[:3], s.blobs[:3]):
-            st.put(k, b)
+            st.put_many([(k, b)])
         assert bytes(get(st, s.keys[0])) == s.blobs[0]  # chunk 0 is now the most recently used
         for k, b in zip(s.keys[3:], s.blobs[3:]):
-            st.put(k, b)
-            u = host.usage()
+            st.put_many([(k, b)])
+            u = host.stats().usage
             assert u.used_bytes <= u.capacity_bytes and u.items <= 3
         # LRU order: 1 went first (0 had been read), then 2, then 0, 3, 4, ...
         assert set(host.keys()) == set(s.keys[7:])
@@ -176,7 +176,7 @@ def test_capacity_pressure_demotes_least_recently_used(tmp_path: Path, mode: str
         assert (c.evictions, c.demotions) == ((7, 0) if mode == "through" else (0, 7))
         for k, b in reversed([*zip(s.keys, s.blobs)]):  # newest first: 9, 8, 7 from host, the rest from ssd
             assert bytes(get(st, k)) == b
-            u = host.usage()
+            u = host.stats().usage
             assert u.used_bytes <= u.capacity_bytes
         assert counters(st, HOST).hits == 1 + 3 and counters(st, SSD).hits == 7 and c.promotions == 7
     finally:
@@ -188,21 +188,21 @@ def test_pinned_chunks_are_never_demoted(tmp_path: Path) -> None:
     size = len(s.blobs[0])
     st = make_tiered(store_config(tmp_path, write_mode="back", host_capacity=3 * size))
     try:
-        st.put(s.keys[0], s.blobs[0])
+        st.put_many([(s.keys[0], s.blobs[0])])
         st.pin([s.keys[0]])
         for k, b in zip(s.keys[1:], s.blobs[1:]):
-            st.put(k, b)
+            st.put_many([(k, b)])
             assert st.where(s.keys[0]) == ["host"]  # the LRU chunk, but pinned: not even copied down
-        assert st.tiers[HOST].usage().items == 3
+        assert st.tiers[HOST].stats().usage.items == 3
         st.pin(s.keys[8:])  # everything on host pinned: the next put overshoots instead of demoting
         extra = chunks(1, seed=1)
-        st.put(extra.keys[0], extra.blobs[0])
-        assert st.tiers[HOST].usage().items == 4
+        st.put_many([(extra.keys[0], extra.blobs[0])])
+        assert st.tiers[HOST].stats().usage.items == 4
         assert all(st.where(k) == ["host"] for k in (s.keys[0], *s.keys[8:]))
         st.unpin([s.keys[0], *s.keys[8:]])
-        st.put(s.keys[1], s.blobs[1])  # room is made again, least recently used first
+        st.put_many([(s.keys[1], s.blobs[1])])  # room is made again, least recently used first
         assert st.where(s.keys[0]) == ["ssd"]
-        assert st.tiers[HOST].usage().items <= 3
+        assert st.tiers[HOST].stats().usage.items <= 3
     finally:
         st.close()
 
@@ -215,8 +215,8 @@ def test_three_tiers_demote_into_redis_and_read_back(tmp_path: Path, redis_serve
     st = make_tiered(cfg)
     try:
         for k, b in zip(s.keys, s.blobs):
-            st.put(k, b)
-            u = st.tiers[SSD].usage()
+            st.put_many([(k, b)])
+            u = st.tiers[SSD].stats().usage
             assert u.used_bytes <= u.capacity_bytes
         assert [st.where(k) for k in s.keys] == [["redis"]] * 5 + [["ssd"]] + [["host", "ssd"]] * 2
         assert counters(st, SSD).demotions == 5
@@ -226,7 +226,7 @@ def test_three_tiers_demote_into_redis_and_read_back(tmp_path: Path, redis_serve
         # Newest first, so each chunk is read before promotions push it further down.
         for k, b in reversed([*zip(s.keys, s.blobs)]):
             assert bytes(get(st, k)) == b
-            u = st.tiers[SSD].usage()
+            u = st.tiers[SSD].stats().usage
             assert u.used_bytes <= u.capacity_bytes
         assert (counters(st, HOST).hits, counters(st, SSD).hits, counters(st, REDIS).hits) == (2, 1, 5)
         assert counters(st, SSD).promotions == 5 and counters(st, HOST).promotions == 6
@@ -254,9 +254,9 @@ def test_corrupt_lmdb_value_is_detected_and_deleted(tmp_path: Path) -> None:
     try:
         assert get(st, s.keys[0]) is None and get(st, s.keys[1]) is None
         assert counters(st, SSD).verify_failures == 2
-        assert not st.tiers[SSD].contains(s.keys[0]) and not st.tiers[SSD].contains(s.keys[1])
+        assert not st.tiers[SSD].contains_many([s.keys[0]])[0] and not st.tiers[SSD].contains_many([s.keys[1]])[0]
         assert get(st, s.keys[3]) is None  # torn framing: a miss, never served, deleted like the others
-        assert counters(st, SSD).verify_failures == 3 and not st.tiers[SSD].contains(s.keys[3])
+        assert counters(st, SSD).verify_failures == 3 and not st.tiers[SSD].contains_many([s.keys[3]])[0]
         assert counters(st, SSD).errors == 0 and not counters(st, SSD).degraded  # the tier itself is fine
         assert bytes(get(st, s.keys[2])) == s.blobs[2]
         assert counters(st, HOST).verify_failures == 0
@@ -271,7 +271,8 @@ def test_corrupt_lmdb_value_falls_back_to_a_good_redis_copy(tmp_path: Path, redi
     cfg = store_config(tmp_path, redis_url=redis_server.url)
     st = make_tiered(cfg)
     put_all(st, s)
-    assert st.demote(s.keys[0], REDIS) and st.where(s.keys[0]) == ["ssd", "redis"]  # the durable copy stays
+    assert st.evict([s.keys[0]], "redis", "a test") == 1
+    assert st.where(s.keys[0]) == ["ssd", "redis"]  # the durable copy stays
     assert bytes(get(st, s.keys[0])) == s.blobs[0]  # promoted back: now on all three tiers
     assert st.where(s.keys[0]) == ["host", "ssd", "redis"]
     st.close()
@@ -294,7 +295,7 @@ def test_corrupt_redis_value_is_detected_and_deleted(tmp_path: Path, redis_serve
     raw = redis.Redis.from_url(redis_server.url)
     try:
         for k, b in zip(s.keys, s.blobs):  # chunks only the shared tier holds (e.g. another daemon's)
-            st.tiers[REDIS].put(k, b)
+            st.tiers[REDIS].put_many([(k, b)])
         raw.set(b"kvtest:" + s.keys[0], b"garbage")
         bad = bytearray(s.blobs[1])
         bad[100] ^= 1
@@ -333,7 +334,7 @@ def test_dead_redis_is_reported_and_the_store_keeps_serving(tmp_path: Path, redi
         # The full ssd cannot demote into the dead redis: it must keep its chunks, not drop them.
         for k, b in [*zip(s.keys[3:], s.blobs[3:]), *zip(more.keys, more.blobs)]:
             assert bytes(get(st, k)) == b
-            assert st.tiers[SSD].contains(k)
+            assert st.tiers[SSD].contains_many([k])[0]
         assert counters(st, REDIS).degraded
     finally:
         st.close()
@@ -373,7 +374,7 @@ def test_write_back_falls_back_to_write_through_when_the_fast_tier_fails(tmp_pat
         st.tiers[HOST].close()  # every host call now raises TierError: the tier has failed
         put_all(st, s)  # acknowledged: must be durable somewhere, not "dirty" in a dead tier
         assert all(st.holds_durably(k) for k in s.keys)
-        assert all(st.tiers[SSD].contains(k) for k in s.keys)
+        assert all(st.tiers[SSD].contains_many([k])[0] for k in s.keys)
         assert counters(st, HOST).errors > 0 and counters(st, HOST).degraded
         assert [bytes(get(st, k)) for k in s.keys] == list(s.blobs)
     finally:
@@ -386,12 +387,12 @@ def test_admin_demotion_leaves_pinned_chunks_where_they_are(tmp_path: Path) -> N
     try:
         put_all(st, s)
         st.pin(s.keys[:2])
-        moved = [st.demote(k, SSD) for k in s.keys]
+        moved = [st.evict([k], "ssd", "a test") == 1 for k in s.keys]
         assert moved == [False, False, True, True]
-        assert all(st.tiers[HOST].contains(k) for k in s.keys[:2])
-        assert not any(st.tiers[HOST].contains(k) for k in s.keys[2:])
+        assert all(st.tiers[HOST].contains_many([k])[0] for k in s.keys[:2])
+        assert not any(st.tiers[HOST].contains_many([k])[0] for k in s.keys[2:])
         st.unpin(s.keys[:2])
-        assert st.demote(s.keys[0], SSD) and not st.tiers[HOST].contains(s.keys[0])
+        assert st.evict([s.keys[0]], "ssd", "a test") == 1 and not st.tiers[HOST].contains_many([s.keys[0]])[0]
     finally:
         st.close()
 
@@ -403,7 +404,7 @@ def test_demoting_below_the_durable_tier_keeps_the_durable_copy(tmp_path: Path, 
     st = make_tiered(store_config(tmp_path, redis_url=redis_server.url))
     try:
         put_all(st, s)
-        assert all(st.demote(k, REDIS) for k in s.keys)
+        assert all(st.evict([k], "redis", "a test") == 1 for k in s.keys)
         assert [st.where(k) for k in s.keys] == [["ssd", "redis"]] * 3
         assert counters(st, HOST).demotions == 3 and counters(st, HOST).evictions == 0
         assert all(st.holds_durably(k) for k in s.keys)
@@ -425,7 +426,7 @@ def test_the_store_answers_what_the_daemon_asks_of_its_tiers(tmp_path: Path, red
         sizes = [st.tiers[HOST].size_of(k) or 0 for k in s.keys]
         assert st.held_in_memory(s.keys, sum(sizes)) and not st.held_in_memory(s.keys, sum(sizes) - 1)
         assert st.in_fastest(s.keys[0])
-        st.tiers[HOST].delete(s.keys[0])
+        st.tiers[HOST].delete_many([s.keys[0]])
         assert not st.held_in_memory(s.keys, 1 << 30) and not st.in_fastest(s.keys[0])
         assert st.probe() == {"host": None, "ssd": None, "redis": None}
         redis_server.kill()

@@ -1,6 +1,6 @@
-"""Batch reads (``Tier.read_views``, ``Tier.get_many_into``): the same values as ``get_many`` on every
-tier; on the ssd tier, one read transaction, raw records handed out as views into the memory map,
-compressed ones decoded (into the caller's slots for ``get_many_into``), and a damaged record an
+"""Batch reads (``Tier.read_views``): the same values as ``get_many`` on every tier; on the ssd tier,
+one read transaction, raw records handed out as views into the memory map, compressed ones
+decoded, and a damaged record an
 unreadable one, never data: real LMDB, with chunk blobs checked by kvstore.format.chunk_batch."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _values() -> dict[bytes, bytes]:
     return {bytes([i]) * 16: (bytes(range(256)) * 40 if i % 2 else rng.randbytes(1000 * (i + 1))) for i in range(6)}
 
 
-def test_read_views_and_get_many_into_agree_with_get_many(tier: Tier) -> None:
+def test_read_views_agree_with_get_many(tier: Tier) -> None:
     values = _values()
     tier.put_many(values.items())
     keys = [*values, b"absent" * 2, next(iter(values))]  # a miss, and a key asked for twice
@@ -38,19 +38,6 @@ def test_read_views_and_get_many_into_agree_with_get_many(tier: Tier) -> None:
     with tier.read_views(keys) as views:
         assert [None if v is None else bytes(v) for v in views.values] == want
         assert views.unreadable == frozenset()
-    offsets = np.cumsum([0, *(len(v or b"") for v in want)])[:-1].tolist()
-    dest = bytearray(sum(len(v or b"") for v in want))
-    filled = tier.get_many_into(keys, memoryview(dest), offsets)
-    assert filled.lengths == [None if v is None else len(v) for v in want]
-    assert (filled.unreadable, filled.no_room) == (frozenset(), frozenset())
-    assert bytes(dest) == b"".join(v or b"" for v in want)
-    # a slot too small (or past the end of dest) is not written
-    small = bytearray(b"#" * len(dest))
-    sizes = [len(v or b"") for v in want]
-    sizes[0] -= 1
-    filled = tier.get_many_into(keys, memoryview(small)[:-1], offsets, sizes)
-    assert filled.no_room == {0, len(keys) - 1}
-    assert small[: len(want[0] or b"")] == b"#" * len(want[0] or b"")
 
 
 # -- the ssd tier ------------------------------------------------------------------------------------------
@@ -108,11 +95,6 @@ def test_a_session_read_in_one_batch_checks_and_copies_whole(tmp_path: Path, cod
                 assert all(isinstance(v, memoryview) and v.readonly for v in views.values)
             r = chunk_batch.check(views.values, EXPECTED, dest=dest.data, dest_offsets=OFFSETS)
         assert r.all_valid and dest.tobytes() == b"".join(BLOBS)
-        into = np.zeros(N * SIZE, np.uint8)
-        filled = tier.get_many_into(EXPECTED.keys, into.data, OFFSETS)
-        assert filled.lengths == [SIZE] * N
-        assert chunk_batch.check_packed(into.data, OFFSETS, [SIZE] * N, EXPECTED).all_valid
-        assert into.tobytes() == b"".join(BLOBS)
 
 
 GOOD_KEY = b"g" * 16
@@ -140,8 +122,6 @@ def test_damaged_records_are_unreadable_and_the_rest_is_served(tmp_path: Path, c
             assert [v is None for v in views.values] == [i in bad for i in range(N)]
             r = chunk_batch.check(views.values, EXPECTED, dest=dest.data, dest_offsets=OFFSETS)
         assert r.failures() == {i: Status.MISSING for i in bad}
-        filled = tier.get_many_into(EXPECTED.keys, memoryview(np.zeros(N * SIZE, np.uint8).data), OFFSETS)
-        assert filled.unreadable == bad and [n is None for n in filled.lengths] == [i in bad for i in range(N)]
         for i in range(N):
             slot = dest[i * SIZE : (i + 1) * SIZE]
             assert (slot == 0xAB).all() if i in bad else slot.tobytes() == BLOBS[i]
@@ -154,13 +134,9 @@ def test_a_raw_record_with_damaged_contents_is_served_as_stored_and_fails_its_ch
     flipped = bytearray(BLOBS[2])
     flipped[SIZE // 2] ^= 0x10
     _poke(tmp_path, {EXPECTED.keys[2]: HEADER.pack(RAW, SIZE, SIZE) + bytes(flipped)})
-    with _open(tmp_path, zstd_level=0) as tier:
-        with tier.read_views(EXPECTED.keys) as views:
-            assert views.unreadable == frozenset() and bytes(views.values[2]) == bytes(flipped)  # type: ignore[arg-type]
-            assert chunk_batch.check(views.values, EXPECTED).failures() == {2: Status.CHECKSUM}
-        into = np.zeros(N * SIZE, np.uint8)
-        tier.get_many_into(EXPECTED.keys, into.data, OFFSETS)
-        assert chunk_batch.check_packed(into.data, OFFSETS, [SIZE] * N, EXPECTED).failures() == {2: Status.CHECKSUM}
+    with _open(tmp_path, zstd_level=0) as tier, tier.read_views(EXPECTED.keys) as views:
+        assert views.unreadable == frozenset() and bytes(views.values[2]) == bytes(flipped)  # type: ignore[arg-type]
+        assert chunk_batch.check(views.values, EXPECTED).failures() == {2: Status.CHECKSUM}
 
 
 def test_a_key_the_tier_holds_but_cannot_find_is_unreadable(tmp_path: Path) -> None:
@@ -172,15 +148,13 @@ def test_a_key_the_tier_holds_but_cannot_find_is_unreadable(tmp_path: Path) -> N
             txn.delete(EXPECTED.keys[4])
         with tier.read_views(EXPECTED.keys) as views:
             assert views.unreadable == {4} and views.values[4] is None
-        filled = tier.get_many_into(EXPECTED.keys, memoryview(bytearray(N * SIZE)), OFFSETS)
-        assert filled.unreadable == {4} and filled.lengths[4] is None
 
 
 def test_views_are_a_snapshot_while_writers_go_on(tmp_path: Path) -> None:
     with _open(tmp_path, zstd_level=0) as tier:
         tier.put_many(zip(EXPECTED.keys, BLOBS))
         with tier.read_views(EXPECTED.keys) as views:
-            tier.put(EXPECTED.keys[0], BLOBS[1])  # a commit while the batch's transaction is open
-            tier.delete(EXPECTED.keys[3])
+            tier.put_many([(EXPECTED.keys[0], BLOBS[1])])  # a commit while the batch's transaction is open
+            tier.delete_many([EXPECTED.keys[3]])
             assert chunk_batch.check(views.values, EXPECTED).all_valid
-        assert tier.get(EXPECTED.keys[0]) == BLOBS[1] and tier.get(EXPECTED.keys[3]) is None
+        assert tier.get_many([EXPECTED.keys[0]])[0] == BLOBS[1] and tier.get_many([EXPECTED.keys[3]])[0] is None

@@ -23,7 +23,7 @@ HANG_GUARD_S = 60.0  # only ever reached if something deadlocks
 
 def txns(ss: SessionStore) -> int:
     """LMDB write transactions committed so far (each one fsync)."""
-    return ss.store.tiers[SSD].lmdb_stats()["last_txnid"]  # type: ignore[attr-defined]
+    return ss.store.tiers[SSD].stats(pages=True).pages.last_txnid  # type: ignore[union-attr]
 
 
 def turn(ss: SessionStore, s: Session, first: int = 0, **manifest_kw: object) -> tuple[Manifest, SaveResult]:
@@ -55,9 +55,9 @@ def test_a_turn_is_one_transaction(sessions: SessionStore) -> None:
 def test_a_turn_resending_stored_chunks_writes_only_the_manifest(sessions: SessionStore) -> None:
     s = build_session("ns", "a", token_stream(2, 3 * 16))
     save(sessions, build_session("ns", "b", token_stream(2, 3 * 16)))  # same prefix, other session
-    before = sessions.store.tiers[SSD].usage().items
+    before = sessions.store.tiers[SSD].stats().usage.items
     _, res = turn(sessions, s)
-    assert res.written == 0 and sessions.store.tiers[SSD].usage().items == before
+    assert res.written == 0 and sessions.store.tiers[SSD].stats().usage.items == before
     assert loads_whole(sessions, s)
 
 
@@ -108,7 +108,7 @@ def test_a_failed_durable_write_keeps_the_previous_version(sessions: SessionStor
     sessions.store.tiers[SSD].write = broken  # type: ignore[method-assign]
     with pytest.raises(Unavailable):
         turn(sessions, s)
-    assert not any(sessions.store.tiers[HOST].contains(k) for k in s.keys)  # nothing left half-saved
+    assert not any(sessions.store.tiers[HOST].contains_many([k])[0] for k in s.keys)  # nothing left half-saved
     assert loads_whole(sessions, old)
 
 
@@ -291,7 +291,7 @@ def test_a_turn_on_a_grown_session_still_finds_a_lost_chunk_of_its_prefix(sessio
     first, second = build_session("ns", "a", ids[: 3 * 16]), build_session("ns", "a", ids)
     turn(sessions, first)
     for tier in sessions.store.tiers:
-        tier.delete(first.keys[1])
+        tier.delete_many([first.keys[1]])
     with pytest.raises(FailedPrecondition, match="1 referenced chunks are not stored"):
         turn(sessions, second, first=3)
     assert sessions.get("ns", "a").chunk_keys == first.keys

@@ -87,7 +87,7 @@ def tier_put_get(n: int, data: tuple[list[bytes], list[bytes]] | None = None, **
 
         def per_key_gets() -> None:
             for k in keys:
-                tier.get(k)
+                tier.get_many([k])[0]
 
         per_key = median_time(per_key_gets, 1, warmup=1)
     finally:

@@ -13,7 +13,7 @@ In memory (the blobs as a tier holds them, each a bytes object):
   place (what a client would run on a buffer a daemon loaded into); the keys alone (512 chained xxh3-128).
 From the ssd tier (a real SsdTier, page cache warm; default codec: the scales tail zstd-compressed, and
 raw: ``--zstd-level 0``): today's ``get_many`` + per-chunk checks + copy; ``read_views`` + ``check`` with the
-copy (one pass over the map); ``get_many_into`` + ``check_packed``; raw LMDB reads of every chunk beside.
+copy (one pass over the map); raw LMDB reads of every chunk beside.
 Writes resume_checks.md and .json (benchmarks/out, or benchmarks/results with --write).
 """
 
@@ -104,7 +104,6 @@ def ssd_ops(s: Session, dest: np.ndarray, tier: SsdTier, codec: str) -> dict[str
     infos = [ChunkInfo(NS, s.layout.layout_id, keys[i - 1] if i else ROOT, i) for i in range(len(keys))]
     expected = Expected.chain(keys, s.layout.layout_id, NS, ct)
     offsets = np.cumsum([0, *map(len, s.blobs)])[:-1]
-    lengths = [len(b) for b in s.blobs]
     out = memoryview(dest.data)
     env, db = tier._env, tier._db  # the tier's own environment: raw reads of its records, same pages
 
@@ -117,17 +116,12 @@ def ssd_ops(s: Session, dest: np.ndarray, tier: SsdTier, codec: str) -> dict[str
         with tier.read_views(keys) as v:
             assert chunk_batch.check(v.values, expected, dest=out, dest_offsets=offsets).all_valid
 
-    def into() -> None:
-        tier.get_many_into(keys, out, offsets)
-        assert chunk_batch.check_packed(out, offsets, lengths, expected).all_valid
-
     def raw_reads() -> None:
         with env.begin(db=db, buffers=True) as txn:
             assert all(txn.get(k) is not None for k in keys)
 
     return {f"ssd {codec}: get_many + per chunk + copy (today)": today,
             f"ssd {codec}: read_views + batch + copy": views,
-            f"ssd {codec}: get_many_into + check_packed": into,
             f"ssd {codec}: raw LMDB reads (views)": raw_reads}
 
 

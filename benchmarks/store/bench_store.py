@@ -227,24 +227,24 @@ def get_rows(sessions: dict[str, tuple], repeats: int) -> list[list[str]]:
         total = sum(len(b) for b in blobs) / 1e9
         host = HostTier(HostTierConfig(pin_memory=False))
         for k, b in zip(keys, blobs):
-            host.put(k, b)
+            host.put_many([(k, b)])
         arrays = [bytearray(b) for b in blobs]
         srcs = [np.frombuffer(b, np.uint8) for b in blobs]
         dsts = [np.empty_like(s) for s in srcs]
 
         def tier_get(host: HostTier = host, keys: list[bytes] = keys) -> None:
             for k in keys:
-                host.get(k)
+                host.get_many([k])[0]
 
         def get_verified(host: HostTier = host, keys: list[bytes] = keys) -> None:
             for k in keys:  # what TieredStore.get does on a host hit: checksum + the key the chunk claims
-                blob = host.get(k)
+                blob = host.get_many([k])[0]
                 chunk.verify_checksum(blob)
                 assert chunk.read_header(blob).key == k
 
         def get_decoded(host: HostTier = host, keys: list[bytes] = keys, lay: Layout = lay) -> None:
             for k in keys:
-                chunk.decode(host.get(k), lay)
+                chunk.decode(host.get_many([k])[0], lay)
 
         def memcpy_bytes(arrays: list[bytearray] = arrays) -> None:
             for a in arrays:

@@ -122,7 +122,7 @@ class SharedSessions(Sharing):
         """Put the turn's chunks, and any other chunk ``m`` names that the shared tier lacks."""
         others = [k for k in dict.fromkeys(m.chunk_keys) if k not in batch]
         try:
-            held = self.tier.exists_many(others) if others else []
+            held = self.tier.contains_many(others) if others else []
             items = list(batch.items())
             lacking = [k for k, h in zip(others, held) if not h]
             for k, blob in zip(lacking, store.copies(lacking)):
@@ -138,7 +138,7 @@ class SharedSessions(Sharing):
         if not keys:
             return set()
         try:
-            return {k for k, h in zip(keys, self.tier.exists_many(keys)) if h}
+            return {k for k, h in zip(keys, self.tier.contains_many(keys)) if h}
         except TierError as e:
             log.warning("shared tier unreadable, chunks only there count as missing: %s", e)
             return set()

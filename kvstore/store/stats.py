@@ -90,13 +90,12 @@ def bytes_per_token(sessions: SessionStore) -> BytesPerToken:
     total_session_tokens = sum(session_tokens.values())
     formula_num = sum((_bpt(sessions, lid) * t for lid, t in session_tokens.items()), Fraction(0))
     formula = float(formula_num / total_session_tokens) if total_session_tokens else 0.0
-    usage = store.durable_usage()
+    durable = store.durable_stats()
+    usage = durable.usage
     stored_manifests = sum(len(m.encode()) for m in manifests)  # kept raw in the meta keyspace
     lmdb_overhead = 0
-    s = store.durable_page_stats()
-    if s is not None:
-        pages = s["branch_pages"] + s["leaf_pages"] + s["overflow_pages"]
-        lmdb_overhead = max(0, pages * s["psize"] - usage.used_bytes - stored_manifests)
+    if (s := durable.pages) is not None:
+        lmdb_overhead = max(0, s.in_use * s.psize - usage.used_bytes - stored_manifests)
     swa = max((getattr(sessions.layouts.get(m.layout_id), "swa_state_bytes", 0) for m in manifests), default=0)
     return BytesPerToken(tokens, len(manifests), len(live), formula, payload, raw_chunks - chunk_payload,
                          manifest_bytes, usage.used_bytes + stored_manifests, usage.raw_bytes + stored_manifests,

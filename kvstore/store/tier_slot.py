@@ -8,13 +8,14 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TypeVar, TypeVarTuple
 
-from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, Usage, Value, Views, WriteBatch
+from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, TierStats, Usage, Value, Views, WriteBatch
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 _D = TypeVar("_D")
+_Args = TypeVarTuple("_Args")
 
 
 @dataclass
@@ -48,25 +49,29 @@ class TierSlot:
         self.tier = tier
         self.counters = TierCounters()
         self.lock = threading.RLock()
-        repaired = getattr(tier, "salvaged", "")  # damage repaired at open is reported like any failure
-        if repaired:
-            self.counters.errors, self.counters.last_error = 1, repaired
 
     @property
     def name(self) -> str:
         return self.tier.name
 
-    def call(self, what: str, op: Callable[[Tier], _T]) -> _T:
-        """``op(tier)``; a TierError is counted (``what`` names the call in the log) and raised."""
-        c = self.counters
+    def count_repairs(self) -> None:
+        """Count damage the tier repaired at its open (``TierStats.salvaged``) like any failure:
+        asked once, as the store opens, of the tiers it owns (not of one shared with other daemons)."""
+        stats = self.stats()
+        if stats is not None and stats.salvaged:
+            self.counters.errors, self.counters.last_error = self.counters.errors + 1, stats.salvaged
+
+    def call(self, what: str, op: Callable[[*_Args], _T], *args: *_Args) -> _T:
+        """``op(*args)``, one of the tier's bound methods; a TierError is counted (``what`` names the
+        call in the log) and raised."""
         try:
-            out = op(self.tier)
+            out = op(*args)
         except CorruptValue:
             raise  # one damaged value, not a failing tier: the caller deletes it
         except TierError as e:
             self._failed(what, e)
             raise
-        c.degraded = False
+        self.counters.degraded = False
         return out
 
     def _failed(self, what: str, e: TierError) -> None:
@@ -75,22 +80,22 @@ class TierSlot:
         c.last_error, c.degraded = str(e), True
         log.warning("tier %s failed on %s: %s", self.name, what, e)
 
-    def attempt(self, what: str, op: Callable[[Tier], _T], default: _D) -> _T | _D:
+    def attempt(self, what: str, default: _D, op: Callable[[*_Args], _T], *args: *_Args) -> _T | _D:
         """``call``, with ``default`` for a failure (counted all the same)."""
         try:
-            return self.call(what, op)
+            return self.call(what, op, *args)
         except TierError:
             return default
 
     # -- the calls the tiered store makes, typed; the quiet ones degrade to a default ----------------
     def has(self, key: bytes) -> bool:
-        return self.attempt("contains", lambda t: t.contains(key), False)
+        return self.attempt("contains_many", [False], self.tier.contains_many, [key])[0]
 
     def has_many(self, keys: Sequence[bytes]) -> list[bool]:
-        return self.attempt("contains", lambda t: t.contains_many(keys), [False] * len(keys))
+        return self.attempt("contains_many", [False] * len(keys), self.tier.contains_many, keys)
 
     def get(self, key: bytes) -> Stored | None:
-        return self.attempt("get", lambda t: t.get(key), None)
+        return self.attempt("get_many", [None], self.tier.get_many, [key])[0]
 
     @contextlib.contextmanager
     def read_views(self, keys: Sequence[bytes]) -> Iterator[Views]:
@@ -108,31 +113,40 @@ class TierSlot:
         self.counters.degraded = False
 
     def put(self, key: bytes, value: Stored) -> None:
-        self.call("put", lambda t: t.put(key, value))
+        self.call("put_many", self.tier.put_many, [(key, value)])
 
     def put_many(self, items: Sequence[tuple[bytes, Value]]) -> None:
-        self.call("put_many", lambda t: t.put_many(items))
+        self.call("put_many", self.tier.put_many, items)
 
     def write(self, batch: WriteBatch) -> int:
-        return self.call("write", lambda t: t.write(batch))
+        return self.call("write", self.tier.write, batch)
 
     def drop(self, key: bytes) -> bool:
-        return self.attempt("delete", lambda t: t.delete(key), False)
+        return self.drop_many([key]) == 1
 
     def drop_many(self, keys: Iterable[bytes]) -> int:
-        return self.attempt("delete_many", lambda t: t.delete_many(keys), 0)
+        return self.attempt("delete_many", 0, self.tier.delete_many, keys)
+
+    def stats(self, pages: bool = False) -> TierStats | None:
+        return self.attempt("stats", None, self.tier.stats, pages)
 
     def usage(self) -> Usage | None:
-        return self.attempt("usage", lambda t: t.usage(), None)
+        stats = self.stats()
+        return None if stats is None else stats.usage
 
     def victims(self) -> list[bytes]:
-        return self.attempt("victims", lambda t: list(t.victims()), [])
+        return self.attempt("victims", [], _listed, self.tier.victims)
 
     def size_of(self, key: bytes) -> int:
-        return self.attempt("size_of", lambda t: t.size_of(key), None) or 0
+        return self.attempt("size_of", None, self.tier.size_of, key) or 0
 
     def keys(self) -> list[bytes]:
-        return self.attempt("keys", lambda t: list(t.keys()), [])
+        return self.attempt("keys", [], _listed, self.tier.keys)
 
     def report(self) -> TierReport:
         return TierReport(self.name, self.tier.persistent, self.usage() or Usage(0, 0, 0, 0), self.counters)
+
+
+def _listed(snapshot: Callable[[], Iterator[bytes]]) -> list[bytes]:
+    """The keys a tier's snapshot yields, read now: a tier may raise while they are read."""
+    return list(snapshot())

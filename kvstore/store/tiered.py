@@ -27,7 +27,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TypeVar, TypeVarTuple
 
 from kvstore.errors import ResourceExhausted, Unavailable
 from kvstore.store.batch_reads import Verify, read_tiers, read_verified
@@ -37,14 +37,13 @@ from kvstore.store.pages import is_valid_blob
 from kvstore.store.promote_behind import Job, PromotionWorker, subset
 from kvstore.store.promotion import Promotion
 from kvstore.store.tier_slot import TierCounters, TierReport, TierSlot
-from kvstore.tiers.base import MetaMap, OutOfSpace, Stored, Tier, TierError, Usage, WriteBatch
-
-if TYPE_CHECKING:
-    from kvstore.tiers.hbm import HbmTier
+from kvstore.tiers.base import OutOfSpace, Stored, Tier, TierError, TierStats, WriteBatch
+from kvstore.tiers.device_tier import DeviceTier
 
 __all__ = ["TierCounters", "TierReport", "TieredStore"]
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_Args = TypeVarTuple("_Args")
 
 
 class TieredStore:
@@ -54,6 +53,8 @@ class TieredStore:
         #: The tiers, fast to slow: for tests and offline tools. The daemon asks this store instead
         #: (``tier_names``, ``hbm_tier``, ``held_in_memory``, ``probe``, ...) and never sees a tier.
         self.tiers = tuple(tiers)
+        #: The tier that copies device to device (the HBM tier), known by what it offers.
+        self._device = next((t for t in self.tiers if isinstance(t, DeviceTier)), None)
         self.config = config
         self._slots = [TierSlot(t) for t in self.tiers]
         self.counters = {s.name: s.counters for s in self._slots}
@@ -66,12 +67,10 @@ class TieredStore:
         self._make_room = self._down.make_room
         self._up = Promotion(self._slots, self.durable, self._down)
         self._worker = PromotionWorker()  # the one mover: promotions behind loads, prefetches
+        for slot in self._slots[: self.durable + 1]:  # the tiers this daemon owns (slower ones may be shared)
+            slot.count_repairs()
 
     # -- writes ---------------------------------------------------------------------------------
-    def put(self, key: bytes, blob: bytes | memoryview) -> None:
-        """Store a chunk. Write-through: returns once the durable tier holds it (else Unavailable)."""
-        self.put_many([(key, blob)])
-
     def buffer_for(self, n: int) -> memoryview | None:
         """A writable buffer to build an ``n``-byte value in that the fastest tier, where a save puts
         it first, keeps as it is (``Tier.buffer_for``); None where there is none to have."""
@@ -109,11 +108,12 @@ class TieredStore:
         if self.durable != 0 and items:
             slot = self._slots[0]
             with slot.lock:
-                had = {k for k, _ in items if slot.has(k)}
+                keys = [k for k, _ in items]
+                had = {k for k, h in zip(keys, slot.has_many(keys)) if h}
                 try:
                     self._make_room(0, size)
                     slot.put_many(items)
-                    fast = [k for k, _ in items if k not in had]
+                    fast = [k for k in keys if k not in had]
                 except TierError:
                     pass  # a fast tier is a cache: the durable write below is what counts
         durable = self._slots[self.durable]
@@ -160,9 +160,6 @@ class TieredStore:
         for slot in self._slots[: self.durable + 1 if local_only else len(self._slots)]:
             slot.drop_many(keys)
         self._dirty.discard(keys)
-
-    def delete(self, key: bytes, local_only: bool = False) -> None:
-        self.delete_many([key], local_only)
 
     # -- reads ----------------------------------------------------------------------------------
     def read_verified(self, keys: Sequence[bytes], verify: Verify) -> contextlib.AbstractContextManager[
@@ -212,20 +209,14 @@ class TieredStore:
         return [s.name for s in self._slots if s.has(key)]
 
     def fastest(self, keys: Sequence[bytes]) -> list[str | None]:
-        """For each key, the fastest tier holding it (or None): tier by tier, each asked only for
-        the keys no faster tier holds; a tier that answers in batches (Redis) gets one batch."""
+        """For each key, the fastest tier holding it (or None): tier by tier, each asked in one batch
+        for the keys no faster tier holds."""
         out: list[str | None] = [None] * len(keys)
         todo = list(range(len(keys)))
         for s in self._slots:
             if not todo:
                 break
-            batch: Callable[[list[bytes]], list[bool]] | None = getattr(s.tier, "exists_many", None)
-            held: list[bool]
-            if batch is not None:
-                asked = [keys[i] for i in todo]
-                held = s.attempt("exists_many", functools.partial(_ask, batch, asked), [False] * len(todo))
-            else:
-                held = [s.has(keys[i]) for i in todo]
+            held = s.has_many([keys[i] for i in todo])
             for i, h in zip(todo, held):
                 if h:
                     out[i] = s.name
@@ -246,21 +237,22 @@ class TieredStore:
         return [h or key in self._dirty for key, h in zip(keys, held)]
 
     # -- meta records (manifests) live in the durable tier's own meta keyspace --------------------
-    def _meta(self, what: str, op: Callable[[MetaMap], _T]) -> _T:
+    def _meta(self, what: str, op: Callable[[*_Args], _T], *args: *_Args) -> _T:
+        """``op(*args)``, a method of the durable tier's meta keyspace; its failure is the store's."""
         try:
-            return self._slots[self.durable].call(f"meta {what}", lambda t: op(t.meta()))
+            return self._slots[self.durable].call(f"meta {what}", op, *args)
         except TierError as e:
             raise self._durable_error(e) from e
 
     def put_meta(self, key: bytes, value: bytes) -> None:
-        self._meta("put", lambda m: m.put(key, value))
+        self._meta("put", self.tiers[self.durable].meta().put, key, value)
 
     def get_meta(self, key: bytes) -> bytes | None:
-        return self._meta("get", lambda m: m.get(key))
+        return self._meta("get", self.tiers[self.durable].meta().get, key)
 
     def meta_keys(self, prefix: bytes) -> Iterator[bytes]:
         try:
-            keys = self._meta("keys", lambda m: list(m.keys()))
+            keys = self._meta("keys", self.tiers[self.durable].meta().keys)  # a snapshot, taken by the call
         except Unavailable:
             return iter(())
         return (k for k in keys if k.startswith(prefix))
@@ -280,10 +272,6 @@ class TieredStore:
     def unpin(self, keys: Sequence[bytes]) -> None:
         self._pins.unpin(keys)
 
-    def demote(self, key: bytes, to: int) -> bool:
-        """Move ``key`` down to tier ``to`` (``Demotion.demote``)."""
-        return self._down.demote(key, to)
-
     def evict(self, keys: Sequence[bytes], tier: str, what: str) -> int:
         """Move ``what``'s chunks down to the tier named ``tier``; how many moved (``Demotion.evict``),
         once the promotion worker's jobs are done (nothing moves up behind a move down)."""
@@ -299,9 +287,9 @@ class TieredStore:
         """The name of the tier that makes a save durable: every save needs it."""
         return self._slots[self.durable].name
 
-    def hbm_tier(self) -> HbmTier | None:
-        """The HBM tier (device copies: ``copy_to``), or None."""
-        return next((cast("HbmTier", t) for t in self.tiers if t.name == "hbm"), None)
+    def hbm_tier(self) -> DeviceTier | None:
+        """The tier that copies device to device (the HBM tier: ``DeviceTier.copy_to``), or None."""
+        return self._device
 
     def held_in_memory(self, keys: Sequence[bytes], max_bytes: int) -> bool:
         """Whether the fastest tier is a memory tier holding every one of ``keys``, in at most
@@ -320,7 +308,7 @@ class TieredStore:
     def in_fastest(self, key: bytes) -> bool:
         """Whether the fastest tier holds ``key`` (it alone is asked; False if it fails)."""
         try:
-            return self.tiers[0].contains(key)
+            return self.tiers[0].contains_many([key])[0]
         except TierError:
             return False
 
@@ -329,7 +317,7 @@ class TieredStore:
         out: dict[str, TierError | None] = {}
         for tier in self.tiers:
             try:
-                tier.usage()
+                tier.stats()
                 out[tier.name] = None
             except TierError as e:
                 out[tier.name] = e
@@ -342,13 +330,10 @@ class TieredStore:
         c.errors += 1
         c.last_error = what
 
-    def durable_usage(self) -> Usage:
-        return self.tiers[self.durable].usage()
-
-    def durable_page_stats(self) -> dict[str, int] | None:
-        """The durable tier's LMDB page statistics (``SsdTier.lmdb_stats``), None for a tier without them."""
-        stats: Callable[[], dict[str, int]] | None = getattr(self.tiers[self.durable], "lmdb_stats", None)
-        return stats() if stats is not None else None
+    def durable_stats(self) -> TierStats:
+        """The durable tier's ``TierStats``, with its page statistics where it has them (asked directly:
+        a failure raises TierError, not counted)."""
+        return self.tiers[self.durable].stats(pages=True)
 
     # -- reporting ------------------------------------------------------------------------------
     def reports(self) -> list[TierReport]:
@@ -371,7 +356,3 @@ class TieredStore:
 def _claims_its_key(keys: Sequence[bytes]) -> Verify:
     """The check of a stored blob read without its index entry: its checksum, and the key it claims."""
     return lambda at, values: [is_valid_blob(keys[j], v) for j, v in zip(at, values)]
-
-
-def _ask(batch: Callable[[list[bytes]], list[bool]], keys: list[bytes], _tier: Tier) -> list[bool]:
-    return batch(keys)

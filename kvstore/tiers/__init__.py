@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from kvstore.tiers.base import Tier, TierError, TierFullError, Usage
+from kvstore.tiers.base import Tier, TierError, TierFullError, TierStats, Usage
 from kvstore.tiers.config import HbmTierConfig, HostTierConfig, RedisTierConfig, SsdTierConfig, TierConfig
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "TierConfig",
     "TierError",
     "TierFullError",
+    "TierStats",
     "Usage",
     "make_tier",
 ]

@@ -1,11 +1,16 @@
-"""The one interface every storage tier implements: put / get / delete / contains / usage / close.
+"""The one interface every storage tier implements: batches in and out, a stats snapshot, close.
 
 A tier is a flat key -> value map with an eviction order. Keys are opaque bytes (1 to 256 of
 them: 16-byte chunk hashes in practice); values are opaque
 bytes (chunk blobs of ~10 KB to a few MB). Tiers never know about each other and never drop data
-on their own to respect a capacity: the tiered store reads ``usage()`` and ``victims()`` and
+on their own to respect a capacity: the tiered store reads ``stats()`` and ``victims()`` and
 demotes. Bad arguments raise ``ValueError``; infrastructure failures raise ``TierError``.
 Records that are not values (session manifests) live in the tier's separate ``meta()`` keyspace.
+
+The methods are the ones the store calls, in the shape it calls them: in batches (a save, a load,
+a session's removal are batches; one key is a batch of one, ``kvstore/store/tier_slot.py``). A tier
+implements the abstract ones and overrides a default only where it does better (one transaction,
+one round trip, views with no copy).
 """
 
 from __future__ import annotations
@@ -76,19 +81,41 @@ def check_value(value: Value) -> memoryview:
 
 class Views(NamedTuple):
     """What ``Tier.read_views`` found: each key's value (None where it is absent or unreadable), and
-    which keys' records are unreadable (damaged framing: ``get`` raises CorruptValue for them)."""
+    which keys' records are unreadable (damaged framing: ``get_many`` raises CorruptValue for them)."""
 
     values: list[Stored | None]
     unreadable: frozenset[int]  # indices into the keys
 
 
-class Filled(NamedTuple):
-    """What ``Tier.get_many_into`` wrote: each value's length at its offset (None where nothing was
-    written), the keys whose records are unreadable, and the values longer than their slot."""
+@dataclass(frozen=True)
+class LmdbPages:
+    """LMDB's own page statistics for an ssd tier's values and meta sub-databases together: what
+    the storage costs beyond the bytes stored (``kvstore stats``' bytes per token)."""
 
-    lengths: list[int | None]
-    unreadable: frozenset[int]  # indices into the keys
-    no_room: frozenset[int]
+    psize: int  # bytes per page
+    depth: int  # of the values' B-tree
+    branch_pages: int
+    leaf_pages: int
+    overflow_pages: int
+    entries: int
+    map_size: int
+    last_pgno: int
+    file_bytes: int  # (last_pgno + 1) * psize: the data file's extent in use
+    last_txnid: int  # write transactions so far (each one commit, one fsync)
+
+    @property
+    def in_use(self) -> int:
+        """Pages in use by both sub-databases."""
+        return self.branch_pages + self.leaf_pages + self.overflow_pages
+
+
+@dataclass(frozen=True)
+class TierStats:
+    """What a tier reports of itself: its occupancy, and the facts only some tiers have."""
+
+    usage: Usage
+    pages: LmdbPages | None = None  # an LMDB tier's, when asked for (``Tier.stats(pages=True)``)
+    salvaged: str = ""  # what an open-time repair of damaged storage did ("": none was needed)
 
 
 @dataclass(frozen=True)
@@ -158,37 +185,27 @@ class Tier(abc.ABC):
     persistent: bool  # survives a process restart (ssd, redis) or not (host, hbm)
 
     @abc.abstractmethod
-    def put(self, key: bytes, value: Value) -> None:
-        """Store a copy of ``value`` under ``key``, replacing any previous value; marks it recently used."""
+    def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
+        """Store a copy of each value under its key, replacing any previous value (a key given twice:
+        the last value wins); marks them recently used. A tier that can, writes them together (one
+        transaction, one round trip)."""
 
     @abc.abstractmethod
-    def get(self, key: bytes) -> Stored | None:
-        """The value stored under ``key``, or None on a miss. A hit marks the key recently used."""
+    def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
+        """The value stored under each key, in order, None for each miss; each hit marks its key
+        recently used. A value's framing found damaged raises ``CorruptValue``."""
 
     @abc.abstractmethod
-    def delete(self, key: bytes) -> bool:
-        """Remove ``key``; True if it was present."""
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        """Remove the keys; returns how many were present."""
 
     @abc.abstractmethod
-    def contains(self, key: bytes) -> bool:
-        """Whether ``key`` is present. Does not change the eviction order."""
-
-    def buffer_for(self, n: int) -> memoryview | None:
-        """A writable buffer of ``n`` bytes to build a value in that a ``put`` of it (whole, unchanged
-        since) keeps without copying; None where the tier copies anyway (the default)."""
-        return None
-
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
-        """``contains`` of each key (a tier with an index in memory answers them in one pass)."""
-        return [self.contains(key) for key in keys]
+        """Whether each key is present. Does not change the eviction order."""
 
     @abc.abstractmethod
-    def usage(self) -> Usage:
-        """Bytes and items held now, and the configured capacity."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """Release resources. Idempotent; any other call afterwards raises ``TierError``."""
+    def size_of(self, key: bytes) -> int | None:
+        """Stored bytes of one value (what it counts for in ``stats().usage.used_bytes``), None if absent."""
 
     @abc.abstractmethod
     def keys(self) -> Iterator[bytes]:
@@ -200,21 +217,25 @@ class Tier(abc.ABC):
         while iterating. Empty for tiers that evict by themselves (redis)."""
 
     @abc.abstractmethod
-    def size_of(self, key: bytes) -> int | None:
-        """Stored bytes of one value (what it counts for in ``usage().used_bytes``), None if absent."""
+    def stats(self, pages: bool = False) -> TierStats:
+        """Bytes and items held now and the configured capacity, and what else the tier knows of
+        itself: damage repaired at its open, and (``pages``: asked for a report, not for every
+        capacity check, since it costs a read transaction) its storage engine's page statistics."""
 
+    @abc.abstractmethod
     def meta(self) -> MetaMap:
-        """The tier's meta keyspace (see ``MetaMap``). This default keeps it in memory, which is
-        right for a tier that does not persist; persistent tiers override it."""
-        meta: MetaMap | None = getattr(self, "_memory_meta", None)
-        if meta is None:
-            meta = self._memory_meta = MemoryMeta()
-        return meta
+        """The tier's meta keyspace (see ``MetaMap``): a ``MemoryMeta`` for a tier that does not
+        persist anyway."""
 
-    def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
-        """Store several values; a tier overrides this when it can batch (one transaction, one round trip)."""
-        for key, value in items:
-            self.put(key, value)
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release resources. Idempotent; any other call afterwards raises ``TierError``."""
+
+    def buffer_for(self, n: int) -> memoryview | None:
+        """A writable buffer of ``n`` bytes to build a value in that a ``put_many`` of it (whole, unchanged
+        since) keeps without copying; None where the tier copies anyway (the default)."""
+        return None
+
 
     def write(self, batch: WriteBatch) -> int:
         """Apply ``batch`` (see ``WriteBatch``); returns how many of its deleted keys (values and
@@ -228,10 +249,6 @@ class Tier(abc.ABC):
             meta.put(key, value)
         gone = sum(meta.delete(key) for key in batch.meta_deletes)
         return gone + self.delete_many(batch.deletes)
-
-    def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
-        """``get`` for each key, in order, None for each miss."""
-        return [self.get(key) for key in keys]
 
     @contextlib.contextmanager
     def read_views(self, keys: Sequence[bytes]) -> Iterator[Views]:
@@ -247,37 +264,12 @@ class Tier(abc.ABC):
             bad: set[int] = set()
             for i, key in enumerate(keys):
                 try:
-                    values.append(self.get(key))
+                    values.append(self.get_many([key])[0])
                 except CorruptValue:
                     values.append(None)
                     bad.add(i)
             views = Views(values, frozenset(bad))
         yield views  # the caller's errors are not ours to catch: raised out of the with block as they are
-
-    def get_many_into(self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int],
-                      slot_sizes: Sequence[int] | None = None) -> Filled:
-        """Write each value found into ``dest[offsets[i]:]`` (a value longer than ``slot_sizes[i]``, or
-        than what is left of ``dest``, is not written: ``no_room``). A tier that can, writes straight
-        from its storage (ssd: from the memory map, compressed records decoded in place); this
-        default copies what ``read_views`` returns."""
-        out = dest.cast("B") if dest.format != "B" or dest.ndim != 1 else dest
-        lengths: list[int | None] = [None] * len(keys)
-        no_room: set[int] = set()
-        with self.read_views(keys) as views:
-            for i, value in enumerate(views.values):
-                if value is None:
-                    continue
-                n = memoryview(value).nbytes
-                if n > room_at(len(out), offsets[i], None if slot_sizes is None else slot_sizes[i]):
-                    no_room.add(i)
-                    continue
-                out[offsets[i] : offsets[i] + n] = memoryview(value).cast("B")
-                lengths[i] = n
-        return Filled(lengths, views.unreadable, frozenset(no_room))
-
-    def delete_many(self, keys: Iterable[bytes]) -> int:
-        """Remove several keys; returns how many were present."""
-        return sum(self.delete(key) for key in keys)
 
     def __enter__(self: _T) -> _T:
         return self
@@ -286,11 +278,3 @@ class Tier(abc.ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
-
-
-def room_at(dest_len: int, offset: int, slot: int | None) -> int:
-    """Bytes a value may take at ``offset`` of a ``dest_len``-byte buffer, in a slot of ``slot`` bytes."""
-    if offset < 0 or (slot is not None and slot < 0):
-        raise ValueError("offsets and slot sizes must be >= 0")
-    room = max(0, dest_len - offset)
-    return room if slot is None else min(room, slot)

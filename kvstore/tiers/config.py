@@ -1,6 +1,6 @@
 """Frozen configuration of each tier. Defaults live here and nowhere else.
 
-Every config has ``capacity_bytes`` (0 = unlimited): the tier only reports it in ``usage()``;
+Every config has ``capacity_bytes`` (0 = unlimited): the tier only reports it in ``stats()``;
 the tiered store enforces it by demoting.
 
 A field with ``option(help)`` metadata is an operator's setting: the daemon's config has a section

@@ -26,8 +26,21 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import torch
 
-from kvstore.tiers.base import Stored, Tier, TierError, TierFullError, Usage, Value, Views, check_key, check_value
+from kvstore.tiers.base import (
+    MemoryMeta,
+    MetaMap,
+    Stored,
+    TierError,
+    TierFullError,
+    TierStats,
+    Usage,
+    Value,
+    Views,
+    check_key,
+    check_value,
+)
 from kvstore.tiers.config import HbmTierConfig
+from kvstore.tiers.device_tier import DeviceTier
 from kvstore.tiers.hbm_alloc import ExtentAllocator, aligned, packed_offsets, paired_runs
 from kvstore.tiers.scratch import Scratch
 from kvstore.tiers.staging import Stager
@@ -38,7 +51,7 @@ __all__ = ["HbmTier", "TierFullError"]
 Sized = list[tuple[int, tuple[int, int]]]
 
 
-class HbmTier(Tier):
+class HbmTier(DeviceTier):
     """A GPU-resident LRU map over one arena. Values of 0 bytes take no arena space."""
 
     name = "hbm"
@@ -64,6 +77,7 @@ class HbmTier(Tier):
         self._entries: OrderedDict[bytes, tuple[int, int]] = OrderedDict()  # key -> (offset, size), LRU
         self._used = 0
         self._closed = False
+        self._meta = MemoryMeta()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -80,9 +94,6 @@ class HbmTier(Tier):
         return True
 
     # -- writes -----------------------------------------------------------------------------------
-    def put(self, key: bytes, value: Value) -> None:
-        self.put_many([(key, value)])
-
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
         """Store a batch, all or nothing: placed in one extent when one is free, uploaded through
         the staging lanes. A batch that does not fit raises ``TierFullError`` and changes nothing
@@ -126,9 +137,6 @@ class HbmTier(Tier):
                 self._entries.move_to_end(key)
             out.append(entry)
         return out
-
-    def get(self, key: bytes) -> Stored | None:
-        return self.get_many([key])[0]
 
     def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
         """Read-only host views of the values (None for a miss), all in one pinned buffer filled by
@@ -176,9 +184,7 @@ class HbmTier(Tier):
             return None if hit is None else self._arena[hit[0]:hit[0] + hit[1]]
 
     def copy_to(self, keys: Sequence[bytes], dst: torch.Tensor, offsets: Sequence[int]) -> list[bool]:
-        """Copy each value device to device into ``dst`` (uint8, on this tier's GPU) at its offset
-        in ``offsets``; returns which keys were held. Done (synchronized) when it returns, and the
-        values cannot be freed meanwhile (the lock is held throughout)."""
+        """``DeviceTier.copy_to``: synchronized before it returns, the lock held throughout."""
         with self._lock:
             hits = self._hits(keys)
             for h, at in zip(hits, offsets, strict=True):
@@ -193,17 +199,18 @@ class HbmTier(Tier):
         return [h is not None for h in hits]
 
     # -- bookkeeping ------------------------------------------------------------------------------
-    def delete(self, key: bytes) -> bool:
-        check_key(key)
+    def delete_many(self, keys: Iterable[bytes]) -> int:
+        keys = [check_key(key) for key in keys]
         with self._lock:
             self._check_open()
-            return self._drop(key)
+            return sum(self._drop(key) for key in keys)
 
-    def contains(self, key: bytes) -> bool:
-        check_key(key)
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        keys = [check_key(key) for key in keys]
         with self._lock:
             self._check_open()
-            return key in self._entries
+            entries = self._entries
+            return [key in entries for key in keys]
 
     def size_of(self, key: bytes) -> int | None:
         check_key(key)
@@ -212,10 +219,13 @@ class HbmTier(Tier):
             entry = self._entries.get(key)
             return None if entry is None else entry[1]
 
-    def usage(self) -> Usage:
+    def stats(self, pages: bool = False) -> TierStats:
         with self._lock:
             self._check_open()
-            return Usage(self._used, self._config.capacity_bytes, len(self._entries), self._used)
+            return TierStats(Usage(self._used, self._config.capacity_bytes, len(self._entries), self._used))
+
+    def meta(self) -> MetaMap:
+        return self._meta
 
     def keys(self) -> Iterator[bytes]:
         return self.victims()

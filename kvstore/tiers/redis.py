@@ -5,7 +5,7 @@ value bucket on a cluster, in the bucket's slot) hold byte and item counters, up
 Lua script as each write, so a write and its accounting are atomic and an overwrite knows the old
 size. Meta records (manifests, when Redis is the durable tier) live under ``f"{namespace}#meta:"``,
 never expiring. Redis evicts by itself (``ttl_s``, maxmemory): the counters cannot see that, so
-with either in play ``usage()`` is an upper bound until ``recount()``.
+with either in play ``stats().usage`` is an upper bound until ``recount()``.
 
 Every write goes through ``RedisLink.write`` (one pipeline; with ``wait_replicas``, followed by
 WAIT on each master); every Redis failure becomes a TierError. Scripts are sent with EVAL, not
@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from kvstore.tiers.base import MetaMap, Stored, Tier, Usage, Value, check_key, check_value
+from kvstore.tiers.base import MetaMap, Stored, Tier, TierStats, Usage, Value, check_key, check_value
 from kvstore.tiers.config import RedisTierConfig
 from kvstore.tiers.redis_ahead import ReadAhead
 from kvstore.tiers.redis_keys import RedisKeys
@@ -86,11 +86,6 @@ class RedisTier(Tier):
         rkey = self._keys.value(check_key(key))
         return rkey, ("EVAL", _DELETE, 2, rkey, self._keys.usage(key))
 
-    def put(self, key: bytes, value: Value) -> None:
-        cmd = self._put(key, value)
-        with self._link.errors("put"):
-            self._link.write([cmd])
-
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
         batch = [self._put(key, value) for key, value in items]  # validated before anything is sent
         with self._link.errors("put_many"):
@@ -100,7 +95,7 @@ class RedisTier(Tier):
     def read_ahead(self, keys: Sequence[bytes]) -> Iterator[None]:
         """While in the block, gets of ``keys`` are served from pipelined windows (redis_ahead.py).
         A key another load's read-ahead already expects stays with it."""
-        ra = ReadAhead(keys, self.get_many, self._ahead_pool)
+        ra = ReadAhead(keys, self._fetch, self._ahead_pool)
         with self._ahead_lock:
             mine = [k for k in ra.keys if self._ahead.setdefault(k, ra) is ra]
         ra.start()
@@ -112,21 +107,28 @@ class RedisTier(Tier):
                     del self._ahead[k]
             ra.close()
 
-    def get(self, key: bytes) -> Stored | None:
-        ra = self._ahead.get(key)
-        if ra is not None:
-            with self._link.errors("get"):
-                found, value = ra.take(key)
-            if found:
-                return value
-        rkey = self._keys.value(check_key(key))
-        with self._link.errors("get"):
-            if self._touching():
-                return self._link.client.getex(rkey, px=self._ttl_ms)  # type: ignore[no-any-return]
-            return self._link.client.get(rkey)  # type: ignore[no-any-return]
-
     def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
-        rkeys = [self._keys.value(check_key(key)) for key in keys]
+        """The values, a key a load's read-ahead expects taken from its windows, the rest fetched
+        in one round trip (per master)."""
+        keys = [check_key(key) for key in keys]
+        out: list[Stored | None] = [None] * len(keys)
+        todo = list(range(len(keys)))
+        if self._ahead:
+            todo = []
+            for i, key in enumerate(keys):
+                ra = self._ahead.get(key)
+                if ra is not None:
+                    with self._link.errors("get"):
+                        found, out[i] = ra.take(key)
+                    if found:
+                        continue
+                todo.append(i)
+        for i, value in zip(todo, self._fetch([keys[i] for i in todo])):
+            out[i] = value
+        return out
+
+    def _fetch(self, keys: Sequence[bytes]) -> list[Stored | None]:
+        rkeys = [self._keys.value(key) for key in keys]
         if not rkeys:
             return []
         with self._link.errors("get_many"):
@@ -136,15 +138,13 @@ class RedisTier(Tier):
                 return self._link.client.mget(rkeys)  # type: ignore[no-any-return]
             return self._link.pipelined([("GET", rkey) for rkey in rkeys])  # MGET cannot span slots
 
-    def exists_many(self, keys: Sequence[bytes]) -> list[bool]:
-        """Whether each key is held (one round trip per master)."""
-        with self._link.errors("exists_many"):
-            return [bool(n) for n in self._link.pipelined([("EXISTS", self._keys.value(check_key(k))) for k in keys])]
-
-    def delete(self, key: bytes) -> bool:
-        cmd = self._delete(key)
-        with self._link.errors("delete"):
-            return bool(self._link.write([cmd])[0])
+    def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
+        """One round trip (per master) for the batch."""
+        rkeys = [self._keys.value(check_key(key)) for key in keys]
+        if not rkeys:
+            return []
+        with self._link.errors("contains_many"):
+            return [bool(n) for n in self._link.pipelined([("EXISTS", rkey) for rkey in rkeys])]
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         batch = [self._delete(key) for key in keys]
@@ -158,11 +158,6 @@ class RedisTier(Tier):
         """The shared session records (``share_sessions``)."""
         return self._sessions
 
-    def contains(self, key: bytes) -> bool:
-        rkey = self._keys.value(check_key(key))
-        with self._link.errors("contains"):
-            return bool(self._link.client.exists(rkey))
-
     def size_of(self, key: bytes) -> int | None:
         rkey = self._keys.value(check_key(key))
         with self._link.errors("size_of"):
@@ -170,12 +165,12 @@ class RedisTier(Tier):
             exists, size = self._link.pipelined([("EXISTS", rkey), ("STRLEN", rkey)])
         return int(size) if exists else None
 
-    def usage(self) -> Usage:
+    def stats(self, pages: bool = False) -> TierStats:
         with self._link.errors("usage"):
             counts = self._link.pipelined([("HMGET", h, "bytes", "items") for h in self._keys.usage_hashes()])
         used_bytes = sum(int(used or 0) for used, _ in counts)
         items = sum(int(n or 0) for _, n in counts)
-        return Usage(used_bytes, self.config.capacity_bytes, items, used_bytes)
+        return TierStats(Usage(used_bytes, self.config.capacity_bytes, items, used_bytes))
 
     def recount(self) -> Usage:
         """Rebuild the usage counters by scanning the namespace (O(keys)): after Redis expired or
@@ -189,7 +184,7 @@ class RedisTier(Tier):
                 total[0] += int(size)
                 total[1] += 1
             self._link.write([(h, ("HSET", h, "bytes", b, "items", n)) for h, (b, n) in totals.items()])
-        return self.usage()
+        return self.stats().usage
 
     def keys(self) -> Iterator[bytes]:
         # SCAN may repeat a key and is not a snapshot: collect and dedupe so errors surface here.

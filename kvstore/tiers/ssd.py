@@ -31,11 +31,12 @@ import lmdb
 from kvstore.tiers import ssd_batch
 from kvstore.tiers.base import (
     CorruptValue,
-    Filled,
+    LmdbPages,
     MetaMap,
     Stored,
     Tier,
     TierError,
+    TierStats,
     Usage,
     Value,
     Views,
@@ -102,14 +103,13 @@ class SsdTier(Tier):
             os.makedirs(config.path, exist_ok=True)
         except OSError as exc:
             raise TierError(f"ssd tier: cannot create {config.path}: {exc}") from exc
-        #: What an open-time repair of a damaged data file did ("" if the file was sound).
-        self.salvaged = ""
+        self._salvaged = ""  # what an open-time repair of a damaged data file did (``TierStats.salvaged``)
         try:
             found = inspect(config.path, head_bytes=HEADER.size)
         except (OSError, ValueError, struct.error) as exc:  # unreadable, or beyond what the check parses
             raise TierError(f"ssd tier: cannot check {config.path}: {exc}") from exc
         if found is not None and found.problems:
-            self.salvaged = salvage(config.path, found, _MAX_DBS)
+            self._salvaged = salvage(config.path, found, _MAX_DBS)
         with _lmdb_errors(f"cannot open {config.path}"):
             self._env = lmdb.open(
                 config.path,
@@ -273,21 +273,6 @@ class SsdTier(Tier):
             finally:
                 txn.abort()  # a read transaction: ends the snapshot (and every view into it)
 
-    def get_many_into(self, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int],
-                      slot_sizes: Sequence[int] | None = None) -> Filled:
-        """One read transaction: raw records copied from the memory map into ``dest``, compressed ones
-        decoded straight into their slots."""
-        keys = [check_key(key) for key in keys]
-        self._check_open()
-        with (_lmdb_errors("get failed"), self._gate.shared(), self._advice.reading_ahead(len(keys)),
-              self._env.begin(db=self._db, buffers=True) as txn):
-            filled = ssd_batch.fill(txn, self._codec, keys, dest, offsets, slot_sizes)
-        skip = filled.no_room | filled.unreadable
-        missing = [i for i, n in enumerate(filled.lengths) if n is None and i not in skip]
-        filled = filled._replace(unreadable=filled.unreadable | self._lost_among(keys, missing))
-        self._touch(keys, filled.lengths)
-        return filled
-
     def _lost_among(self, keys: Sequence[bytes], missing: Sequence[int]) -> frozenset[int]:
         """Those of the ``missing`` (a lookup found nothing) that the tier knows it holds (``_lost``)."""
         with self._meta_lock:
@@ -309,10 +294,6 @@ class SsdTier(Tier):
                                f"(a damaged B-tree page)")
         return None  # absent
 
-    def put(self, key: bytes, value: Value) -> None:
-        check_key(key)
-        self._commit("put", [(key, check_value(value))])
-
     def put_many(self, items: Iterable[tuple[bytes, Value]]) -> None:
         checked = [(check_key(key), check_value(value)) for key, value in items]
         self._commit("put_many", checked)  # one transaction: one fsync for the batch
@@ -324,14 +305,8 @@ class SsdTier(Tier):
                             meta_puts=[(check_key(key), bytes(value)) for key, value in batch.meta_puts],
                             meta_deletes=[check_key(key) for key in batch.meta_deletes])
 
-    def get(self, key: bytes) -> Stored | None:
-        return self._read([check_key(key)])[0]
-
     def get_many(self, keys: Sequence[bytes]) -> list[Stored | None]:
         return self._read([check_key(key) for key in keys])
-
-    def delete(self, key: bytes) -> bool:
-        return self._commit("delete", [], [check_key(key)]) == 1
 
     def delete_many(self, keys: Iterable[bytes]) -> int:
         return self._commit("delete_many", [], [check_key(key) for key in keys])
@@ -350,12 +325,6 @@ class SsdTier(Tier):
         with _lmdb_errors("meta keys failed"), self._gate.shared(), self._env.begin(db=self._meta_db) as txn:
             return [bytes(key) for key in txn.cursor().iternext(keys=True, values=False)]
 
-    def contains(self, key: bytes) -> bool:
-        check_key(key)
-        with self._meta_lock:
-            self._check_open()
-            return key in self._sizes
-
     def contains_many(self, keys: Sequence[bytes]) -> list[bool]:
         keys = [check_key(key) for key in keys]
         with self._meta_lock:
@@ -370,10 +339,11 @@ class SsdTier(Tier):
             sizes = self._sizes.get(key)
             return None if sizes is None else sizes[0]
 
-    def usage(self) -> Usage:
+    def stats(self, pages: bool = False) -> TierStats:
         with self._meta_lock:
             self._check_open()
-            return Usage(self._stored, self._config.capacity_bytes, len(self._sizes), self._raw)
+            usage = Usage(self._stored, self._config.capacity_bytes, len(self._sizes), self._raw)
+        return TierStats(usage, self._pages() if pages else None, self._salvaged)
 
     def keys(self) -> Iterator[bytes]:
         return self.victims()
@@ -384,18 +354,17 @@ class SsdTier(Tier):
             snapshot = list(self._sizes)
         return iter(snapshot)
 
-    def lmdb_stats(self) -> dict[str, int]:
-        """LMDB's own page statistics for the values and meta sub-databases together, to report
-        storage overhead; ``last_txnid`` counts write transactions (each one commit, one fsync)."""
+    def _pages(self) -> LmdbPages:
+        """LMDB's own page statistics for the values and meta sub-databases together."""
         self._check_open()
-        with _lmdb_errors("lmdb_stats failed"), self._gate.shared(), self._env.begin(db=self._db) as txn:
+        with _lmdb_errors("stats failed"), self._gate.shared(), self._env.begin(db=self._db) as txn:
             stats, info = [txn.stat(self._db), txn.stat(self._meta_db)], self._env.info()
-        pages = {name: sum(s[name] for s in stats) for name in ("branch_pages", "leaf_pages", "overflow_pages",
-                                                                   "entries")}
         psize = stats[0]["psize"]
-        file_bytes = (info["last_pgno"] + 1) * psize
-        return {"psize": psize, "depth": stats[0]["depth"], **pages, "map_size": info["map_size"],
-                "last_pgno": info["last_pgno"], "file_bytes": file_bytes, "last_txnid": info["last_txnid"]}
+        return LmdbPages(psize=psize, depth=stats[0]["depth"],
+                         **{name: sum(s[name] for s in stats) for name in ("branch_pages", "leaf_pages",
+                                                                            "overflow_pages", "entries")},
+                         map_size=info["map_size"], last_pgno=info["last_pgno"],
+                         file_bytes=(info["last_pgno"] + 1) * psize, last_txnid=info["last_txnid"])
 
     def flush(self) -> None:
         """Force everything written so far to disk (a no-op cost-wise with ``sync=True``)."""

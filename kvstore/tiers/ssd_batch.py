@@ -1,10 +1,10 @@
-"""The ssd tier's batch reads: N records in one LMDB read transaction (``SsdTier.read_views`` and
-``SsdTier.get_many_into`` call these with the transaction open).
+"""The ssd tier's batch reads: N records in one LMDB read transaction (``SsdTier.read_views`` calls
+these with the transaction open).
 
 A record stored raw (flag 0) is handed out as a view into the memory map: no copy, no decode, one
 header check (``RecordCodec.view``); a caller that copies it (``kvstore.format.chunk_batch.check``
-with a destination) makes the one copy out of the tier. A compressed record is decoded, into a
-buffer of its own (``views``) or straight into the caller's slot (``fill``). A record whose framing
+with a destination) makes the one copy out of the tier. A compressed record is decoded into a
+buffer lent for the read (``views``). A record whose framing
 is damaged is reported unreadable, never returned: the store drops it there and reads another copy.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from kvstore.tiers.base import CorruptValue, Filled, Stored, Views, room_at
+from kvstore.tiers.base import CorruptValue, Stored, Views
 from kvstore.tiers.record import HEADER, RAW, RecordCodec
 from kvstore.tiers.scratch import Scratch
 
@@ -72,27 +72,3 @@ def _decoded(codec: RecordCodec, keys: Sequence[bytes], records: Sequence[Any], 
     except CorruptValue:
         return None
     return Views(values, frozenset())
-
-
-def fill(txn: Any, codec: RecordCodec, keys: Sequence[bytes], dest: memoryview, offsets: Sequence[int],
-         slot_sizes: Sequence[int] | None) -> Filled:
-    """Each key's value written at its offset of ``dest``: raw records copied out of the map,
-    compressed ones decoded in place (no buffer of their own). A slot whose record turns out to be
-    damaged may be partly written; its length is None."""
-    out = dest.cast("B") if dest.format != "B" or dest.ndim != 1 else dest
-    lengths: list[int | None] = [None] * len(keys)
-    bad: set[int] = set()
-    no_room: set[int] = set()
-    for i, key in enumerate(keys):
-        record = txn.get(key)
-        if record is None:
-            continue
-        try:
-            n = codec.raw_length(key, record)
-            if n > room_at(len(out), offsets[i], None if slot_sizes is None else slot_sizes[i]):
-                no_room.add(i)
-                continue
-            lengths[i] = codec.decode_into(key, record, out[offsets[i] : offsets[i] + n])
-        except CorruptValue:
-            bad.add(i)
-    return Filled(lengths, frozenset(bad), frozenset(no_room))
