@@ -195,7 +195,7 @@ def test_a_batch_check_is_page_matches_for_every_blob_and_a_corrupted_one_is_a_m
     block hash, another tenant's blob, a truncated blob, a missing one, a version 1 blob are misses
     among good blobs, on any thread split."""
     from kvstore.format import chunk_batch
-    from kvstore.store import pages
+    from kvstore.store import engine_pages as pages
 
     if native and (chunk_batch._chunks is None or not hasattr(chunk_batch._chunks, "check_pages")):
         pytest.skip("the C kernel is not built")

@@ -385,7 +385,7 @@ static PyObject *py_addresses(PyObject *self, PyObject *const *args, Py_ssize_t 
  *
  *   check_pages(blobs, keys, layout_id, namespace, groups, block_bytes, codes_end, status, nthreads)
  *
- * What kvstore/store/pages.py's page_matches applies to one blob, for N blobs of one layout and
+ * What kvstore/store/engine_pages.py's page_matches applies to one blob, for N blobs of one layout and
  * namespace in one call with the GIL released: page.read_header's checks, the header against the
  * layout and its group (page._of_layout), the key recomputed from namespace, group and block hash
  * (page.page_key) equal to the blob's and to the key asked for (keys: N x 16 bytes), the xxh3-64

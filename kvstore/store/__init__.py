@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstore.format.manifest import KEY_PREFIX, Manifest, Retention, is_legacy_manifest
+from kvstore.format.stored import compressible_offset
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
-from kvstore.store.pages import compressible_offset
 from kvstore.store.sessions import SessionStore
 from kvstore.store.shared_manifests import SharedSessions
 from kvstore.store.sharing import NoSharing, Sharing

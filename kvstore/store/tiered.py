@@ -30,10 +30,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, TypeVarTuple
 
 from kvstore.errors import ResourceExhausted, Unavailable
+from kvstore.format.stored import is_valid_blob
 from kvstore.store.batch_reads import Verify, read_tiers, read_verified
 from kvstore.store.config import StoreConfig
 from kvstore.store.demotion import Demotion, Dirty, Pins
-from kvstore.store.pages import is_valid_blob
 from kvstore.store.promote_behind import Job, PromotionWorker, subset
 from kvstore.store.promotion import Promotion
 from kvstore.store.tier_slot import TierCounters, TierReport, TierSlot
