@@ -180,8 +180,8 @@ def health_report(client: Client) -> dict[str, str]:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from kvstore.client.calls import domain_error
     from kvstore.client.config import channel_options, metadata
-    from kvstore.client.requests import domain_error
     from kvstore.v1 import kvstore_pb2, kvstore_pb2_grpc
 
     cfg = client.config

@@ -1,6 +1,6 @@
 """Writes the worked example of docs/FORMAT.md (between its ``example`` markers): one small chunk
 built by the real writer, dumped byte by byte with its fields decoded, so the doc's example is
-what the code writes. tests/test_format_reader.py fails when the doc and this output differ.
+what the code writes. tests/format/test_format_reader.py fails when the doc and this output differ.
 
     python docs/format_example.py            # rewrite the example in docs/FORMAT.md
     python docs/format_example.py --check    # exit 1 if it is stale

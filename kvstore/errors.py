@@ -11,7 +11,7 @@ import enum
 
 class Retry(enum.IntEnum):
     """Why a refused call may succeed once the client has done something; the proto's ``RetryReason``
-    (same names and numbers: tests/test_retry_reasons.py)."""
+    (same names and numbers: tests/client/test_retry_reasons.py)."""
 
     RETRY_REASON_UNSPECIFIED = 0
     UNKNOWN_ARENA = 1  # attach a fresh arena, ask again

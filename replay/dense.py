@@ -1,7 +1,7 @@
 """A differentiable, teacher-forced forward of replay/model.py's Transformer, for training.
 
 ``Transformer._run`` is the inference path: no grad, packed FP4/FP8 caches written in place, chunked.
-``forward`` here computes the same logits for whole sequences [B, T] from position 0 (tests/test_train.py
+``forward`` here computes the same logits for whole sequences [B, T] from position 0 (tests/replay/test_train.py
 checks it against ``_run`` on the same weights) with the caches as straight-through fake-quantized floats
 (replay/fakequant.py) and attention batched over sequences with model.attend's blocked arithmetic.
 

@@ -1,6 +1,6 @@
 """Straight-through fake quantization: the cache formats of ../shared/PAPER.md as float round trips.
 
-Each function returns exactly ``dequantize(quantize(x))`` of ``kvstore.format.quant`` (tests/test_train.py checks
+Each function returns exactly ``dequantize(quantize(x))`` of ``kvstore.format.quant`` (tests/replay/test_train.py checks
 it bit for bit) without packing codes, and lets the gradient through unchanged (straight-through estimator),
 so the training forward (replay/dense.py) sees the same numbers the inference caches hold.
 """

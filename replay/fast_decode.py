@@ -11,7 +11,7 @@ decoder's offset in the step), so each such step is captured once in a CUDA grap
 
 It runs the model's own modules and the same arithmetic as the eager path, on the same SessionState (one
 live sequence per FastDecoder, as gpt-fast's setup_caches): the eager path may be used on that state between
-fast steps (prefill, save, load). tests/test_fast_decode.py checks logits and caches against the eager path.
+fast steps (prefill, save, load). tests/replay/test_fast_decode.py checks logits and caches against the eager path.
 """
 
 from __future__ import annotations

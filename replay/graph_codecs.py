@@ -4,7 +4,7 @@ kvstore.format.quant checks every input for NaN/Inf with a host sync (``bool(ten
 lookup table from a Python tuple (a host-to-device copy): neither may run while a graph is captured.
 These functions take their device constants from a ``GraphCodecs`` built once, outside any capture, and
 never look at values on the host, so a non-finite input is not refused here: it yields garbage codes
-(the eager path, which checks, is the one to use where inputs are not trusted). tests/test_fast_decode.py
+(the eager path, which checks, is the one to use where inputs are not trusted). tests/replay/test_fast_decode.py
 checks them against kvstore.format.quant on random and edge-case inputs.
 """
 

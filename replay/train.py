@@ -181,7 +181,7 @@ def train(cfg: TrainConfig, train_data: Tensor, heldout: Tensor, out: Path, devi
               "heldout_bpb": bits_per_byte(model, heldout, cfg.seq_len, cfg.eval_windows),
               "heldout_bpb_swa_only": bits_per_byte(model, heldout, cfg.seq_len, cfg.eval_windows, use_global=False),
               "eval_windows": cfg.eval_windows, "seq_len": cfg.seq_len,
-              # what tests/test_train.py recomputes on CPU: float32, the first SLICE_WINDOWS windows
+              # what tests/replay/test_train.py recomputes on CPU: float32, the first SLICE_WINDOWS windows
               "slice_bpb_fp32": bits_per_byte(model, heldout, cfg.seq_len, SLICE_WINDOWS, bf16=False),
               "slice_windows": SLICE_WINDOWS}
     (out / "eval.json").write_text(json.dumps(result, indent=1))

@@ -14,9 +14,9 @@ fi
 export PYTHONUNBUFFERED=1
 python3 setup.py build_ext --inplace -q >"$out/build.log" 2>&1 || { cat "$out/build.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/device.txt"
-tests=(tests/test_cuda_codecs.py tests/test_hbm_alloc.py tests/test_hbm_tier.py tests/test_cuda_ipc.py
-       tests/test_device_load.py tests/test_load_into.py tests/test_geometry_gpu.py
-       tests/test_fast_decode.py tests/test_quant.py tests/test_model.py)
+tests=(tests/format/test_cuda_codecs.py tests/tiers/test_hbm_alloc.py tests/tiers/test_hbm_tier.py tests/client/test_cuda_ipc.py
+       tests/client/test_device_load.py tests/client/test_load_into.py tests/bench/test_geometry_gpu.py
+       tests/replay/test_fast_decode.py tests/format/test_quant.py tests/replay/test_model.py)
 python3 -m pytest -q -p no:cacheprovider -o addopts="" --timeout 300 "${tests[@]}" 2>&1 | tee "$out/gpu_tests.log"
 tests_rc=${PIPESTATUS[0]}
 python3 benchmarks/gpu/bench_gpu.py --out "$out" "${@:2}" 2>&1 | tee "$out/bench_gpu.log"

@@ -3,7 +3,7 @@
 #   scripts/install.sh          kvstore[replay]: the daemon, the CLI, the client, and what `kvstore demo`
 #                               needs (torch, safetensors; the trained checkpoint is in the checkout)
 #   scripts/install.sh --dev    kvstore[dev]: the above + test, lint and benchmark tools, and triton, also on
-#                               a CPU-only host (~1 GB): tests/test_cuda_codecs.py runs the CUDA codec kernels
+#                               a CPU-only host (~1 GB): tests/format/test_cuda_codecs.py runs the CUDA codec kernels
 #                               under Triton's interpreter there, their only check without a GPU
 # (`pip install kvstore` alone gives the daemon, the CLI and the client without torch.)
 # torch is installed first, chosen for this host: without an NVIDIA GPU we pin the CPU wheel
@@ -34,7 +34,7 @@ if ! "$py" -c "import torch" 2>/dev/null; then
   fi
 fi
 "$py" -m pip install --quiet -e ".${extras}"
-# The test suite drives the daemon from a stock Node.js gRPC client too (tests/test_node_client.py).
+# The test suite drives the daemon from a stock Node.js gRPC client too (tests/server/test_node_client.py).
 if [[ "$extras" == "[dev]" ]] && command -v npm >/dev/null 2>&1; then
   npm ci --prefix tests/node --no-audit --no-fund --loglevel=error >/dev/null
 fi

@@ -166,9 +166,8 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture
 def sessions(tmp_path: Path) -> Iterator[SessionStore]:
     """A session store on the default tiers (host + LMDB) in ``tmp_path``, closed afterwards."""
-    from store_helpers import store_config
-
     from kvstore.store import open_store
+    from tests.helpers.store import store_config
 
     ss = open_store(store_config(tmp_path))
     yield ss

@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT_DIR), str(ROOT_DIR / "tests")]
+sys.path.insert(0, str(ROOT_DIR))
 import redis  # noqa: E402
-from cluster_helpers import RedisClusterProcess  # noqa: E402
 from conftest import RedisServer  # noqa: E402
-from daemon_helpers import clean_env, make_session, start_daemon  # noqa: E402
 
 from benchmarks.common import RESULTS, git_state, markdown_table, write_result  # noqa: E402
 from kvstore.client import Client  # noqa: E402
-from kvstore.tiers.redis_keys import RedisKeys  # noqa: E402
+from kvstore.tiers.redis.keys import RedisKeys  # noqa: E402
+from tests.helpers.cluster import RedisClusterProcess  # noqa: E402
+from tests.helpers.daemon import clean_env, make_session, start_daemon  # noqa: E402
 
 NS, SID, LAYOUT = "bench-scaleout", "s", "deepseek-v4.1-flash"
 BACKENDS = ("single", "cluster-1", "cluster-3")

@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(HERE / "tests"))
-
-from daemon_helpers import make_session, save_session  # noqa: E402
+sys.path.insert(0, str(HERE))
 
 from kvstore.client import Client  # noqa: E402
 from kvstore.server.process import DaemonProcess, clean_env  # noqa: E402
+from tests.helpers.daemon import make_session, save_session  # noqa: E402
 
 
 def cpu_ns(pid: int) -> int:

@@ -213,7 +213,8 @@ def render(raw: dict, cal_path: Path) -> None:  # type: ignore[type-arg]
     floor = (f"""- **The floor on this device.** The exact rows are not zero: mean KL {ex.mean_kl:.2g}, top-1
   {ex.top1_agreement:.2%}. That is the GPU's floating point, not replay: cuBLAS picks other kernels for other
   chunk shapes, and an FP8/FP4 rounding flip somewhere in 16 layers follows. On CPU the same exact replays are
-  bit-identical to the never-evicted session (tests/test_fidelity.py; tests/test_model.py). Read bounded replay's
+  bit-identical to the never-evicted session (tests/replay/test_fidelity.py;
+  tests/replay/test_model.py). Read bounded replay's
   own loss as its error minus this floor: in top-1, about {ex.top1_agreement - b.top1_agreement:.2%} of next
   tokens."""
              if gpu else "- On CPU, exact replay is bit-identical to the never-evicted session.")

@@ -68,7 +68,7 @@ MINIATURE.md lets a query select global entries that lie wholly inside its own S
 visible to its own token), so such tokens count twice: FP8 via SWA and FP4 via the selection.
 `ModelArgs.exclude_in_window` drops those entries from the indexer's candidates (and so from attention): an entry
 stays a candidate only if one of its tokens precedes the window the query's SWA really sees (from max(where the
-layer's SWA run began, p - 127)). Same rule in `replay/model.py` and `replay/dense.py`; tests/test_overlap.py
+layer's SWA run began, p - 127)). Same rule in `replay/model.py` and `replay/dense.py`; tests/replay/test_overlap.py
 checks the dense forward against `_run` bit for bit, that no selected entry lies inside the window, and that exact
 replay stays bit-identical. What is stored does not change: the same entries are written and persisted either way.
 

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/reliability/bench_corruption.py --injections 1000 --seed 0
 
-(``tests/test_corruption.py`` runs the same harness with a few dozen injections.) A store (host +
+(``tests/reliability/test_corruption.py`` runs the same harness with a few dozen injections.) A store (host +
 ssd, zstd level 1, tiny-16 chunks of 32 tokens, 6 sessions, two sharing a prefix) is built once; each
 LMDB injection damages a fresh copy of its directory while the store is down, then a forked child
 opens it and loads every session, so a crash is counted, not suffered. Where the damage lands:
@@ -39,15 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT_DIR), str(ROOT_DIR / "tests")]
-
-from store_helpers import Session, build_session, save, store_config, token_stream  # noqa: E402
+sys.path.insert(0, str(ROOT_DIR))
 
 from benchmarks.common import results_dir  # noqa: E402
 from kvstore.errors import KvstoreError  # noqa: E402
 from kvstore.format.layout import get_layout  # noqa: E402
 from kvstore.store import SessionStore, StoreConfig, open_store  # noqa: E402
 from kvstore.tiers import TierError  # noqa: E402
+from tests.helpers.store import Session, build_session, save, store_config, token_stream  # noqa: E402
 
 RESULT = results_dir(sys.argv, os.environ) / "corruption.json"  # benchmarks/results/ only with --write
 LMDB_KINDS = ("value", "leaf", "branch", "meta", "truncate")

@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/reliability/bench_fuzz.py    # 2,000 examples per fuzz test, 20 isolation rounds
     .venv/bin/python benchmarks/reliability/bench_fuzz.py --examples 200 --rounds 2    # a quick look
 
-Runs ``tests/test_fuzz.py`` (every RPC, over gRPC and over the local socket: random and malformed
+Runs ``tests/reliability/test_fuzz.py`` (every RPC, over gRPC and over the local socket: random and malformed
 messages, chunk bytes, ids, arena ids, shm paths, raw request bytes; the local socket's raw frames
 and fds passed with calls; derandomized, so a rerun makes the same cases),
-``tests/test_fuzz_surfaces.py`` (issue 27: RegisterLayout, LookupKeys, page saves and loads, page
+``tests/reliability/test_fuzz_surfaces.py`` (issue 27: RegisterLayout, LookupKeys, page saves and loads, page
 sessions, loads into the caller's own memory at any address and size, a canary around the blobs) and
-``tests/test_isolation.py`` (team-a's token against team-b's real keys, sessions, arena ids and
+``tests/reliability/test_isolation.py`` (team-a's token against team-b's real keys, sessions, arena ids and
 transfer files on every RPC and transfer path, each answer compared with the answer for a
 made-up name) in their long modes, through pytest, with the tests' own assertions: no crash, no
 INTERNAL/UNKNOWN, protected data byte-identical afterwards, every cross-tenant attempt refused
@@ -48,8 +48,8 @@ def main() -> int:
                "KVSTORE_FUZZ_EXAMPLES": str(args.examples), "KVSTORE_FUZZ_REPORT": str(fuzz_report),
                "KVSTORE_FUZZ_SURFACES_REPORT": str(surfaces_report),
                "KVSTORE_ISOLATION_ROUNDS": str(args.rounds), "KVSTORE_ISOLATION_REPORT": str(iso_report)}
-        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py",
-               "tests/test_fuzz_surfaces.py", "tests/test_isolation.py"]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/reliability/test_fuzz.py",
+               "tests/reliability/test_fuzz_surfaces.py", "tests/reliability/test_isolation.py"]
         t0 = time.monotonic()
         rc = subprocess.run(cmd, cwd=REPO, env=env).returncode
         seconds = time.monotonic() - t0

@@ -105,8 +105,8 @@ class _Forked:
 
 
 # everything `kvstore serve` imports on its way to serving, so that a forked child skips it
-_PRELOAD = ("lmdb", "torch", "zstandard", "cli.main", "cli.serve_cmd", "kvstore.server.daemon", "kvstore.tiers.host",
-            "kvstore.tiers.ssd")
+_PRELOAD = ("lmdb", "torch", "zstandard", "cli.main", "cli.serve_cmd", "kvstore.server.daemon",
+            "kvstore.tiers.host.tier", "kvstore.tiers.ssd.tier")
 
 
 def zygote_main() -> None:

@@ -37,9 +37,9 @@ from kvstore.format import chunk, chunk_batch
 from kvstore.format.chunk import compressible_offset
 from kvstore.format.chunk_batch import Expected
 from kvstore.format.keys import ROOT, chunk_key_raw
-from kvstore.store.chunk_index import ChunkInfo
+from kvstore.store.sessions.chunk_index import ChunkInfo
 from kvstore.tiers.config import SsdTierConfig
-from kvstore.tiers.ssd import SsdTier
+from kvstore.tiers.ssd.tier import SsdTier
 
 NS = "checks"
 Op = Callable[[], object]

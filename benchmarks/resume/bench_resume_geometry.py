@@ -16,7 +16,7 @@ default settings on a temp data dir (the benchmark's own file system, not tmpfs)
 - ssd tier, page cache dropped: the daemon restarted, the LMDB files' pages dropped (posix_fadvise
   DONTNEED; mincore says how much stayed: the pages the daemon's open touched, one per record), then
   the load, beside raw LMDB reads after the same drop, with the map's readahead off (as LMDB opens
-  the tier's) and on (as the tier's batch reads turn it, ``map_advice.py``).
+  the tier's) and on (as the tier's batch reads turn it, ``tiers/ssd/readahead.py``).
 Medians of ``--repeats`` (``--cold-repeats``), the ratios and the issue's targets, met or not. ``--api``:
 ``auto`` uses ``Client.load_session_into`` (into one reused buffer) when the client has it, else
 ``load_session`` (what a user calls today). ``--quick``: 8K and 16K tokens, 2 repeats (the test's mode).

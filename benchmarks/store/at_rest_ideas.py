@@ -15,8 +15,8 @@ import numpy as np
 import zstandard as zstd
 
 from kvstore.format import chunk
-from kvstore.tiers import record_chunk
-from kvstore.tiers.record import HEADER, RecordCodec
+from kvstore.tiers.ssd import chunk_record as record_chunk
+from kvstore.tiers.ssd.record import HEADER, RecordCodec
 
 PAGE, PAGE_HEADER = 4096, 16
 Idea = Callable[[bytes], int]

@@ -6,7 +6,7 @@ One session per layout (bench_store.make_session: Gaussian KV, per-channel sigma
 0.5), seed 0, real FP4 codecs, 256-token chunks), saved through the store (save_chunks + commit)
 into a fresh ssd tier under three record encodings: zstd off (flag 0, the default: an ssd load
 copies a chunk straight out of the map), flag 1 (``--ssd-zstd-level 1``: codes raw, zstd from the
-first scales section on) and the compact one (flag 2, kvstore/tiers/record_chunk.py). Then: ``du``
+first scales section on) and the compact one (flag 2, kvstore/tiers/ssd/chunk_record.py). Then: ``du``
 of the data dir, the breakdown of its bytes read back from LMDB (record headers, chunk headers,
 codes, scales + token ids + checksums, manifests, LMDB page overhead, free pages, lock file), a
 bit-exact load of every chunk after a reopen, and a table of the encoding ideas measured on the same
@@ -36,8 +36,8 @@ from kvstore.format.layout import get_layout
 from kvstore.format.manifest import Manifest
 from kvstore.store import StoreConfig, open_store
 from kvstore.tiers import HostTierConfig, SsdTierConfig
-from kvstore.tiers.record import CHUNK, FRAME_LEN, HEADER, N_FRAMES
-from kvstore.tiers.ssd import DB_NAME, META_DB_NAME
+from kvstore.tiers.ssd.record import CHUNK, FRAME_LEN, HEADER, N_FRAMES
+from kvstore.tiers.ssd.tier import DB_NAME, META_DB_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = 850.0

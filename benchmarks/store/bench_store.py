@@ -42,7 +42,7 @@ from kvstore.format.manifest import Manifest
 from kvstore.format.quant import quantize_indexer, quantize_main
 from kvstore.store import BytesPerToken, StoreConfig, bytes_per_token, open_store
 from kvstore.tiers import HostTierConfig, SsdTierConfig
-from kvstore.tiers.host import HostTier
+from kvstore.tiers.host.tier import HostTier
 
 REPO = Path(__file__).resolve().parents[2]
 CHUNK_TOKENS = 256

@@ -2,7 +2,7 @@
 
     .venv-vllm/bin/python benchmarks/vllm_tier/bench_vllm_tier.py [--tokens 131072] [--reps 3] [--write]
 
-An engine is ``tests/vllm_tier/harness.py``'s: the README's command line through ``EngineArgs``,
+An engine is ``tests/engines/vllm_tier/harness.py``'s: the README's command line through ``EngineArgs``,
 vLLM's planner, its ``Scheduler`` with the OffloadingConnector in both roles, only the GPU copy
 engine and the forward emulated. Per record family (Blackwell: ``nvfp4_ds_mla`` + MXFP4 indexer;
 Hopper: ``fp8_ds_mla``, 584-B records, fp8 indexer) and per side (``fs``: vLLM's
@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "tests" / "vllm_tier")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "engines" / "vllm_tier")]
 
-from daemon_helpers import free_port, start_daemon  # noqa: E402
 from harness import BLOCK_TOKENS, FAMILIES, Engine, fs_tier, kvstore_tier, prompt  # noqa: E402
 
 from benchmarks.common import results_dir  # noqa: E402
+from tests.helpers.daemon import free_port, start_daemon  # noqa: E402
 
 
 class Timed:

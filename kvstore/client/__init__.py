@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from kvstore.client.aio import AsyncClient
+from kvstore.client.calls import SavedSession
 from kvstore.client.config import ClientConfig, ClientTls, default_address
-from kvstore.client.requests import SavedSession
 from kvstore.client.sync import Client
 from kvstore.defaults import DEFAULT_ADDRESS
 from kvstore.errors import Unauthenticated

@@ -4,7 +4,7 @@ Every public method of ``Client`` has a counterpart here of the same name, param
 awaitable: it runs the blocking implementation in a worker thread, so the event loop never waits
 on the daemon, and connecting, the carrier, batching and retries exist once (in ``Client``).
 A load's iterator becomes an async iterator that pulls its pairs in the worker, a batch of up to
-``PULL_BYTES`` per hop. tests/test_client_faces.py fails if the two faces drift apart.
+``PULL_BYTES`` per hop. tests/client/test_client_faces.py fails if the two faces drift apart.
 
 Tasks sharing one ``AsyncClient`` share its ``Client``, which is thread-safe: its arena carries one
 batch at a time (a task waits for it in its worker, not on the loop). Blobs are copies unless a
@@ -20,9 +20,9 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from kvstore.client.calls import SavedSession
 from kvstore.client.config import ClientConfig
 from kvstore.client.device_load import DeviceLoader
-from kvstore.client.requests import SavedSession
 from kvstore.client.sync import Client
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.page_layout import PageLayout

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from kvstore.client import requests as rq
+from kvstore.client import calls as rq
 from kvstore.client.config import ClientConfig, channel_options
 from kvstore.errors import InvalidArgument
 from kvstore.transport import fastpb, local_channel, shm

@@ -1,7 +1,7 @@
 """The memory a default load (``Client.load_session()``) is answered in, on the daemon's host.
 
 The daemon writes the whole answer into one buffer of the caller's (the ``load_session_into`` path,
-kvstore/client/into.py), and the caller gets read-only views of it: one copy from the tier, no
+kvstore/client/load_into.py), and the caller gets read-only views of it: one copy from the tier, no
 allocation per chunk. What costs is fresh memory: every page of a new buffer faults in zeroed
 (117 MB: ~20 ms with 2 MiB pages, twice that with 4 KiB ones, as much as the copy itself). So:
 

@@ -1,13 +1,13 @@
 """The Python client of the kvstore daemon (blocking, thread-safe); ``kvstore.client.aio.AsyncClient``
 is its asyncio face, a facade over this one implementation. Requests are built and answers read
-with ``kvstore.client.requests``.
+with ``kvstore.client.calls``.
 
 Unary calls retry with exponential backoff on UNAVAILABLE and carry a deadline. Chunk data moves
 through one carrier (kvstore/transport/carrier.py), chosen once, when the client connects (its first
 ``info``, save or load; kvstore/client/link.py): an arena shared with the daemon when it runs on this
 host and agrees to map it, else the gRPC stream. A save larger than the arena overflows to the stream
 for that call; a load larger than it grows the arena. ``load_session_into`` loads into the caller's
-own buffer (kvstore/client/into.py); on the daemon's host ``load_session()`` does too, into a buffer
+own buffer (kvstore/client/load_into.py); on the daemon's host ``load_session()`` does too, into a buffer
 of the client's whose views it hands out (kvstore/client/load_buffer.py): one copy from the tier.
 """
 
@@ -21,13 +21,13 @@ from typing import Any, TypeVar
 import grpc
 import numpy as np
 
-from kvstore.client import into
-from kvstore.client import requests as rq
+from kvstore.client import calls as rq
+from kvstore.client import load_into as into
+from kvstore.client.calls import SavedSession
 from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
 from kvstore.client.load_buffer import LoadBuffers
-from kvstore.client.requests import SavedSession
 from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
@@ -283,7 +283,7 @@ class Client:
         """Load a session's chunks into ``out`` (a writable C-contiguous buffer: a numpy array, a CPU or
         pinned torch tensor, an engine's KV view), back to back from its start, in order: the manifest
         and (chunk index, view of ``out``) per chunk the store still has. On the daemon's host the
-        daemon writes them there itself, one copy from its tier (kvstore/client/into.py); elsewhere
+        daemon writes them there itself, one copy from its tier (kvstore/client/load_into.py); elsewhere
         they come through the arena or the stream and are copied in. ResourceExhausted if ``out`` is
         too small (a session of n chunks needs n times the layout's chunk size)."""
         dest = into.writable(out)

@@ -8,7 +8,7 @@ too, so every step rounds the same on both. Rounding to E2M1/E4M3 uses "magic" a
 1.5 * 2^23 (or 2^(k+20)) leaves round-to-nearest-even of a scaled value in the low mantissa bits.
 
 Dividing by the main format's E4M3 scale (not a power of two) is the one place that needs care;
-``_divide_snapped`` and the float64 path say why they are exact, and tests/test_cuda_codecs.py
+``_divide_snapped`` and the float64 path say why they are exact, and tests/format/test_cuda_codecs.py
 checks both premises (the first against every bf16 and fp16 value). Codes are packed two per
 byte, even element in the low nibble; E2M1 and E4M3 carry the sign of ``x`` (so -0.0 keeps it).
 """
@@ -124,7 +124,7 @@ def _divide_snapped(a, r, s):
     """float32(a / s) as far as E2M1 rounding can tell, for 16-bit inputs: a * (1 / s) is off by an
     ulp at most, which only matters when a / s is exactly a quarter (every E2M1 tie is one); those
     are recognised by multiplying back (exact: a quarter below 8 times s has <= 9 bits).
-    Checked against every bf16 and fp16 value and every E4M3 scale (tests/test_cuda_codecs.py)."""
+    Checked against every bf16 and fp16 value and every E4M3 scale (tests/format/test_cuda_codecs.py)."""
     y = a * r
     quarter = ((y * 4.0 + 12582912.0) - 12582912.0) * 0.25
     return tl.where(quarter * s == a, quarter, y)

@@ -1,12 +1,12 @@
 """Checks for a batch of chunk blobs at once, and copies of the valid ones, in one pass.
 
-What a load applies to every chunk it reads (``kvstore/store/session_reads.py``, against ``chunk_index.py``):
+What a load applies to every chunk it reads (``kvstore/store/sessions/reads.py``, against ``chunk_index.py``):
 the header's sanity checks (``chunk.read_header``), the xxh3-64 checksum (``chunk.verify_checksum``),
 the header's claims (key, layout, start, token count) against what the store expects, and the key
 recomputed from the chunk's own token ids (``keys.chunk_key_raw``, a chained xxh3-128). Here for N
 blobs in one call: by the C kernel (``kvstore/format/_chunks.c``) when it was built, with no Python
 per chunk and the GIL released; else by :func:`check_reference`, the same checks chunk by chunk in
-Python. Both give the same :class:`Status` for every blob (tests/test_chunk_batch.py).
+Python. Both give the same :class:`Status` for every blob (tests/format/test_chunk_batch.py).
 
 With ``dest``, each valid blob is also copied into the caller's buffer at its offset, in the same
 pass: the checksum is computed over the source (bringing it into cache), then the blob is streamed

@@ -10,7 +10,7 @@ A manifest is one value written in one transaction, so a commit is atomic: a cra
 the previous version intact.
 
 A manifest says its session's kind (``Kind``): a token chain, or engine pages (no trailing span, no
-token ids, its keys an engine's blocks). The store's behaviour for each is ``store/session_kind.py``.
+token ids, its keys an engine's blocks). The store's behaviour for each is ``store/sessions/kind.py``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ Codes are packed two per byte, even element in the low nibble. Every function ta
 leading shape (bf16/fp16/fp32, CPU or CUDA). Contiguous CPU bf16/fp32 input goes through the fused
 C kernel (``kvstore.format._fp4``) when it was built; CUDA tensors through the Triton kernels of
 ``kvstore.cuda.codecs`` when triton is installed; everything else through the vectorized torch path.
-All are bit-exact with each other and with ml_dtypes (tests/test_quant.py, tests/test_cuda_codecs.py).
+All are bit-exact with each other and with ml_dtypes (tests/format/test_quant.py, tests/format/test_cuda_codecs.py).
 """
 
 from __future__ import annotations

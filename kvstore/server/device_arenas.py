@@ -19,7 +19,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import FailedPrecondition, InvalidArgument
-from kvstore.tiers.hbm_alloc import packed_offsets
+from kvstore.tiers.hbm.alloc import packed_offsets
 from kvstore.transport import convert
 from kvstore.v1 import kvstore_pb2 as pb
 

@@ -9,7 +9,7 @@ Service names a health check may ask for:
   ``kvstore.tier.redis``, ``kvstore.tier.hbm``): NOT_SERVING while that tier fails.
 - ``kvstore.layouts``: NOT_SERVING while a stored engine page layout did not reopen (damage): its
   data is kept, loads of it miss and saves under it fail until it is registered again
-  (``kvstore/store/layouts.py``; the log at open and the durable tier's last error name it).
+  (``kvstore/store/sessions/layouts.py``; the log at open and the durable tier's last error name it).
 
 Each tier is probed (its usage, one round trip for Redis) at start, before the daemon says it is
 ready, and then every ``interval_s``. A probe goes to the tier directly, not through the store's

@@ -149,7 +149,7 @@ def _touch(r: pb.TouchSessionRequest) -> None:
 
 
 def _register(r: pb.RegisterLayoutRequest) -> None:
-    if r.namespace:  # "" = every namespace the token covers (the definition: store/layouts.py)
+    if r.namespace:  # "" = every namespace the token covers (the definition: store/sessions/layouts.py)
         check_ns("namespace", r.namespace)
 
 

@@ -30,8 +30,8 @@ from kvstore.server.handlers import Call, first_checked_by, quick_when
 from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb
 from kvstore.server.status import client_bytes
 from kvstore.store import SessionStore, store_stats
-from kvstore.store.layouts import GLOBAL
-from kvstore.store.prefetch import Prefetcher
+from kvstore.store.sessions.layouts import GLOBAL
+from kvstore.store.sessions.prefetch import Prefetcher
 from kvstore.transport import convert, fastpb, framing, shm, slots
 from kvstore.transport.carrier import (
     ARENA_TOO_SMALL,

@@ -7,7 +7,7 @@ Stats and /metrics still answer for everyone."""
 from __future__ import annotations
 
 from kvstore.store import BytesPerToken, StoreStats
-from kvstore.store.prefetch import PrefetchCounters
+from kvstore.store.sessions.prefetch import PrefetchCounters
 from kvstore.v1 import kvstore_pb2 as pb
 
 U32, U64 = (1 << 32) - 1, (1 << 64) - 1

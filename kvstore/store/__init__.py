@@ -1,4 +1,5 @@
-"""The tiered store: chunks across tiers (tiered.py), sessions over them (sessions.py)."""
+"""The store in two seams: chunk blobs across tiers (``tiered/``), sessions over them (``sessions/``);
+``open_store`` builds both from the config."""
 
 from __future__ import annotations
 
@@ -9,15 +10,15 @@ from kvstore.format.manifest import KEY_PREFIX, Manifest, Retention, is_legacy_m
 from kvstore.format.stored import compressible_offset
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
-from kvstore.store.sessions import SessionStore
-from kvstore.store.shared_manifests import SharedSessions
-from kvstore.store.sharing import NoSharing, Sharing
+from kvstore.store.sessions.shared_manifests import SharedSessions
+from kvstore.store.sessions.sharing import NoSharing, Sharing
+from kvstore.store.sessions.store import SessionStore
 from kvstore.store.stats import BytesPerToken, StoreStats, bytes_per_token, store_stats
-from kvstore.store.tiered import TieredStore
+from kvstore.store.tiered.store import TieredStore
 from kvstore.tiers import RedisTierConfig, SsdTierConfig, TierConfig, make_tier
 from kvstore.tiers.base import Tier
-from kvstore.tiers.redis import RedisTier
-from kvstore.tiers.ssd_migrate import LegacyMeta
+from kvstore.tiers.redis.tier import RedisTier
+from kvstore.tiers.ssd.migrate import LegacyMeta
 
 __all__ = [
     "BytesPerToken",

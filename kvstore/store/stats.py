@@ -12,10 +12,10 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
-from kvstore.store.counters import HitCounters
-from kvstore.store.session_kind import UNREADABLE, StoredSizes
-from kvstore.store.sessions import SessionStore
-from kvstore.store.tiered import TierReport
+from kvstore.store.sessions.counters import HitCounters
+from kvstore.store.sessions.kind import UNREADABLE, StoredSizes
+from kvstore.store.sessions.store import SessionStore
+from kvstore.store.tiered.store import TierReport
 
 
 @dataclass(frozen=True)

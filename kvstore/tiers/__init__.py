@@ -28,10 +28,10 @@ __all__ = [
 
 # config type -> (module, class): the registry. Add a tier by adding a line.
 _TIERS: dict[type, tuple[str, str]] = {
-    HostTierConfig: ("kvstore.tiers.host", "HostTier"),
-    SsdTierConfig: ("kvstore.tiers.ssd", "SsdTier"),
-    RedisTierConfig: ("kvstore.tiers.redis", "RedisTier"),
-    HbmTierConfig: ("kvstore.tiers.hbm", "HbmTier"),
+    HostTierConfig: ("kvstore.tiers.host.tier", "HostTier"),
+    SsdTierConfig: ("kvstore.tiers.ssd.tier", "SsdTier"),
+    RedisTierConfig: ("kvstore.tiers.redis.tier", "RedisTier"),
+    HbmTierConfig: ("kvstore.tiers.hbm.tier", "HbmTier"),
 }
 
 

@@ -8,7 +8,7 @@ demotes. Bad arguments raise ``ValueError``; infrastructure failures raise ``Tie
 Records that are not values (session manifests) live in the tier's separate ``meta()`` keyspace.
 
 The methods are the ones the store calls, in the shape it calls them: in batches (a save, a load,
-a session's removal are batches; one key is a batch of one, ``kvstore/store/tier_slot.py``). A tier
+a session's removal are batches; one key is a batch of one, ``kvstore/store/tiered/slot.py``). A tier
 implements the abstract ones and overrides a default only where it does better (one transaction,
 one round trip, views with no copy).
 """

@@ -2,8 +2,8 @@
 
 A load of hundreds of megabytes into fresh memory faults in every page of it first (on this kind of
 machine that costs more than filling it), and a fresh pinned buffer costs a ``cudaHostAlloc`` of that
-size. The ssd tier lends pageable buffers for the records it decodes (``ssd_batch.py``), the HBM tier
-pinned ones for what it copies out of device memory (``hbm.py``): the same shelf, another allocator.
+size. The ssd tier lends pageable buffers for the records it decodes (``tiers/ssd/batch.py``), the HBM tier
+pinned ones for what it copies out of device memory (``hbm/tier.py``): the same shelf, another allocator.
 A lend takes the smallest kept buffer large enough, else allocates one; at most ``keep`` buffers
 (the largest) stay on the shelf after a read.
 """

@@ -310,7 +310,7 @@ class Receiver:
         whole = framing.BlobAssembler(self.assembler.max_blob)  # the arena part holds whole blobs
         spans = whole.feed(self.arena.arena.contents(size))  # each size read once
         whole.finish()
-        # one private copy per blob (a tier may keep it as it is: host.py); a sender that rewrote a
+        # one private copy per blob (a tier may keep it as it is: tiers/host/tier.py); a sender that rewrote a
         # header meanwhile gets a copy whose own header disagrees with its length: refused as corrupt
         return [_private_copy(v, buffer_for) for v in spans]
 

@@ -5,7 +5,7 @@ Through protobuf, a streamed message's chunk bytes are copied three times on the
 joined into one ``bytes``, copied into the ``data`` field, copied again by ``SerializeToString``
 (0.46-0.66 ms per MiB, benchmarks/daemon/profile_load.py). Here the store's blobs are joined once, straight
 into the serialized message. The result is byte for byte what protobuf writes for the same
-``ChunkData`` / ``LoadSessionResponse`` (tests/test_transport.py parses it back and compares), so
+``ChunkData`` / ``LoadSessionResponse`` (tests/transport/test_transport.py parses it back and compares), so
 every gRPC client, in any language, reads it as usual: nothing in the proto changes.
 
 The Python client reads them back the same way (``parse_chunk_data``, ``parse_load_session``): the

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import ReqContext
 
     from kvstore.client import Client
-    from kvstore.client.requests import SavedSession
+    from kvstore.client.calls import SavedSession
     from kvstore.format.page_layout import PageLayout
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:\-]")

@@ -124,7 +124,7 @@ class _Lookups(AsyncLookupManager):
     Why ``_worker`` is overridden (vLLM 0.33's private loop, copied with its grouping changed):
     vLLM's only public hook, ``batch_lookup(keys, req_context)``, is called once per request of a
     step, so N requests waiting on the same prefix cost N daemon round trips; nothing public hands
-    a tier the step's whole batch. ``tests/vllm_tier`` pins the loop's contract (one call per
+    a tier the step's whole batch. ``tests/engines/vllm_tier`` pins the loop's contract (one call per
     tenant and step; results as (key, generation, found))."""
 
     def __init__(self, tier: KVStoreTier, tier_type: str) -> None:

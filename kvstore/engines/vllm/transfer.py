@@ -14,7 +14,7 @@ from kvstore.engines.vllm.sessions import PageSession, Sessions, block_key
 from kvstore.format import page
 
 if TYPE_CHECKING:
-    from kvstore.client.requests import SavedSession
+    from kvstore.client.calls import SavedSession
     from kvstore.engines.vllm.daemon import DaemonLink
     from kvstore.format.manifest import Manifest
     from kvstore.format.page_layout import GroupSpec, PageLayout

@@ -1,0 +1,1 @@
+"""Sessions over the tiered store: the index, ownership, saves, reads, layouts, sharing."""

@@ -1,0 +1,165 @@
+"""Committing validated turns (``turn.py``), a group at a time (``group_commit.py``): each turn
+checked against the index as the group found it, the accepted ones published (``sharing.py``),
+then written in one durable transaction with the chunks only the versions they replace used.
+
+A turn's checks, in order: every chunk its manifest names is stored, owned by its namespace and in
+its place (``check_chunks``); then its base version is the session's current one (``check_base``):
+a request's own errors come before a race's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from kvstore.errors import FailedPrecondition, InvalidArgument
+from kvstore.format.manifest import Manifest
+from kvstore.results import SaveResult
+from kvstore.store.sessions.group_commit import Pending
+from kvstore.store.sessions.index import SessionIndex
+from kvstore.store.sessions.kind import Positions, SessionKind
+from kvstore.store.sessions.sharing import Accepted, SessionRef, Sharing
+from kvstore.store.sessions.turn import SavedTurn, Turn
+from kvstore.store.tiered.store import TieredStore
+from kvstore.tiers.base import WriteBatch
+
+Chunks = list[tuple[bytes, bytes | memoryview]]
+
+
+def same_content(a: Manifest, b: Manifest) -> bool:
+    """Whether two versions of a session store the same thing (their times and stamps aside)."""
+    return (a.layout_id, a.token_count, a.chunk_tokens, a.chunk_keys, a.tail, a.last_token_ids, a.retention,
+            a.metadata) == (b.layout_id, b.token_count, b.chunk_tokens, b.chunk_keys, b.tail, b.last_token_ids,
+                            b.retention, b.metadata)
+
+
+def next_generation(old: Manifest | None, now: float) -> int:
+    """The version stamp of a session's next version (``Manifest.generation``): larger than
+    ``old``'s, and the store clock's microseconds when that is larger still, so that a session
+    deleted and saved again never reuses a stamp a client may still hold as its base."""
+    return max((old.generation if old is not None else 0) + 1, int(now * 1_000_000))
+
+
+def new_chunks(store: TieredStore, keys: Sequence[bytes], blobs: Sequence[bytes | memoryview]) -> Chunks:
+    """The chunks of a batch the durable tier does not hold yet, each once."""
+    new: dict[bytes, bytes | memoryview] = {}
+    for key, blob in zip(keys, blobs):
+        if key not in new and not store.holds_durably(key):
+            new[key] = blob
+    return list(new.items())
+
+
+class TurnCommit:
+    """The ``CommitGroup`` of the session store's turn saves; called with ``index.write_lock`` held."""
+
+    def __init__(self, index: SessionIndex, store: TieredStore, sharing: Sharing, write_mode: str,
+                 clock: Callable[[], float]) -> None:
+        self.index = index
+        self.store = store
+        self.sharing = sharing
+        self.write_mode = write_mode
+        self.clock = clock  # the store's clock stamps versions: TTLs never trust a caller's times
+
+    def __call__(self, group: list[Pending[Turn, SavedTurn]]) -> list[Pending[Turn, SavedTurn]]:
+        """Commit what it can of ``group``; the turns left for the next group (a second turn of one
+        session). If the transaction fails, every turn of the group fails with it and the index is
+        untouched."""
+        accepted: list[Accepted] = []
+        later: list[Pending[Turn, SavedTurn]] = []
+        refs: set[SessionRef] = set()
+        for p in group:
+            t = p.item
+            ref = (t.manifest.namespace, t.manifest.session_id)
+            if ref in refs:
+                later.append(p)
+                continue
+            batch = t.positions
+            try:
+                self.check_chunks(t.manifest, t.kind, skip=batch)
+                self.check_base(t.manifest)
+                if self.write_mode == "back":
+                    self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in batch])
+            except Exception as e:  # this turn's own error, raised to its caller
+                p.fail(e)
+                continue
+            refs.add(ref)
+            old, now = self.index.get(ref), self.clock()
+            m = replace(t.manifest, created_at=old.created_at if old is not None else now, updated_at=now,
+                        generation=next_generation(old, now))
+            accepted.append((p, m, new_chunks(self.store, t.keys, t.blobs)))
+        # published first: a shared tier's compare-and-set decides races between daemons
+        accepted = self.sharing.publish_turns(accepted, self.store)
+        refs = {(m.namespace, m.session_id) for _, m, _ in accepted}
+        if not accepted:
+            return later
+        puts = {k: blob for _, _, new in accepted for k, blob in new}
+        doomed = self.index.replaced_only(refs, {k for _, m, _ in accepted for k in m.chunk_keys})
+        try:
+            self.store.commit(WriteBatch(puts=list(puts.items()), deletes=doomed,
+                                         meta_puts=[(m.key, m.encode()) for _, m, _ in accepted]))
+        except Exception as e:  # nothing of the group is stored: every turn of it fails
+            self.sharing.forget(list(refs))
+            for p, _, _ in accepted:
+                p.fail(e)
+            return later
+        with self.index.lock:
+            for p, m, _ in accepted:
+                t = p.item
+                t.kind.record(self.index.chunks, t.namespace, t.layout_id, t.keys, t.first_index, t.parent)
+                self.index.replace(m)
+        self.index.forget_chunks(doomed)
+        for p, m, new in accepted:
+            p.succeed((m, SaveResult(p.item.keys, len(new))))
+        return later
+
+    def check_base(self, m: Manifest) -> None:
+        """A save based on version ``m.generation`` (0: no base, the save replaces whatever is stored)
+        replaces only that version: FailedPrecondition, the stored version kept, if the session was
+        changed since (saved through another client, touched, deleted). A save that stores exactly the
+        current version (the retry of a save that was applied but whose answer was lost) is no change
+        and goes through. A base newer than this daemon's version (loaded through another daemon)
+        catches up first."""
+        if m.generation == 0:
+            return
+        ref = (m.namespace, m.session_id)
+        old = self.index.get(ref)
+        if old is None or old.generation != m.generation:
+            self.index.adopt(self.sharing.catch_up_session(ref), self.sharing.advance)
+            old = self.index.get(ref)
+        if old is not None and (old.generation == m.generation or same_content(old, m)):
+            return
+        now = f"it is at version {old.generation}" if old is not None else "it was deleted since"
+        raise FailedPrecondition(f"session {m.session_id!r} in namespace {m.namespace!r} was changed through another "
+                                 f"client: this save was based on version {m.generation}, {now}. This change was "
+                                 f"not applied; load the session again and retry")
+
+    def check_chunks(self, m: Manifest, kind: SessionKind, skip: Positions = range(0)) -> None:
+        """Every chunk ``m`` names is stored, owned by its namespace, and in its place (as its
+        ``kind`` places them); except the positions in ``skip``, whose chunks this save brings
+        (validated against their keys)."""
+        # Chunks in the places the session's current version has them passed the checks below when
+        # it was committed (a chunk's owner and place never change while a version names it): a turn
+        # checks what it adds. Whether they are still stored is asked of every one.
+        same = self.index.unchanged_prefix(m)
+        infos = self.index.owned(m.namespace, m.chunk_keys[same:])  # of chunk same + j
+        unowned = {same + j for j, info in enumerate(infos) if info is None}
+        held = self.store.holds_durably_many(m.chunk_keys)
+        # Another namespace's chunk and an absent one are one case, answered with one message:
+        # a commit must not tell a tenant what another one holds.
+        absent = [i for i, h in enumerate(held) if i not in skip and (i in unowned or not h)]
+        if absent:  # a chunk published to a shared tier is stored
+            shared = self.sharing.held([m.chunk_keys[i] for i in absent if i not in unowned])
+            absent = [i for i in absent if m.chunk_keys[i] not in shared]
+        missing = [m.chunk_keys[i].hex() for i in absent]
+        if missing:
+            raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored in namespace "
+                                     f"{m.namespace!r} (first: {missing[0]}); save them before committing")
+        for i in range(same, len(m.chunk_keys)):
+            k, info = m.chunk_keys[i], infos[i - same]
+            if i in skip:
+                continue
+            assert info is not None
+            if info.layout_id != m.layout_id:
+                raise InvalidArgument(f"chunk {i} ({k.hex()}) was saved under layout {info.layout_id.hex()}, "
+                                      f"the manifest's is {m.layout_id.hex()}")
+            kind.check_place(m, i, info)

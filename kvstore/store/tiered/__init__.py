@@ -1,0 +1,1 @@
+"""Chunk blobs across tiers ordered fast to slow: writes, batch reads, moves up and down."""

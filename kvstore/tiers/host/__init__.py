@@ -1,0 +1,1 @@
+"""The host tier: values in process memory, in buffers of a recycling pool."""

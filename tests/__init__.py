@@ -1,0 +1,1 @@
+"""kvstore tests, grouped by wing."""

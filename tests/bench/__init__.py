@@ -1,0 +1,1 @@
+"""The benchmarks' quick modes."""

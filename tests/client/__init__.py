@@ -1,0 +1,1 @@
+"""The clients: loads into caller memory and devices, restarts, replay sessions."""

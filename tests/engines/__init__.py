@@ -1,0 +1,1 @@
+"""The engines' tiers (vLLM), tested under each engine's own stack."""

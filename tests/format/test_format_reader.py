@@ -1,0 +1,217 @@
+"""docs/FORMAT.md is enough to read kvstore's data: tests/node/read_chunk.js, a reader written from
+the doc alone in plain Node.js (its own BLAKE2b, XXH3, E4M3 decoding), parses chunks, manifests,
+layout ids, chunk keys and ssd records written by the Python code, and every field it prints is
+compared here with what the Python code wrote. Skipped without node, unless KVSTORE_REQUIRE_NODE=1
+(CI sets it), where a missing node fails instead."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import struct
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+import zstandard
+
+from kvstore.format import chunk, quant
+from kvstore.format.keys import ROOT, chunk_key
+from kvstore.format.layout import PRESETS, EntryFormat, get_layout
+from kvstore.format.manifest import Manifest, Retention
+from kvstore.tiers.ssd.record import CHUNK, RecordCodec
+from tests.tiers.test_record_codec import ODD, make_chunk
+
+ROOT_DIR = Path(__file__).resolve().parents[2]
+READER = ROOT_DIR / "tests" / "node" / "read_chunk.js"
+TINY = get_layout("tiny-16")
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    found = shutil.which("node")
+    if found is None:
+        if os.environ.get("KVSTORE_REQUIRE_NODE") == "1":
+            pytest.fail("KVSTORE_REQUIRE_NODE=1 but node is not on PATH")
+        pytest.skip("node is not on PATH")
+    return found
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The presets' definitions, as FORMAT.md section 1 lists them (what the hashed JSON holds, plus the name)."""
+    out = []
+    for lay in PRESETS.values():
+        d = asdict(lay)
+        for c in d["caches"]:
+            c["fmt"] = c["fmt"].value
+        out.append(d)
+    path = tmp_path_factory.mktemp("layouts") / "layouts.json"
+    path.write_text(json.dumps(out))
+    return path
+
+
+def read(node: str, *args: object) -> Any:
+    done = subprocess.run([node, str(READER), *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def write(tmp_path: Path, name: str, data: bytes) -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_layout_ids(node: str, layouts: Path) -> None:
+    assert read(node, "layout-ids", layouts) == {name: lay.layout_hex for name, lay in PRESETS.items()}
+
+
+def check_chunk(got: dict[str, Any], blob: bytes, layout_name: str) -> None:
+    lay = get_layout(layout_name)
+    h = chunk.read_header(blob)
+    c = chunk.decode(blob, lay)
+    assert got["layout"] == layout_name
+    assert got["header"] == {
+        "version": h.version, "header_bytes": h.header_bytes, "total_bytes": h.total_bytes,
+        "token_count": h.token_count, "start": h.start, "layout_id": h.layout_id.hex(), "key": h.key.hex(),
+        "tokens_offset": h.tokens_offset, "n_sections": h.n_sections, "flags": 0,
+        "compressible_offset": h.compressible_offset, "reserved": 0}
+    assert [(s["cache_index"], s["kind"], s["entries"], s["offset"], s["length"]) for s in got["sections"]] == \
+        chunk._sections(blob, h)
+    assert got["token_ids"] == c.token_ids.tolist()
+    assert got["checksum"] == f"{struct.unpack_from('<Q', blob, len(blob) - 8)[0]:016x}"
+    for cache in lay.caches:
+        e = c.entries[cache.name]
+        assert got["caches"][cache.name] == {"codes_hex": e.codes.tobytes().hex(),
+                                             "scales_hex": e.scales.tobytes().hex()}
+        n = min(2, e.n)
+        dequantize = quant.dequantize_main if cache.fmt is EntryFormat.FP4_E4M3_16 else quant.dequantize_indexer
+        want = dequantize(torch.from_numpy(e.codes[:n].copy()), torch.from_numpy(e.scales[:n].copy()), torch.float32)
+        js = np.array([[math.nan if v == "NaN" else v for v in row] for row in got["dequantized"][cache.name]],
+                      np.float64).reshape(n, cache.channels)
+        np.testing.assert_array_equal(js, want.numpy().astype(np.float64))  # exact: products of exact values
+
+
+@pytest.mark.parametrize(("layout_name", "tokens"), [("tiny-16", 256), ("tiny-16", 3), ("tiny-16", 1),
+                                                     ("deepseek-v4.1-flash", 256)])
+def test_chunks_and_keys(node: str, layouts: Path, tmp_path: Path, layout_name: str, tokens: int) -> None:
+    blob = make_chunk(get_layout(layout_name), tokens, seed=tokens)
+    got = read(node, "chunk", write(tmp_path, "c.bin", blob), layouts, "ns", ROOT.hex())
+    check_chunk(got, blob, layout_name)
+    if tokens == 256:  # the key FORMAT.md section 4 derives, computed in JS over the chunk's own token ids
+        ids = chunk.decode(blob, get_layout(layout_name)).token_ids
+        assert got["computed_key"] == got["header"]["key"] == chunk_key(get_layout(layout_name).layout_id, "ns",
+                                                                          ROOT, ids).hex()
+
+
+def test_nan_scale_bytes_are_read_and_dequantize_to_nan(node: str, layouts: Path, tmp_path: Path) -> None:
+    blob = bytearray(make_chunk(TINY, 256))
+    first_scales = chunk.read_header(blob).compressible_offset  # main.L2's scales, entry 0, block 0
+    blob[first_scales] = 0x7F
+    struct.pack_into("<Q", blob, len(blob) - 8, xxhash.xxh3_64_intdigest(bytes(blob[:-8])))
+    got = read(node, "chunk", write(tmp_path, "c.bin", bytes(blob)), layouts)
+    check_chunk(got, bytes(blob), "tiny-16")
+    assert got["dequantized"]["main.L2"][0][:16] == ["NaN"] * 16
+
+
+def python_error(blob: bytes) -> str:
+    try:
+        chunk.decode(blob, TINY)
+    except chunk.ChunkError as e:
+        return type(e).__name__
+    return "none"
+
+
+def test_validation_order_agrees(node: str, layouts: Path, tmp_path: Path) -> None:
+    blob = make_chunk(TINY, 256)
+    v2 = bytearray(blob)
+    v2[4] = 2
+    bad_sum = bytearray(blob)
+    bad_sum[-1] ^= 1
+    other = bytearray(blob)
+    other[24:40] = bytes(16)  # a layout neither reader knows
+    struct.pack_into("<Q", other, len(other) - 8, xxhash.xxh3_64_intdigest(bytes(other[:-8])))
+    def resealed(b: bytearray) -> bytes:
+        struct.pack_into("<Q", b, len(b) - 8, xxhash.xxh3_64_intdigest(bytes(b[:-8])))
+        return bytes(b)
+
+    short_table = bytearray(200)  # 16 sections (a 256-byte table) in a 200-byte chunk
+    struct.pack_into("<4sHHIIQ16s16sIHHII", short_table, 0, b"KVCK", 1, 336, 200, 0, 0, TINY.layout_id,
+                     bytes(16), 0, 16, 0, 0, 0)
+    split = chunk.read_header(blob).compressible_offset
+    past_end, in_codes = bytearray(blob), bytearray(blob)
+    struct.pack_into("<I", past_end, 64, len(blob) + 100)
+    struct.pack_into("<I", in_codes, 64, split - 16)
+    overlap = bytearray(blob)
+    overlap[80:84] = blob[96:100]  # main.L2's codes moved onto index.L2's
+    cases = {"3 bytes": blob[:3], "79 bytes": blob[:79], "80 zero bytes": bytes(80),
+             "bad magic, short": b"XXXX" + blob[4:79],
+             "version 2": bytes(v2), "cut": blob[:-1], "extended": blob + b"\0", "checksum": bytes(bad_sum),
+             "other layout": bytes(other), "table past total_bytes": resealed(short_table),
+             "compressible_offset past the end": resealed(past_end),
+             "compressible_offset inside the codes": resealed(in_codes), "overlapping sections": resealed(overlap)}
+    want = {"3 bytes": "TruncatedChunk", "79 bytes": "TruncatedChunk", "80 zero bytes": "BadMagic",
+            "bad magic, short": "TruncatedChunk", "version 2": "UnsupportedVersion", "cut": "TruncatedChunk",
+            "extended": "OversizedChunk", "checksum": "ChecksumMismatch", "other layout": "LayoutMismatch",
+            "table past total_bytes": "MalformedChunk", "compressible_offset past the end": "MalformedChunk",
+            "compressible_offset inside the codes": "MalformedChunk", "overlapping sections": "MalformedChunk"}
+    for name, data in cases.items():
+        got = read(node, "chunk", write(tmp_path, "c.bin", data), layouts).get("error", "none")
+        assert (name, got) == (name, python_error(data)) == (name, want[name])
+
+
+def test_manifest(node: str, layouts: Path, tmp_path: Path) -> None:
+    tail = make_chunk(TINY, 0)  # 0 trailing tokens: every section of the tail is empty
+    keys = (bytes(range(16)), bytes(range(16, 32)))
+    m = Manifest("sess-1", "ns.a", TINY.layout_id, 512, 256, keys, tail, tuple(range(1000, 1128)), 1.5, 2.25,
+                 Retention(False, 3600.0), {"model": "tiny", "ü": "x"}, generation=1_764_000_000_123_456)
+    tail_m = Manifest("sess-2", "ns", TINY.layout_id, 3, 256, (), make_chunk(TINY, 3), (1, 2, 3), 0.0, 0.0)
+    for man in (m, tail_m):
+        got = read(node, "manifest", write(tmp_path, "m.bin", man.encode()), layouts)
+        assert got["meta"] == {
+            "session_id": man.session_id, "namespace": man.namespace, "layout_id": man.layout_id.hex(),
+            "token_count": man.token_count, "chunk_tokens": man.chunk_tokens,
+            "chunk_keys": [k.hex() for k in man.chunk_keys], "last_token_ids": list(man.last_token_ids),
+            "created_at": man.created_at, "updated_at": man.updated_at,
+            "retention": {"pinned": man.retention.pinned, "ttl_s": man.retention.ttl_s}, "metadata": man.metadata,
+            "generation": man.generation}
+        assert got["tail_len"] == len(man.tail)
+        check_chunk(got["tail"], man.tail, "tiny-16")
+        assert Manifest.decode(man.encode()) == man
+
+
+@pytest.mark.parametrize(("layout_name", "tokens"), [("tiny-16", 256), ("tiny-16", 255), ("odd", 255),
+                                                     ("deepseek-v4.1-flash", 256)])
+def test_ssd_record(node: str, tmp_path: Path, layout_name: str, tokens: int) -> None:
+    """Padding inside the tail (tiny-16, 255 tokens) and inside the codes region (odd: 24-byte codes rows)."""
+    blob = make_chunk(ODD if layout_name == "odd" else get_layout(layout_name), tokens, seed=1)
+    record = RecordCodec(1, chunk.compressible_offset).encode(memoryview(blob))
+    assert record[0] == CHUNK
+    rec_path = write(tmp_path, "r.bin", record)
+    framing = read(node, "record", rec_path)
+    assert (framing["flag"], framing["raw_len"]) == (CHUNK, len(blob))
+    assert framing["prefix"] == chunk.read_header(blob).header_bytes
+    assert record[framing["raw"][0] : framing["raw"][0] + framing["raw"][1]] == blob[: framing["prefix"]]
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    last = framing["frames"][-1]
+    assert last[0] + last[1] == len(record)  # the frames the JS reader found end where the record does
+    for i, (at, n) in enumerate(framing["frames"]):  # any zstd decompresses them: Python's here
+        (frames / f"frame-{i}.bin").write_bytes(zstandard.ZstdDecompressor().decompress(record[at : at + n]))
+    out = tmp_path / "joined.bin"
+    assert read(node, "record-join", rec_path, frames, out) == {"written": len(blob)}
+    assert out.read_bytes() == blob
+
+
+def test_the_worked_example_in_format_md_is_what_the_writer_writes() -> None:
+    done = subprocess.run([sys.executable, str(ROOT_DIR / "docs" / "format_example.py"), "--check"], timeout=120)
+    assert done.returncode == 0, "docs/FORMAT.md's worked example is stale: run python docs/format_example.py"

@@ -1,0 +1,1 @@
+"""Helpers the tests share: daemons, stores, page layouts, clusters, and driver scripts."""

@@ -1,0 +1,36 @@
+"""DeepSeek-V4.1-shaped engine page layouts built by hand, for the page blob and page load tests
+(what vLLM's planner really lays out is tests/engines/vllm_tier/'s business: here only the format is tested)."""
+
+from __future__ import annotations
+
+from kvstore.format.page_layout import GroupSpec, PageLayout, PageSpec
+
+#: (data, scale, arrangement) per record: main KV, indexer K
+RECORDS = {"nvfp4_ds_mla": ((256, 32, "interleaved"), (64, 4, "split")),  # Blackwell, MXFP4 indexer
+           "fp8_ds_mla": ((576, 8, "split"), (128, 4, "split"))}  # Hopper's 584-B records, fp8 indexer
+
+
+def _group(group: int, layers: tuple[tuple[int, int], ...], dtype: str) -> GroupSpec:
+    """The main pages of ``layers`` ((layer, states) each), then their indexer pages, packed from byte 0."""
+    pages, at = [], 0
+    for kind, (data, scale, arrangement) in zip(("main", "index"), RECORDS[dtype]):
+        for layer, states in layers:
+            n = states * (data + scale)
+            pages.append(PageSpec(f"{kind}.L{layer}", at, states, data, scale, arrangement, n))
+            at += n
+    return GroupSpec(group, 256, at, tuple(pages))
+
+
+def v41_layout(dtype: str = "nvfp4_ds_mla", fingerprint: dict[str, str] | None = None) -> PageLayout:
+    """Two groups: layers 2, 8, 14 (m=2: 128 states per 256-token block), and layer 20 (m=1)."""
+    return PageLayout("deepseek-ai/DeepSeek-V4.1-Flash", "vllm",
+                      tuple(sorted({"kv_cache_dtype": dtype, **(fingerprint or {})}.items())),
+                      (_group(0, ((2, 128), (8, 128), (14, 128)), dtype), _group(1, ((20, 256),), dtype)))
+
+
+def opaque_layout(name: str, block_bytes: int = 4096, fingerprint: dict[str, str] | None = None) -> PageLayout:
+    """Two groups (0 and 1) of small blocks kept as one opaque page each: the page surfaces' fuzz and
+    isolation tests, where the blocks' structure does not matter and small blobs keep them quick."""
+    opaque = (PageSpec("opaque", 0, 1, block_bytes, 0, "split", block_bytes),)
+    return PageLayout(name, "vllm", tuple(sorted((fingerprint or {}).items())),
+                      tuple(GroupSpec(g, 256, block_bytes, opaque) for g in (0, 1)))

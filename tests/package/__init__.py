@@ -1,0 +1,1 @@
+"""What the package installs and imports."""

@@ -1,0 +1,1 @@
+"""Crashes, corruption, fuzzing, hostile clients, isolation, storms and soak."""

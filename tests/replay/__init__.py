@@ -1,0 +1,1 @@
+"""The reference miniature: the model, replay, fidelity, training."""

@@ -1,0 +1,1 @@
+"""The daemon: its front ends, checks, auth, config, health and CLI, on real ports."""

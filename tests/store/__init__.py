@@ -1,0 +1,1 @@
+"""The tiered store and the session store over it, in process on real tiers."""

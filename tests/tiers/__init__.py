@@ -1,0 +1,1 @@
+"""Each storage tier alone, and the Tier contract every tier keeps."""

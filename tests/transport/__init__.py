@@ -1,0 +1,1 @@
+"""How bytes travel: framing, carriers, arenas, cross-memory writes."""
