@@ -33,7 +33,7 @@ from kvstore.transport.carrier import Piece, Receiver, StreamCarrier, same_host_
 from kvstore.transport.framing import Blob
 from kvstore.v1 import kvstore_pb2 as pb
 
-ARENA_REATTACH_S = 240.0  # below the daemon's idle limit for arenas (server/arenas.py)
+ARENA_REATTACH_S = 240.0  # below the daemon's idle limit for arenas (server/carriers.py)
 DETACH_TIMEOUT_S = 2.0  # a closing client does not wait long for a daemon that is gone
 
 _ERRORS: dict[grpc.StatusCode, type[KvstoreError]] = {

@@ -44,7 +44,7 @@ class ClientConfig:
     shared_memory: bool = True  # use an arena when the daemon runs on this host
     # that arena's first size (0 = no arena: the stream); it grows to fit a larger load, up to
     # max_arena_bytes (a 1M-token DeepSeek-V4.1 session is 0.94 GB); a batch larger still takes the stream.
-    # max_arena_bytes also bounds the buffer load_session() keeps between loads (kvstore/client/load_buffer.py)
+    # max_arena_bytes also bounds the buffer load_session() keeps between loads (kvstore/client/load_into.py)
     arena_bytes: int = 64 << 20
     max_arena_bytes: int = 2 << 30
 

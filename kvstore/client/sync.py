@@ -8,7 +8,7 @@ through one carrier (kvstore/transport/carrier.py), chosen once, when the client
 host and agrees to map it, else the gRPC stream. A save larger than the arena overflows to the stream
 for that call; a load larger than it grows the arena. ``load_session_into`` loads into the caller's
 own buffer (kvstore/client/load_into.py); on the daemon's host ``load_session()`` does too, into a buffer
-of the client's whose views it hands out (kvstore/client/load_buffer.py): one copy from the tier.
+of the client's whose views it hands out (kvstore/client/load_into.py): one copy from the tier.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from kvstore.client.calls import SavedSession
 from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
-from kvstore.client.load_buffer import LoadBuffers
+from kvstore.client.load_into import LoadBuffers
 from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import page
 from kvstore.format.manifest import Manifest, Retention
@@ -239,7 +239,7 @@ class Client:
                      ) -> tuple[Manifest, Iterator[tuple[int, Blob]]]:
         """The manifest, and an iterator of (chunk index, blob) for the chunks the store still has,
         the caller's to keep. On the daemon's host the daemon writes them all into one buffer of this
-        client's, and the blobs are read-only views of it (kvstore/client/load_buffer.py: reused only
+        client's, and the blobs are read-only views of it (kvstore/client/load_into.py: reused only
         once no view of the last answer is alive); elsewhere they come through the arena or the stream.
         ``zero_copy``: views into the arena, as in :meth:`load_chunks`."""
         if not zero_copy and (whole := self._load_whole(namespace, session_id)) is not None:

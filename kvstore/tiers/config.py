@@ -44,10 +44,10 @@ class HostTierConfig:
 
     capacity_bytes: int = field(default=0, metadata=option("host-memory tier size, 0 = unlimited"))
     pin_memory: bool = True  # keep values in pinned (page-locked) memory when CUDA is available
-    #: Memory faulted in ahead of the saves and promotions that copy values in (tiers/host/pool.py), per
+    #: Memory faulted in ahead of the saves and promotions that copy values in (tiers/host/tier.py), per
     #: value size (at most 4 sizes), and the most of it kept free after values are dropped.
     reserve_bytes: int = field(default=16 << 20, metadata=option(
-        "host memory kept faulted in ahead of saves, per value size (tiers/host/pool.py); 0 = none"))
+        "host memory kept faulted in ahead of saves, per value size (tiers/host/tier.py); 0 = none"))
 
     def __post_init__(self) -> None:
         _check_capacity("host", self.capacity_bytes)

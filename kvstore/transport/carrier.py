@@ -18,7 +18,7 @@ client and the servicer:
 
 A client picks its carrier once, when it connects: same host and an arena the daemon accepted
 -> arena; anything else -> stream. The daemon builds a carrier per call from
-what the call names: an arena id (the caller's own, see server/arenas.py) or none.
+what the call names: an arena id (the caller's own, see server/carriers.py) or none.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The default load is the fast one (issue 28): on the daemon's host ``Client.load_session()`` is answered
-by the daemon writing the whole session into one buffer of the client's (kvstore/client/load_buffer.py),
+by the daemon writing the whole session into one buffer of the client's (kvstore/client/load_into.py),
 whose read-only views it hands out; an answer the caller keeps is never written again; a buffer too
 small is replaced by one that fits; elsewhere (gRPC) the stream, as before. On a real daemon."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from kvstore.client import Client
 from kvstore.client.aio import AsyncClient
-from kvstore.client.load_buffer import LoadBuffers
+from kvstore.client.load_into import LoadBuffers
 from kvstore.transport import cma, shm
 from tests.helpers.daemon import Daemon, make_session, running_daemon, save_session, transport_stats
 

@@ -463,7 +463,7 @@ def test_a_cannot_attach_b_arena_file(world: World) -> None:
 
 def test_one_owner_attaching_many_arenas_never_unmaps_another_owners(tmp_path: Path) -> None:
     """The per-identity cap evicts only the attaching identity's least recently used arenas."""
-    from kvstore.server.arenas import Arenas
+    from kvstore.server.carriers import Arenas
 
     arenas = Arenas(per_owner=3)
     b_id = arenas.add("b", shm.Arena.create(tmp_path, 4096))

@@ -9,8 +9,7 @@ import time
 import numpy as np
 
 from kvstore.tiers.config import HostTierConfig
-from kvstore.tiers.host.pool import MIN_AHEAD_BYTES, HostPool
-from kvstore.tiers.host.tier import HostTier
+from kvstore.tiers.host.tier import MIN_AHEAD_BYTES, HostPool, HostTier
 
 N = 256 << 10
 

@@ -2,7 +2,7 @@
 
 A scheduler that knows a session is about to resume asks for it (the PrefetchSession RPC); the
 request is answered at once and the copying is a job on the store's one promotion worker (the thread
-that also promotes what loads read from slower tiers: ``store/tiered/promotion_worker.py``), so the work is bounded: one
+that also promotes what loads read from slower tiers: ``store/tiered/promotion.py``), so the work is bounded: one
 session at a time, at most ``max_pending`` sessions waiting, a second request for a session still
 waiting joins it (coalesced), and a request past the bound is answered as dropped (the session
 still loads, from the slower tier: a prefetch is a hint, never a promise, and RESOURCE_EXHAUSTED

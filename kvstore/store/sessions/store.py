@@ -44,7 +44,6 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.sessions.counters import DamageCounters, HitCounters
 from kvstore.store.sessions.engine_pages import EnginePages
-from kvstore.store.sessions.group_commit import GroupCommit
 from kvstore.store.sessions.index import SessionIndex
 from kvstore.store.sessions.kind import Kinds
 from kvstore.store.sessions.layouts import Layouts
@@ -52,7 +51,7 @@ from kvstore.store.sessions.reads import SessionReads
 from kvstore.store.sessions.sharing import NoSharing, SessionRef, Sharing
 from kvstore.store.sessions.token_chain import TokenChain
 from kvstore.store.sessions.turn import SavedTurn, Turn
-from kvstore.store.sessions.turn_commit import TurnCommit, new_chunks, next_generation
+from kvstore.store.sessions.turn_commit import GroupCommit, TurnCommit, new_chunks, next_generation
 from kvstore.store.tiered.reads import Verify
 from kvstore.store.tiered.store import TieredStore
 from kvstore.tiers.base import Stored, WriteBatch

@@ -8,7 +8,7 @@ GIL released). A copy that fails is counted, and dropped from that tier once the
 key goes on to the next tier. The values are valid inside the ``with`` block only (views into a
 tier's storage): the caller sends or copies them there. As the block ends, failing copies are
 dropped, then what slower tiers served is promoted into faster ones (``promotion.py``): from copies
-made here, or behind the load, by the store's promotion worker (``store/tiered/promotion_worker.py``).
+made here, or behind the load, by the store's promotion worker (``store/tiered/promotion.py``).
 """
 
 from __future__ import annotations

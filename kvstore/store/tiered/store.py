@@ -12,7 +12,7 @@ The tiers never know about each other; this class moves data between them:
 - a tier that fails (TierError, e.g. Redis down) is reported and degraded around.
 
 Moving chunks up is ``promotion.py``'s (after a load answered, or ahead of one, on the store's one
-promotion worker: ``store/tiered/promotion_worker.py``), down ``demotion.py``'s; this class writes, reads, keeps the
+promotion worker: ``store/tiered/promotion.py``), down ``demotion.py``'s; this class writes, reads, keeps the
 durable tier's meta records (manifests, layouts), and answers what the daemon asks of its tiers.
 
 Locks: each tier has its own (``TierSlot.lock``, for moves into and out of it, taken fast to
@@ -33,8 +33,7 @@ from kvstore.errors import ResourceExhausted, Unavailable
 from kvstore.format.stored import is_valid_blob
 from kvstore.store.config import StoreConfig
 from kvstore.store.tiered.demotion import Demotion, Dirty, Pins
-from kvstore.store.tiered.promotion import Promotion
-from kvstore.store.tiered.promotion_worker import Job, PromotionWorker, subset
+from kvstore.store.tiered.promotion import Job, Promotion, PromotionWorker, subset
 from kvstore.store.tiered.reads import Verify, read_tiers, read_verified
 from kvstore.store.tiered.slot import TierCounters, TierReport, TierSlot
 from kvstore.tiers.base import OutOfSpace, Stored, Tier, TierError, TierStats, WriteBatch
@@ -197,7 +196,7 @@ class TieredStore:
         return out
 
     def run_behind(self, job: Job) -> None:
-        """``job`` on the store's promotion worker, after what is queued there (``promotion_worker.py``)."""
+        """``job`` on the store's promotion worker, after what is queued there (``promotion.py``)."""
         self._worker.submit(job)
 
     def settle(self) -> None:
