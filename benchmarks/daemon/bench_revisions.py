@@ -8,7 +8,8 @@ changes do. This starts one daemon from ``--base`` (a git worktree in a temp dir
 directory, that checkout as it is: a temp worktree has no C extensions built, so its daemon verifies
 in Python) and one from the working tree, and times the same ops against both, alternating round
 by round, so drift in the machine hits both alike: a durable turn save (then an untimed delete) and a load, over the
-same-host path (arena + local socket) and over gRPC, with 1 and N client processes (the client
+same-host path (arena + local socket, and into the caller's own buffer) and over gRPC, with 1
+and N client processes (the client
 code is the working tree's in both cases: only the daemon differs). A raw LMDB put+fsync of the
 same bytes is timed in the same rounds, for scale. Writes results/revisions.{md,json}.
 """
@@ -61,6 +62,7 @@ def worker(idx: int, addresses: dict[str, str], template: Path, n_chunks: int, r
         blobs, keys, ids = bd.rekey(template.read_bytes(), ns)
         blobs, keys = blobs[:n_chunks], keys[:n_chunks]
         manifest = bd.manifest_for(ns, "s", keys, ids)
+        out = bytearray(sum(len(b) for b in blobs))  # load_session_into's buffer, the caller's own
         clients = {(p.name, rev): bd.open_client(addr, p) for p in bd.KV_PATHS for rev, addr in addresses.items()}
         env = lmdb.open(str(template.parent / f"raw{idx}"), map_size=1 << 30)
         put, _, drop = ceilings.lmdb_ops(env, keys, blobs, lambda n: None)
@@ -78,6 +80,8 @@ def worker(idx: int, addresses: dict[str, str], template: Path, n_chunks: int, r
                 p = next(k for k in bd.KV_PATHS if k.name == path)
                 timed(f"save {path} {rev}", lambda c=c: bd.save_turn(c, ns, manifest, blobs))
                 timed(f"load {path} {rev}", lambda c=c, p=p: bd.load_blobs(c, ns, "s", p))
+                if p.same_host:  # and into the caller's memory (the daemon writes there itself)
+                    timed(f"load into {rev}", lambda c=c: c.load_session_into(ns, "s", out))
                 c.delete_session(ns, "s")
             timed("lmdb put+fsync", put)
             drop()
@@ -147,6 +151,9 @@ def main() -> None:
                 b, h = r["p50_s"][f"{op} {path} base"], r["p50_s"][f"{op} {path} head"]
                 table.append([f"{r['bytes'] / 1e6:.1f}", r["clients"], r["rounds"], f"{op} {path}", f"{b * 1e3:.2f}",
                               f"{h * 1e3:.2f}", f"{b / h:.2f}x"])
+        b, h = r["p50_s"]["load into base"], r["p50_s"]["load into head"]
+        table.append([f"{r['bytes'] / 1e6:.1f}", r["clients"], r["rounds"], "load into caller memory", f"{b * 1e3:.2f}",
+                      f"{h * 1e3:.2f}", f"{b / h:.2f}x"])
         table.append([f"{r['bytes'] / 1e6:.1f}", r["clients"], r["rounds"], "lmdb put+fsync (scale)",
                       f"{r['p50_s']['lmdb put+fsync'] * 1e3:.2f}", "", ""])
     command = "python benchmarks/daemon/bench_revisions.py " + " ".join(sys.argv[1:])
