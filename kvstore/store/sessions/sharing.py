@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from kvstore.format.manifest import Manifest
 
 if TYPE_CHECKING:
+    from kvstore.store.sessions.group_commit import Pending
     from kvstore.store.sessions.turn import SavedTurn, Turn
-    from kvstore.store.sessions.turn_commit import Pending
     from kvstore.store.tiered.store import TieredStore
 
 SessionRef = tuple[str, str]  # (namespace, session id)

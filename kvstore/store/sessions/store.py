@@ -5,7 +5,7 @@ Invariants:
   or after they are durable (``save_chunks`` then ``commit``), so a manifest never references a
   missing chunk and a crashed save leaves the previous version or the new one, complete;
 - every call is one durable transaction (docs/FORMAT.md, "Transactions"); concurrent turn saves
-  share one (group commit: ``turn_commit.py``);
+  share one (group commit: ``group_commit.py``);
 - chunks are content-addressed and shared by every session of a namespace with the same prefix;
   which sessions reference a chunk is derived from the manifests (``store/sessions/index.py``, rebuilt at
   open), so deleting one session never breaks another, and there is no refcount to drift;
@@ -44,6 +44,7 @@ from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.sessions.counters import DamageCounters, HitCounters
 from kvstore.store.sessions.engine_pages import EnginePages
+from kvstore.store.sessions.group_commit import GroupCommit
 from kvstore.store.sessions.index import SessionIndex
 from kvstore.store.sessions.kind import Kinds
 from kvstore.store.sessions.layouts import Layouts
@@ -51,7 +52,7 @@ from kvstore.store.sessions.reads import SessionReads
 from kvstore.store.sessions.sharing import NoSharing, SessionRef, Sharing
 from kvstore.store.sessions.token_chain import TokenChain
 from kvstore.store.sessions.turn import SavedTurn, Turn
-from kvstore.store.sessions.turn_commit import GroupCommit, TurnCommit, new_chunks, next_generation
+from kvstore.store.sessions.turn_commit import TurnCommit, new_chunks, next_generation
 from kvstore.store.tiered.reads import Verify
 from kvstore.store.tiered.store import TieredStore
 from kvstore.tiers.base import Stored, WriteBatch

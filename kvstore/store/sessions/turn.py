@@ -1,4 +1,4 @@
-"""A turn save waiting for its group commit (``turn_commit.py``): validated, not yet written."""
+"""A turn save waiting for its group commit (``group_commit.py``): validated, not yet written."""
 
 from __future__ import annotations
 
