@@ -26,38 +26,23 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import RESULTS, git_state, interleaved, machine, markdown_table, write_result
 from benchmarks.resume.geometry_session import LAYOUT, Session, make_session
-from kvstore.format import chunk, chunk_batch
+from kvstore.format import chunk_batch
 from kvstore.format.chunk import compressible_offset
 from kvstore.format.chunk_batch import Expected
 from kvstore.format.keys import ROOT, chunk_key_raw
 from kvstore.store.sessions.chunk_index import ChunkInfo
 from kvstore.tiers.config import SsdTierConfig
 from kvstore.tiers.ssd.tier import SsdTier
+from tests.helpers.store import chunk_matches
 
 NS = "checks"
 Op = Callable[[], object]
-
-
-def chunk_matches(key: bytes, info: ChunkInfo, chunk_tokens: int, blob: Any) -> bool:
-    """The per-chunk check the store applied before issue 28 (a load now verifies with the kernel):
-    checksum, header (key, layout, span), and the key recomputed from its own token ids."""
-    try:
-        h = chunk.read_header(blob)
-        chunk.verify_checksum(blob)
-    except chunk.ChunkError:
-        return False
-    if (h.key, h.layout_id, h.start, h.token_count) != (key, info.layout_id, info.index * chunk_tokens,
-                                                        chunk_tokens):
-        return False
-    ids = memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
-    return chunk_key_raw(info.layout_id, info.namespace, info.parent, ids) == key
 
 
 def in_memory_ops(s: Session, dest: np.ndarray) -> dict[str, Op]:

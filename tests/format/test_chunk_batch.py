@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from kvstore.format import chunk, chunk_batch
 from kvstore.format.chunk_batch import BatchResult, Expected, Status
-from kvstore.format.keys import ROOT, chain_keys, chunk_key_raw
+from kvstore.format.keys import ROOT, chain_keys
 from kvstore.format.layout import get_layout
 from kvstore.store.sessions.chunk_index import ChunkInfo
+from tests.helpers.store import chunk_matches
 
 LAYOUT = get_layout("tiny-16")
 CT, N, NS = 16, 6, "batch-ns"
@@ -61,22 +62,6 @@ def statuses(blobs: list[Any], expected: Expected = EXPECTED, **kw: Any) -> list
         want = [Status.TRUNCATED if b is None else s for b, s in zip(blobs, got["reference"])]  # no None in a buffer
         assert p == want
     return [Status(s) for s in got["reference"]]
-
-
-def chunk_matches(key: bytes, info: ChunkInfo, chunk_tokens: int, blob: Any) -> bool:
-    """What the kernel must agree with, chunk by chunk in Python (the store's per-chunk check until
-    issue 28):
-    checksum, header (key, layout, span), and the key recomputed from its own token ids."""
-    try:
-        h = chunk.read_header(blob)
-        chunk.verify_checksum(blob)
-    except chunk.ChunkError:
-        return False
-    if (h.key, h.layout_id, h.start, h.token_count) != (key, info.layout_id, info.index * chunk_tokens,
-                                                        chunk_tokens):
-        return False
-    ids = memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
-    return chunk_key_raw(info.layout_id, info.namespace, info.parent, ids) == key
 
 
 def per_chunk(blobs: list[Any]) -> list[bool]:

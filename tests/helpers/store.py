@@ -17,11 +17,12 @@ import torch
 import zstandard
 
 from kvstore.format import chunk
-from kvstore.format.keys import ROOT, chain_keys, chunk_key
+from kvstore.format.keys import ROOT, chain_keys, chunk_key, chunk_key_raw
 from kvstore.format.layout import EntryFormat, Layout, get_layout
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.quant import quantize_indexer, quantize_main
 from kvstore.store import SessionStore, StoreConfig, TieredStore
+from kvstore.store.sessions.chunk_index import ChunkInfo
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierConfig, make_tier
 from kvstore.tiers.base import WriteBatch
 from kvstore.tiers.ssd.record import RecordCodec
@@ -219,3 +220,19 @@ def unframe(record: bytes) -> bytes:
     value = body[:prefix] + zstandard.ZstdDecompressor().decompress(body[prefix:])
     assert len(value) == raw_len
     return value
+
+
+def chunk_matches(key: bytes, info: ChunkInfo, chunk_tokens: int, blob: bytes | memoryview) -> bool:
+    """What the kernel must agree with, chunk by chunk in Python (the store's per-chunk check until
+    issue 28):
+    checksum, header (key, layout, span), and the key recomputed from its own token ids."""
+    try:
+        h = chunk.read_header(blob)
+        chunk.verify_checksum(blob)
+    except chunk.ChunkError:
+        return False
+    if (h.key, h.layout_id, h.start, h.token_count) != (key, info.layout_id, info.index * chunk_tokens,
+                                                        chunk_tokens):
+        return False
+    ids = memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
+    return chunk_key_raw(info.layout_id, info.namespace, info.parent, ids) == key
