@@ -9,7 +9,8 @@ are profiled (``sys.setprofile``/``threading.setprofile``) while one call runs: 
 the caller's memory (``load_session_into``), and the default ``load_session()``. The table names,
 for each, how many files of ``kvstore/`` had a function called (package ``__init__`` files and the
 generated ``kvstore/v1/`` counted apart) and lists them; the issue's targets are a save through at
-most 28 files and a load through at most 25. Writes ``results/files_crossed.{md,json}``.
+most 28 files and a load through at most 25. Writes ``files_crossed.{md,json}`` (under ``results/``
+with ``--write``, else ``out/``).
 """
 
 from __future__ import annotations
@@ -86,9 +87,7 @@ def count(files: list[str]) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--write", action="store_true", help="write results/files_crossed.{md,json}")
-    args = ap.parse_args()
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --write: benchmarks/common.py
     cross = Crossings()
     threading.setprofile(cross.profile)
     sys.setprofile(cross.profile)
@@ -138,14 +137,11 @@ def main() -> None:
     print(table)
     for what, r in results.items():
         print(f"\n{what}: {', '.join(r['list'])}")
-    if args.write:
-        lists = "\n".join(f"- {what}: " + ", ".join(f"`{f}`" for f in r["list"]) for what, r in results.items())
-        (RESULTS / "files_crossed.json").parent.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "files_crossed.json").write_text(json.dumps({"machine": machine(), "results": results}, indent=1))
-        write_result("files_crossed.md", "Files one call crosses",
-                     f"`python benchmarks/daemon/files_crossed.py --write`: the files of "
-                     f"`kvstore/` whose functions ran during one call, client and daemon together.\n\n{table}\n\n"
-                     f"{lists}\n")
+    lists = "\n".join(f"- {what}: " + ", ".join(f"`{f}`" for f in r["list"]) for what, r in results.items())
+    (RESULTS / "files_crossed.json").write_text(json.dumps({"machine": machine(), "results": results}, indent=1))
+    write_result("files_crossed.md", "Files one call crosses",
+                 f"`python benchmarks/daemon/files_crossed.py --write`: the files of `kvstore/` whose functions ran "
+                 f"during one call, client and daemon together.\n\n{table}\n\n{lists}\n")
 
 
 if __name__ == "__main__":
