@@ -3,7 +3,8 @@ corruption detection and a failing tier, on real host / LMDB / redis-server tier
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ import redis
 
 from kvstore.store import StoreConfig, TieredStore, open_store
 from kvstore.store.tiered.store import TierCounters
+from kvstore.tiers.base import Tier, Views
 from kvstore.tiers.ssd.tier import DB_NAME
 from tests.helpers.store import (
     SSD_HEADER,
@@ -151,6 +153,40 @@ def test_promote_on_read_off_leaves_chunks_where_they_are(tmp_path: Path) -> Non
         assert bytes(get(st, s.keys[0])) == s.blobs[0]
         assert st.where(s.keys[0]) == ["ssd"]
         assert counters(st, SSD).hits == 1 and counters(st, HOST).promotions == 0
+    finally:
+        st.close()
+
+
+def test_a_prefetch_reads_only_what_the_fastest_tier_lacks(tmp_path: Path) -> None:
+    """A prefetch asks the fastest tier what it holds and reads (and verifies) only the rest from slower
+    tiers: a session already in memory costs one presence check, not a second pass over its bytes that
+    would run beside the load it was meant to speed up."""
+    s = chunks(3)
+    st = make_tiered(store_config(tmp_path))
+    try:
+        put_all(st, s)  # write-through: in host and ssd
+        assert st.evict([s.keys[2]], "ssd", "a test") == 1
+        asked: list[list[bytes]] = []
+        verified: list[int] = []
+        def spy(tier: Tier) -> None:
+            inner = tier.read_views
+
+            def read_views(keys: Sequence[bytes]) -> contextlib.AbstractContextManager[Views]:
+                asked.append(list(keys))
+                return inner(keys)
+
+            tier.read_views = read_views  # type: ignore[method-assign]
+
+        for tier in st.tiers:
+            spy(tier)
+
+        def verify(at: Sequence[int], values: Sequence[object]) -> list[bool]:
+            verified.extend(at)
+            return [True] * len(at)
+
+        assert st.prefetch(s.keys, verify) == [None, None, True]
+        assert asked == [[s.keys[2]]] and verified == [2]  # the ssd tier alone, for the one chunk host lacked
+        assert st.where(s.keys[2]) == ["host", "ssd"]
     finally:
         st.close()
 

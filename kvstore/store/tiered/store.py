@@ -187,10 +187,15 @@ class TieredStore:
     def prefetch(self, keys: Sequence[bytes], verify: Verify) -> list[bool | None]:
         """Verified copies of ``keys`` into the fastest tier ahead of a load (``Promotion.into_fastest``);
         for each key, None: already there; True: copied there now; False: skipped (no valid copy, or
-        no room). Waits for that tier's lock: for the promotion worker (``run_behind``)."""
-        with read_tiers(self._slots, keys, verify, counted=False) as got:
-            below = [(j, bytes(v)) for j, (v, t) in enumerate(zip(got.values, got.tiers)) if v is not None and t > 0]
-            out: list[bool | None] = [None if t == 0 else False for t in got.tiers]
+        no room). Waits for that tier's lock: for the promotion worker (``run_behind``). What the fastest
+        tier holds already is neither read nor verified here (a load verifies it): one presence check."""
+        held = self._slots[0].has_many(keys)
+        out: list[bool | None] = [None if h else False for h in held]
+        todo = [j for j, h in enumerate(held) if not h]
+        if not todo:
+            return out
+        with read_tiers(self._slots[1:], [keys[j] for j in todo], subset(verify, todo), counted=False) as got:
+            below = [(todo[i], bytes(v)) for i, v in enumerate(got.values) if v is not None]
         for (j, _), ok in zip(below, self._up.into_fastest([(keys[j], c) for j, c in below])):
             out[j] = ok
         return out
