@@ -8,6 +8,7 @@ daemon, real processes, real fork; the pid reuse runs in a pid namespace of its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -200,8 +201,17 @@ def _reads_of(*senders: int) -> list[list[tuple[int, int, bytes]]]:
              (socket.SOL_SOCKET, SCM_PIDFD, struct.pack("i", os.pidfd_open(os.getpid())))] for pid in senders]
 
 
+def _pidfds() -> int:
+    """This process's open pidfds (other fds come and go with other tests' threads: not counted)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+    return n
+
+
 def test_a_calls_sender_is_the_one_process_that_sent_every_read() -> None:
-    before = len(os.listdir("/proc/self/fd"))
+    before = _pidfds()
     senders = Senders(pidfds=True)
     for read in _reads_of(os.getpid(), os.getpid()):
         senders.saw(read)
@@ -223,7 +233,7 @@ def test_a_calls_sender_is_the_one_process_that_sent_every_read() -> None:
     with creds_only.of_call().reaching() as pid:
         assert pid == os.getpid()
     creds_only.close()
-    assert len(os.listdir("/proc/self/fd")) == before  # every pidfd received or opened was closed
+    assert _pidfds() == before  # every pidfd received or opened was closed
 
 
 def test_a_sender_that_exited_is_never_written() -> None:
