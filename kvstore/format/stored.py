@@ -6,11 +6,8 @@ from __future__ import annotations
 
 from kvstore.format import chunk, page
 
-#: What a tier returns for a hit (``kvstore.tiers.base.Stored``).
-Stored = bytes | memoryview
 
-
-def is_valid_blob(key: bytes, blob: Stored) -> bool:
+def is_valid_blob(key: bytes, blob: bytes | memoryview) -> bool:
     """A stored value (chunk or page blob) is served only if its checksum holds and it claims ``key``."""
     try:
         if page.is_page(blob):
@@ -24,6 +21,6 @@ def is_valid_blob(key: bytes, blob: Stored) -> bool:
     return header.key == key
 
 
-def compressible_offset(blob: Stored) -> int:
+def compressible_offset(blob: bytes | memoryview) -> int:
     """Where a stored value's compressible tail starts (chunk or page blob); 0 for anything else."""
     return page.compressible_offset(blob) if page.is_page(blob) else chunk.compressible_offset(blob)
