@@ -80,9 +80,10 @@ from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
 from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
 from vllm.v1.kv_offload.tiering.base import JobId, JobResult, SecondaryTierManager, TransferJob
 
-from kvstore.engines.vllm.daemon import DaemonLink
+from kvstore.engines.pages.daemon import DaemonLink
+from kvstore.engines.pages.sessions import Tenant, block_key
 from kvstore.engines.vllm.geometry import INDEXER_DTYPES, Derived, EngineGroup, derive
-from kvstore.engines.vllm.sessions import Sessions, Tenant, block_key
+from kvstore.engines.vllm.sessions import Sessions
 from kvstore.engines.vllm.transfer import Transfer
 from kvstore.errors import KvstoreError
 from kvstore.format.manifest import Retention
@@ -172,7 +173,7 @@ class KVStoreTier(SecondaryTierManager):
         if self.geometry.opaque:  # shown once, counted per block stored (``stats``)
             log.warning("kvstore tier: vLLM's blocks match no derived page layout (%s): each is stored whole as one "
                         "opaque page (verified, no scale compression, block padding kept)", self.geometry.reason)
-        self.daemon = DaemonLink(address, self.layout, timeout_s, down_s, arena_bytes)
+        self.daemon = DaemonLink(address, self.layout, timeout_s, down_s, arena_bytes, log)
         mapped = {salt: Tenant(t["namespace"], t.get("token", "")) for salt, t in (tenants or {}).items()}
         self.sessions = Sessions(self.layout, Tenant(namespace, token), mapped,
                                  Retention(ttl_s=session_ttl_s if session_ttl_s > 0 else None))

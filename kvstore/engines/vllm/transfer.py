@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING
 
 from vllm.v1.kv_offload.base import OffloadKey, get_offload_block_hash, get_offload_group_idx
 
-from kvstore.engines.vllm.sessions import PageSession, Sessions, block_key
+from kvstore.engines.pages.sessions import PageSession, block_key
 from kvstore.format import page
 
 if TYPE_CHECKING:
     from kvstore.client.calls import SavedSession
-    from kvstore.engines.vllm.daemon import DaemonLink
+    from kvstore.engines.pages.daemon import DaemonLink
+    from kvstore.engines.vllm.sessions import Sessions
     from kvstore.format.manifest import Manifest
     from kvstore.format.page_layout import GroupSpec, PageLayout
 

@@ -1,5 +1,6 @@
-"""The tier's link to the kvstore daemon: one client per thread, role and tenant, and the "down"
-state that turns an unreachable daemon into misses and failed jobs without a call."""
+"""An engine integration's link to the kvstore daemon: one client per thread, role and tenant, and the
+"down" state that turns an unreachable daemon into misses and failures without a call (vLLM's tier,
+SGLang's HiCache backend)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,21 @@ from kvstore.client import Client
 from kvstore.errors import KvstoreError, Unavailable
 
 if TYPE_CHECKING:
-    from kvstore.engines.vllm.sessions import Tenant
+    from kvstore.engines.pages.sessions import Tenant
     from kvstore.format.page_layout import PageLayout
-
-log = logging.getLogger("kvstore.engines.vllm.tier")
 
 
 class DaemonLink:
-    """Clients of one daemon for the tier's threads, and whether the daemon is to be asked at all.
+    """Clients of one daemon for an engine's threads, and whether the daemon is to be asked at all.
 
     A call that finds the daemon unreachable (UNAVAILABLE, a deadline, a socket error) makes it
     "down" for ``down_s`` seconds: meanwhile lookups are misses and jobs failures, without a call.
     Any other failure (a full disk, a refused blob) fails only its own call."""
 
-    def __init__(self, address: str, layout: PageLayout, timeout_s: float, down_s: float, arena_bytes: int) -> None:
+    def __init__(self, address: str, layout: PageLayout, timeout_s: float, down_s: float, arena_bytes: int,
+                 log: logging.Logger) -> None:
         self.address = address
+        self.log = log  # the engine integration's logger: what it says is said in the engine's name
         self.layout = layout
         self.timeout_s = timeout_s
         self.down_s = down_s
@@ -59,7 +60,7 @@ class DaemonLink:
         try:
             self.client(tenant, role).connect()
         except Exception as e:  # the daemon may start after the engine: its first call says so
-            log.debug("kvstore tier: warming a %s client failed: %s", role, e)
+            self.log.debug("kvstore: warming a %s client failed: %s", role, e)
 
     def available(self) -> bool:
         return time.monotonic() >= self._down_until
@@ -67,10 +68,10 @@ class DaemonLink:
     def failed(self, what: str, e: Exception) -> None:
         """A call failed: an unreachable daemon is not asked again for ``down_s``."""
         if not unreachable(e):
-            log.warning("kvstore tier: %s failed: %s: %s", what, type(e).__name__, e)
+            self.log.warning("kvstore: %s failed: %s: %s", what, type(e).__name__, e)
             return
         if self.available():
-            log.warning("kvstore tier: %s failed (%s); treating kvstore as down for %.0f s", what, e, self.down_s)
+            self.log.warning("kvstore: %s failed (%s); treating kvstore as down for %.0f s", what, e, self.down_s)
         self._down_until = time.monotonic() + self.down_s
         self._registered.clear()  # a restarted daemon may be a fresh one
 

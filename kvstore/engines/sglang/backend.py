@@ -1,0 +1,447 @@
+"""kvstore as SGLang's HiCache L3 for DeepSeek-V4.1: a multi-pool (v2) ``HiCacheStorage`` backend.
+
+Loaded by SGLang 0.5.23 itself, no SGLang patch::
+
+    python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V4.1-Flash \\
+      --enable-hierarchical-cache --hicache-mem-layout page_first --enable-encoder-swa-bounded-replay \\
+      --hicache-storage-backend dynamic --hicache-storage-backend-extra-config \\
+      '{"backend_name": "kvstore", "module_path": "kvstore.engines.sglang.backend", "class_name": "KVStoreHiCache",
+        "address": "127.0.0.1:50151", "namespace": "team-a", "token": "...", "hicache_storage_pass_prefix_keys": true}'
+
+What is stored: the pages of SGLang's V4.1 host pools (``deepseek_v4_c2``, ``deepseek_v4_c2_indexer``,
+``deepseek_v4_c1``, ``deepseek_v4_c1_indexer``: the FP4 global KV, 890 B/token on SM100), each page
+one page blob (``kvstore/format/page.py``) of the pool's group in a page layout (``geometry.py``) whose
+fingerprint holds the model, every pool's geometry and record layout, and the ranks SGLang passes, so
+pages are never served across tenants, record layouts or parallel configurations. Never the SWA
+window: an ``swa`` pool (SGLang registers one without ``--enable-encoder-swa-bounded-replay``) is
+refused at attach, with a message naming the flag. SGLang's ``kv`` anchor (a ``LogicalHostPool``,
+0-byte pages) is not stored: a page "exists" for it when every pool holds it.
+
+- ``batch_exists_v2``: one ``LookupKeys`` call for every pool's key of every page; the consecutive
+  prefix whose every pool holds the page;
+- ``batch_get_v2``: per pool one ``load_pages_into`` call: the daemon writes each verified page into
+  its host slot (``page_first`` host memory: one copy after the daemon's tier); a page missing,
+  damaged or refused is a ``False`` and its slot is left alone;
+- ``batch_set_v2``: per pool one turn save of the chain's page session (the daemon reads the pages
+  from their host slots itself and commits them durably with the session's manifest);
+- it never raises into SGLang on the data path: a daemon that cannot be reached makes every call a
+  miss or a ``False`` for ``down_s`` seconds (no call is tried meanwhile), and SGLang recomputes.
+
+Sessions: the pages of one key chain (a conversation: SGLang's keys are a SHA-256 chain from the
+sequence start, seeded by ``cache_salt``) are one page session, named by the chain's first key, so
+``kvstore sessions ls``, ``evict``, ``prefetch``, retention and ``bytes-per-token`` see them. SGLang
+hands a backend the chain's earlier keys only with ``"hicache_storage_pass_prefix_keys": true``;
+without it each write is its own session.
+
+Tenants: one server, one tenant: its ``namespace`` and ``token`` (SGLang's ``cache_salt`` separates
+its own requests' keys; the namespace separates servers, teams and engines sharing a daemon).
+
+Settings (keys of the extra config beside SGLang's own): ``address`` (default ``$KVSTORE_ADDRESS`` or
+127.0.0.1:50151), ``namespace`` (``sglang``), ``token``, ``session_ttl_s`` (86400; 0 = kept until
+deleted), ``timeout_s`` (10, per call), ``down_s`` (5), ``arena_bytes`` (32 MiB of shared memory per
+I/O thread, where the daemon cannot reach SGLang's memory itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import sglang
+import torch
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+    PoolHitPolicy,
+    PoolTransfer,
+    PoolTransferResult,
+)
+
+from kvstore.engines.pages.daemon import DaemonLink
+from kvstore.engines.pages.sessions import PageSession, PageSessions, Tenant, block_key, session_id
+from kvstore.engines.sglang.geometry import ANCHOR, SWA_POOLS, Geometry, Pool, SwaPoolRefused, derive, record_of
+from kvstore.engines.sglang.host import HostPages
+from kvstore.format import page
+from kvstore.format.manifest import Retention
+
+log = logging.getLogger(__name__)
+TESTED_SGLANG = ("0.5.23",)
+#: Page keys a backup lately stored, remembered so the anchor's write that follows needs no lookup.
+RECENT_STORED = 1 << 16
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """The backend's settings, from SGLang's extra config (its own keys and the factory's ignored)."""
+
+    address: str = ""
+    namespace: str = "sglang"
+    token: str = ""
+    session_ttl_s: float = 86400.0
+    timeout_s: float = 10.0
+    down_s: float = 5.0
+    arena_bytes: int = 32 << 20
+
+    @classmethod
+    def from_extra(cls, extra: dict[str, Any] | None) -> BackendConfig:
+        extra = extra or {}
+        kinds = {f.name: f.type for f in fields(cls)}
+        values: dict[str, Any] = {}
+        for name, kind in kinds.items():
+            if name in extra and extra[name] is not None:
+                cast = {"str": str, "float": float, "int": int}[str(kind)]
+                try:
+                    values[name] = cast(extra[name])
+                except (TypeError, ValueError):
+                    raise ValueError(f"kvstore HiCache backend: {name}={extra[name]!r} is not a {kind}") from None
+        cfg = cls(**values)
+        if not cfg.address:
+            cfg = cls(**{**values, "address": os.environ.get("KVSTORE_ADDRESS", "127.0.0.1:50151")})
+        return cfg
+
+
+@dataclass
+class BackendStats:
+    """What the backend did, for its user (SGLang's metrics see SGLang's own counters)."""
+
+    pages_stored: int = 0
+    pages_loaded: int = 0
+    pages_missed: int = 0  # asked to load and not loaded (absent, damaged, refused, daemon down)
+    lookups: int = 0
+
+
+def page_hash(key: str) -> bytes:
+    """The engine hash of an SGLang page key (a 64-hex SHA-256 for V4.1; another key's bytes, or their
+    blake2b-256 past 64 bytes)."""
+    if len(key) == 64:
+        try:
+            return bytes.fromhex(key)
+        except ValueError:
+            pass
+    raw = key.encode()
+    return raw if 0 < len(raw) <= page.MAX_HASH_BYTES else hashlib.blake2b(raw, digest_size=32).digest()
+
+
+def _name(pool_name: Any) -> str:
+    return str(getattr(pool_name, "value", pool_name))
+
+
+class KVStoreHiCache(HiCacheStorage):
+    """SGLang's HiCacheStorage hooks on kvstore's daemon (``host.py`` finds the pages in host memory,
+    ``geometry.py`` lays them out, ``kvstore/engines/pages/`` holds the tenants, sessions and daemon link)."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None) -> None:
+        self.storage_config = storage_config
+        self.config = BackendConfig.from_extra(storage_config.extra_config)
+        self.tenant = Tenant(self.config.namespace, self.config.token)
+        self.retention = Retention(ttl_s=self.config.session_ttl_s if self.config.session_ttl_s > 0 else None)
+        self.registered_pools: dict[str, Any] = {}
+        self.mem_pool_host: Any = None
+        self.geometry: Geometry | None = None
+        self.host: dict[str, HostPages] = {}
+        self.daemon: DaemonLink | None = None
+        self.sessions: PageSessions | None = None
+        self.stats = BackendStats()
+        self._stored: OrderedDict[bytes, None] = OrderedDict()
+        self._stored_lock = threading.Lock()
+
+    # -- attach -----------------------------------------------------------------------------------
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        self.mem_pool_host = mem_pool_host
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        name = _name(host_pool_name)
+        if name in SWA_POOLS:  # refused where it is registered, not found out as a 0% hit rate later
+            derive(self.storage_config.model_name or "", [self._pool(name, host_pool)], {})
+        self.registered_pools[name] = host_pool
+        if self.geometry is not None and name != ANCHOR:  # a pool after the attach: the layout changes with it
+            self.on_host_pools_registered()
+
+    def on_host_pools_registered(self) -> None:
+        """Every pool known: the page layout derived (SwaPoolRefused for an ``swa`` pool, which fails
+        SGLang's attach) and registered with the daemon, the I/O threads' clients made lazily."""
+        pools = {n: self._pool(n, p) for n, p in self.registered_pools.items() if n != ANCHOR}
+        self.geometry = derive(self.storage_config.model_name or "unknown", list(pools.values()), self._fingerprint())
+        self.host = {n: HostPages(pools[n], self.registered_pools[n]) for n in self.geometry.groups}
+        if self.geometry.opaque:
+            log.warning("kvstore HiCache backend: the records of pool(s) %s could not be read from SGLang's device "
+                        "pools: their pages are stored whole (verified, bit-exact, no scale compression)",
+                        list(self.geometry.opaque))
+        if self.daemon is not None:
+            self.daemon.close()
+        self.daemon = DaemonLink(self.config.address, self.geometry.layout, self.config.timeout_s,
+                                 self.config.down_s, self.config.arena_bytes, log)
+        self.sessions = PageSessions(self.geometry.layout, self.tenant, self.retention)
+        self.daemon.warm(self.tenant, "lookup")  # the layout registered now: the first query does not pay for it
+        log.info("kvstore HiCache backend: %d pools, %.1f B/token, layout %s, namespace %r, daemon %s",
+                 len(self.host), self.geometry.bytes_per_token, self.geometry.layout.layout_hex[:12],
+                 self.tenant.namespace, self.config.address)
+
+    def _pool(self, name: str, host_pool: Any) -> Pool:
+        entry = getattr(self.mem_pool_host, "entry_map", {}).get(name) if self.mem_pool_host is not None else None
+        return Pool(name, int(getattr(host_pool, "layer_num", 0)), int(getattr(host_pool, "item_bytes", 0)),
+                    int(getattr(host_pool, "page_size", 0)), record_of(getattr(entry, "device_pool", None)))
+
+    def _fingerprint(self) -> dict[str, str]:
+        """The ranks that make a page another configuration's. MLA KV is the same on every TP rank (only
+        the storage writer stores it, every rank loads it), so the TP rank is left out for it, as
+        SGLang's own file backend leaves it out of its file names."""
+        c = self.storage_config
+        fp = {"engine_version": sglang.__version__, "tp_size": str(c.tp_size), "pp_rank": str(c.pp_rank),
+              "pp_size": str(c.pp_size), "attn_cp_rank": str(c.attn_cp_rank), "attn_cp_size": str(c.attn_cp_size),
+              "dcp_rank": str(c.dcp_rank), "dcp_size": str(c.dcp_size),
+              "tp_rank": "replicated" if c.is_mla_model else str(c.tp_rank)}
+        return fp
+
+    # -- keys -------------------------------------------------------------------------------------
+    def _key(self, pool: str, key: str) -> bytes:
+        assert self.geometry is not None
+        return block_key(self.geometry.layout, self.tenant, self.geometry.groups[pool], page_hash(key))
+
+    def _ready(self) -> bool:
+        return self.geometry is not None and self.daemon is not None and self.daemon.available()
+
+    def _present(self, keys: Sequence[str], pools: Sequence[str]) -> dict[str, list[bool]]:
+        """For each pool, which of ``keys``' pages the daemon holds (one call; a failure: none)."""
+        if not keys or not pools or not self._ready():
+            return {p: [False] * len(keys) for p in pools}
+        assert self.daemon is not None
+        try:
+            pkeys = [self._key(p, k) for p in pools for k in keys]
+            where = self.daemon.client(self.tenant, "lookup").lookup_keys(self.tenant.namespace, pkeys)
+        except Exception as e:  # a miss, never SGLang's exception
+            self.daemon.failed("a lookup", e)
+            return {p: [False] * len(keys) for p in pools}
+        self.stats.lookups += 1
+        n = len(keys)
+        return {p: [w is not None for w in where[i * n:(i + 1) * n]] for i, p in enumerate(pools)}
+
+    def _anchored(self, keys: Sequence[str]) -> list[bool]:
+        """Whether every pool holds each page (the ``kv`` anchor's answer)."""
+        if self.geometry is None:
+            return [False] * len(keys)
+        present = self._present(keys, list(self.geometry.groups))
+        return [all(present[p][i] for p in present) for i in range(len(keys))]
+
+    # -- v2: the pools' pages ---------------------------------------------------------------------
+    def batch_exists_v2(self, keys: list[str], pool_transfers: list[PoolTransfer] | None = None,
+                        extra_info: HiCacheStorageExtraInfo | None = None) -> PoolTransferResult:
+        try:
+            return self._exists(keys, pool_transfers or [])
+        except Exception:  # never into SGLang: a miss
+            log.exception("kvstore HiCache backend: a query failed")
+            return PoolTransferResult(0, {}, [])
+
+    def _exists(self, keys: list[str], transfers: list[PoolTransfer]) -> PoolTransferResult:
+        if self.geometry is None:
+            return PoolTransferResult(0, {}, [])
+        names = list(self.geometry.groups)
+        present = self._present(keys, names)
+        kv_pages = next((i for i in range(len(keys)) if not all(present[p][i] for p in names)), len(keys))
+        hits: dict[str, int] = {ANCHOR: kv_pages} if kv_pages else {}
+        restorable = set(range(1, kv_pages + 1))
+        for t in transfers:
+            name = _name(t.name)
+            has = present.get(name, [False] * len(keys))
+            if t.hit_policy == PoolHitPolicy.ALL_PAGES:
+                boundary = next((i for i in range(kv_pages) if not has[i]), kv_pages)
+                ok = set(range(1, boundary + 1))
+            elif t.hit_policy == PoolHitPolicy.TRAILING_PAGES:
+                trailing = max(1, len(t.keys or ()))
+                ok = {n for n in range(1, kv_pages + 1) if all(has[max(0, n - trailing):n])}
+                boundary = max(ok, default=0)
+            else:  # a policy this backend does not answer: no prefix of the pool is restorable
+                ok, boundary = set(), 0
+            if boundary:
+                hits[name] = boundary
+            restorable &= ok
+        final = max(restorable, default=0)
+        return PoolTransferResult(final, hits, sorted(restorable))
+
+    def batch_get_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        out: dict[str, list[bool]] = {}
+        for t in transfers:
+            name, keys = _name(t.name), list(t.keys or ())
+            try:
+                out[name] = self._load(name, keys, t.host_indices)
+            except Exception as e:  # any failure is misses, never SGLang's exception
+                if self.daemon is not None:
+                    self.daemon.failed(f"loading {len(keys)} pages of {name}", e)
+                out[name] = [False] * len(keys)
+            self.stats.pages_loaded += sum(out[name])
+            self.stats.pages_missed += len(keys) - sum(out[name])
+        return out
+
+    def _load(self, name: str, keys: list[str], host_indices: torch.Tensor | None) -> list[bool]:
+        hp = self.host.get(name)
+        if not keys or hp is None or not self._ready() or host_indices is None:
+            return [False] * len(keys)
+        rows = hp.rows(host_indices, len(keys))
+        if rows is None:
+            log.error("kvstore HiCache backend: %s: %d host indices for %d pages of %d tokens", name,
+                      host_indices.numel(), len(keys), hp.pool.page_tokens)
+            return [False] * len(keys)
+        assert self.daemon is not None
+        client = self.daemon.client(self.tenant, "load")
+        pkeys = [self._key(name, k) for k in keys]
+        size = hp.pool.page_bytes
+        region = hp.region
+        ok = [False] * len(keys)
+        if region is not None:  # the daemon writes each verified page into its host slot
+            for i, view in client.load_pages_into(self.tenant.namespace, pkeys, region, hp.offsets(rows), size):
+                ok[i] = len(view) == size
+            return ok
+        scratch = bytearray(size * len(keys))  # a layout without slots: loaded here, set by the pool
+        offsets = [i * size for i in range(len(keys))]
+        for i, view in client.load_pages_into(self.tenant.namespace, pkeys, scratch, offsets, size):
+            if len(view) == size:
+                hp.write(rows[i], view)
+                ok[i] = True
+        return ok
+
+    def batch_set_v2(self, transfers: list[PoolTransfer],
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        out: dict[str, list[bool]] = {}
+        prefix = list(extra_info.prefix_keys) if extra_info is not None and extra_info.prefix_keys else None
+        for t in transfers:
+            name, keys = _name(t.name), list(t.keys or ())
+            try:
+                done = self._store(name, keys, t.host_indices, prefix)
+            except Exception as e:  # a store that fails is False: SGLang keeps the pages in host memory
+                if self.daemon is not None:
+                    self.daemon.failed(f"storing {len(keys)} pages of {name}", e)
+                done = False
+            out[name] = [done] * len(keys)
+        return out
+
+    def _session(self, keys: list[str], prefix: list[str] | None) -> PageSession:
+        assert self.sessions is not None
+        root = (prefix or keys)[0]
+        return self.sessions.session(self.tenant, session_id(f"sglang-{root[:32]}"))
+
+    def _store(self, name: str, keys: list[str], host_indices: torch.Tensor | None,
+               prefix: list[str] | None) -> bool:
+        hp = self.host.get(name)
+        if not keys:
+            return True
+        if hp is None or not self._ready() or host_indices is None or self.sessions is None:
+            return False
+        rows = hp.rows(host_indices, len(keys))
+        if rows is None:
+            return False
+        assert self.daemon is not None and self.geometry is not None
+        client = self.daemon.client(self.tenant, "store")
+        layout, group = self.geometry.layout, self.geometry.groups[name]
+        pkeys = [self._key(name, k) for k in keys]
+        hashes = [page_hash(k) for k in keys]
+        start = len(prefix) if prefix is not None else None
+        ends: list[int | None] = [None if start is None else (start + i + 1) * hp.pool.page_tokens
+                                  for i in range(len(keys))]
+        region = hp.region
+        s = self._session(keys, prefix)
+        if region is not None:  # the daemon reads each page from its host slot and seals it
+            offsets = hp.offsets(rows)
+
+            def send(m: Any, fresh: list[int], base: int) -> Any:
+                return client.save_pages(m, layout, region, [offsets[i] for i in fresh], hp.pool.page_bytes,
+                                         [group] * len(fresh), [hashes[i] for i in fresh], base)
+
+            self.sessions.save(client, s, pkeys, list(range(len(keys))), ends, send)
+        else:  # a layout without slots: the pages gathered by the pool and sealed here
+            blobs = [page.encode(layout, group, hashes[i], pkeys[i], hp.read(rows[i])) for i in range(len(keys))]
+            self.sessions.save(client, s, pkeys, blobs, ends)
+        self.stats.pages_stored += len(keys)
+        with self._stored_lock:
+            for k in keys:
+                self._stored[(name + k).encode()] = None
+            while len(self._stored) > RECENT_STORED:
+                self._stored.popitem(last=False)
+        return True
+
+    # -- v1: the 0-byte kv anchor -----------------------------------------------------------------
+    def _stored_lately(self, key: str) -> bool:
+        if self.geometry is None:
+            return False
+        with self._stored_lock:
+            return all((n + key).encode() in self._stored for n in self.geometry.groups)
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        """The anchor's pages hold no bytes: a write "succeeds" when every pool holds the pages (the
+        pools' writes come first, in the same backup)."""
+        try:
+            if all(self._stored_lately(k) for k in keys):
+                return True
+            return all(self._anchored(keys))
+        except Exception:
+            log.exception("kvstore HiCache backend: an anchor write failed")
+            return False
+
+    def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
+        return self.batch_set([key])
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[torch.Tensor | None]:
+        """The anchor's (0-byte) pages: each returned when every pool holds the page, else None."""
+        targets = list(target_locations) if target_locations is not None else [None] * len(keys)
+        try:
+            anchored = self._anchored(keys)
+        except Exception:
+            log.exception("kvstore HiCache backend: an anchor read failed")
+            anchored = [False] * len(keys)
+        return [(t if t is not None else torch.empty(0, dtype=torch.uint8)) if a else None
+                for t, a in zip(targets, anchored)]
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> torch.Tensor | None:
+        return self.batch_get([key], [target_location])[0]
+
+    def exists(self, key: str) -> bool:
+        try:
+            return self._anchored([key])[0]
+        except Exception:
+            log.exception("kvstore HiCache backend: a query failed")
+            return False
+
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        try:
+            anchored = self._anchored(keys)
+        except Exception:
+            log.exception("kvstore HiCache backend: a query failed")
+            return 0
+        return next((i for i, a in enumerate(anchored) if not a), len(keys))
+
+    # -- admin ------------------------------------------------------------------------------------
+    def clear(self) -> bool:
+        """SGLang's ``/clear_hicache_storage_backend``: this server's page sessions (its model's, in its
+        namespace) deleted from the daemon; other servers' and other tenants' sessions stay."""
+        if self.geometry is None or self.daemon is None:
+            return False
+        try:
+            client = self.daemon.client(self.tenant, "lookup")
+            gone = 0
+            for s in client.list_sessions(self.tenant.namespace):
+                if s.session_id.startswith("sglang-") and s.layout_name == self.geometry.layout.name:
+                    client.delete_session(self.tenant.namespace, s.session_id)
+                    gone += 1
+            log.info("kvstore HiCache backend: cleared %d sessions of namespace %r", gone, self.tenant.namespace)
+            assert self.sessions is not None
+            self.sessions = PageSessions(self.sessions.layout, self.tenant, self.retention)  # none is held now
+            return True
+        except Exception as e:
+            self.daemon.failed("clearing the storage", e)
+            return False
+
+    def close(self) -> None:
+        if self.daemon is not None:
+            self.daemon.close()
+
+
+__all__ = ["TESTED_SGLANG", "BackendConfig", "BackendStats", "KVStoreHiCache", "SwaPoolRefused", "page_hash"]

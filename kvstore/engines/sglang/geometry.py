@@ -1,0 +1,171 @@
+"""The page geometry of SGLang's DeepSeek-V4.1 HiCache pools, as kvstore stores them.
+
+SGLang 0.5.23 mirrors each V4.1 global cache in a host pool of its own (``DeepSeekV4PagedHostPool``):
+``deepseek_v4_c2`` (the main KV of the three ratio-2 kv-source layers), ``deepseek_v4_c2_indexer``,
+``deepseek_v4_c1`` (the ratio-1 layer) and ``deepseek_v4_c1_indexer``. A host page covers one FULL
+page of ``page_tokens`` tokens (256): per layer one item of ``item_bytes``, holding ``page_tokens /
+ratio`` records. Each pool becomes one group of a :class:`PageLayout` (its page: one ``PageSpec`` per
+layer, side by side, as ``page_first`` host memory holds it and ``get_data_page`` flattens it).
+
+The records come from the device pool behind each host pool, as SGLang chose them:
+
+- main KV (``DeepSeekV4SingleKVPool.kv_layout``, sglang/kernels/ops/attention/dsv4/kv_layout.py):
+  ``v41_fp4`` 288 B = 256 e2m1 + 32 e4m3, ``v4`` 584 B = 576 + 8 UE8M0 (Hopper), ``v41`` 528 B =
+  512 + 16, block-split (all data rows, then all scale rows) unless the layout is one of the
+  interleaved ``_new`` ones; the page padded to the layout's ``page_align``;
+- indexer (``DeepSeekV4IndexerPool``): MXFP4 ``index_head_dim / 2`` + ``index_head_dim / 32`` or
+  FP8 ``index_head_dim`` + 4 (fp32 scale), split.
+
+Two arrangements of the same size (``v41_fp4`` and ``v41_fp4_new``) hold different bytes, so the
+layout's fingerprint names each pool's record layout: a page of one is never served to the other. A
+pool whose records cannot be read (no device pool, an unknown layout) is stored as one opaque page
+per layer, still verified and bit-exact, and ``Geometry.opaque`` names it.
+
+Importable without SGLang (the daemon's tests use it).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvstore.format.page_layout import INTERLEAVED, SPLIT, GroupSpec, PageLayout, PageSpec
+
+#: SGLang's sliding-window pools: never persisted (kvstore keeps only the global KV; the model replays the window)
+SWA_POOLS = frozenset({"swa", "auxiliary_swa", "draft_swa"})
+#: The pool a host page's existence is anchored on: SGLang's ``LogicalHostPool``, 0 bytes a page
+ANCHOR = "kv"
+_RATIO = re.compile(r"_c(\d+)(?:_|$)")
+
+
+class SwaPoolRefused(ValueError):
+    """SGLang registered a sliding-window pool: kvstore persists only the global KV."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One cache record: ``data`` code bytes and ``scale`` bytes in ``arrangement``, pages padded to ``align``."""
+
+    data: int
+    scale: int
+    arrangement: str
+    align: int
+    name: str  # what the fingerprint says of it: e.g. "v41_fp4", "indexer-mxfp4-128"
+
+    @property
+    def nbytes(self) -> int:
+        return self.data + self.scale
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One host pool as the backend sees it: ``layers`` items of ``item_bytes`` per page of ``page_tokens``."""
+
+    name: str
+    layers: int
+    item_bytes: int
+    page_tokens: int
+    record: Record | None  # None: not readable from the device pool (stored opaque)
+
+    @property
+    def page_bytes(self) -> int:
+        return self.layers * self.item_bytes
+
+    @property
+    def ratio(self) -> int | None:
+        m = _RATIO.search(self.name)
+        return int(m.group(1)) if m else None
+
+
+def main_record(kv_layout: Any) -> Record | None:
+    """The record of a main-KV device pool's ``kv_layout`` (SGLang's ``KVLayout``); None: not one."""
+    try:
+        data, scale, align = int(kv_layout.data_bytes), int(kv_layout.scale_bytes), int(kv_layout.page_align)
+        interleaved = bool(kv_layout.is_interleaved)
+        name = str(kv_layout.value)
+    except (AttributeError, TypeError, ValueError, KeyError):
+        return None
+    return Record(data, scale, INTERLEAVED if interleaved else SPLIT, align, name)
+
+
+def indexer_record(device_pool: Any) -> Record | None:
+    """The record of an indexer device pool (fused value + scale rows); None: not one kvstore knows
+    (AMD's row-grouped FP4 layout, for one, which keeps values and scales in separate pools)."""
+    head = getattr(device_pool, "index_head_dim", None)
+    if not isinstance(head, int) or getattr(device_pool, "index_k_with_scale_buffer", None) is None:
+        return None
+    if getattr(device_pool, "index_k_page8", False) or getattr(device_pool, "uses_aiter_fp4_layout", False):
+        return None
+    if getattr(device_pool, "use_fp4_indexer", False):
+        return Record(head // 2, head // 32, SPLIT, 1, f"indexer-mxfp4-{head}")
+    return Record(head, 4, SPLIT, 1, f"indexer-fp8-{head}")
+
+
+def record_of(device_pool: Any) -> Record | None:
+    """The record of the device pool a host pool mirrors (None: unknown)."""
+    if device_pool is None:
+        return None
+    layout = getattr(device_pool, "kv_layout", None)
+    return main_record(layout) if layout is not None else indexer_record(device_pool)
+
+
+def _round_up(n: int, a: int) -> int:
+    return -(-n // a) * a
+
+
+def item_pages(pool: Pool) -> list[PageSpec] | None:
+    """The pages of one host page of ``pool``: one per layer, each ``item_bytes``; None: the record
+    does not fill the item the way SGLang pads it (then the pool is opaque)."""
+    rec, ratio = pool.record, pool.ratio
+    if rec is None or not ratio or pool.page_tokens % ratio:
+        return None
+    states = pool.page_tokens // ratio
+    if _round_up(states * rec.nbytes, rec.align) != pool.item_bytes:
+        return None
+    return [PageSpec(f"{pool.name}.L{i}", i * pool.item_bytes, states, rec.data, rec.scale, rec.arrangement,
+                     pool.item_bytes) for i in range(pool.layers)]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The page layout of an SGLang server's pools and, per pool, its group index."""
+
+    layout: PageLayout
+    groups: Mapping[str, int]
+    pools: Mapping[str, Pool]
+    opaque: tuple[str, ...]  # pools stored as opaque pages (their records unknown)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return float(self.layout.bytes_per_token)
+
+
+def derive(model: str, pools: Sequence[Pool], fingerprint: Mapping[str, str]) -> Geometry:
+    """The page layout of ``pools`` (sorted by name; a pool's group is its place in that order) for
+    ``model``, with ``fingerprint`` (ranks, versions) and every pool's geometry and record layout in
+    the layout's fingerprint. SwaPoolRefused for a sliding-window pool, ValueError for none at all."""
+    swa = sorted(p.name for p in pools if p.name in SWA_POOLS)
+    if swa:
+        raise SwaPoolRefused(
+            f"SGLang registered the sliding-window pool(s) {swa} with kvstore's HiCache backend: kvstore persists "
+            "only DeepSeek-V4.1's global KV and never the SWA window, which the model rebuilds by replaying the "
+            "last 128 tokens. Launch SGLang with --enable-encoder-swa-bounded-replay (then no swa pool exists).")
+    data = sorted((p for p in pools if p.name != ANCHOR), key=lambda p: p.name)
+    if not data:
+        raise ValueError("SGLang registered no host pool with data: nothing for kvstore to store")
+    fp = {"model": model, **fingerprint}
+    groups: list[GroupSpec] = []
+    opaque: list[str] = []
+    for i, p in enumerate(data):
+        pages = item_pages(p)
+        if pages is None:
+            opaque.append(p.name)
+            pages = [PageSpec(f"{p.name}.L{j}.opaque", j * p.item_bytes, 1, p.item_bytes, 0, SPLIT, p.item_bytes)
+                     for j in range(p.layers)]
+        rec = p.record.name if p.record is not None and p.name not in opaque else "opaque"
+        fp[f"pool.{p.name}"] = f"layers={p.layers},item_bytes={p.item_bytes},page_tokens={p.page_tokens},record={rec}"
+        groups.append(GroupSpec(i, p.page_tokens, p.page_bytes, tuple(pages)))
+    layout = PageLayout(model, "sglang", tuple(sorted(fp.items())), tuple(groups))
+    return Geometry(layout, {p.name: i for i, p in enumerate(data)}, {p.name: p for p in data}, tuple(opaque))
