@@ -1,7 +1,9 @@
 """HiCache L3 scenarios for DeepSeek-V4.1 against SGLang 0.5.23's own machinery (harness.py), per L3 backend.
 
 Every test takes the ``backend`` fixture: the backend's ``--hicache-storage-backend`` value and its extra config,
-with whatever service it needs running. ``file`` is SGLang's own ``HiCacheFile`` (a temp directory). Adding a
+with whatever service it needs running. ``file`` is SGLang's own ``HiCacheFile`` (a temp directory);
+``dynamic-file`` is the same HiCacheFile loaded the way kvstore's backend is (``--hicache-storage-backend dynamic``,
+module_path/class_name in the extra config: recording_backend.py), recording the calls it gets. Adding a
 backend is one more param of that fixture (``kvstore``: start a daemon, yield ``"dynamic"`` and
 ``{"backend_name": "kvstore", "module_path": "kvstore.engines.sglang.backend", "class_name": "KVStoreHiCache",
 "address": ..., "namespace": ..., "token": ...}``). Tests of one backend's own behaviour check ``backend.name``.
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import recording_backend
 from harness import PAGE_TOKENS, V41_L3_POOLS, Engine, Stored, expected_page_bytes, page_keys
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,11 +39,25 @@ class Backend:
         return Engine(family, self.storage_backend, self.extra_config, **kwargs)
 
 
-@pytest.fixture(params=["file"])
+def file_backend(path: Path) -> Backend:
+    return Backend("file", "file", {"file_storage_path": str(path)}, path)
+
+
+def dynamic_file_backend(path: Path) -> Backend:
+    recording_backend.CALLS.clear()
+    recording_backend.CONFIGS.clear()
+    return Backend("dynamic-file", "dynamic", {"backend_name": "recording-file", "module_path": "recording_backend",
+                                               "class_name": "RecordingHiCacheFile", "file_storage_path": str(path),
+                                               "namespace": "tests"}, path)
+
+
+@pytest.fixture(params=["file", "dynamic-file"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """Each L3 backend, its service running. Tests of one backend's own behaviour build that backend directly."""
     if request.param == "file":
-        path = tmp_path / "hicache"
-        yield Backend("file", "file", {"file_storage_path": str(path)}, path)
+        yield file_backend(tmp_path / "hicache")
+    elif request.param == "dynamic-file":
+        yield dynamic_file_backend(tmp_path / "hicache")
     else:  # pragma: no cover - the parameter list above names every backend
         raise AssertionError(request.param)
 
@@ -143,13 +160,12 @@ def test_tenants_with_different_cache_salts_do_not_see_each_others_pages(backend
     assert own.hit_pages == 2 and own.pool_pages == stored_a.pool_pages
 
 
-def test_hicache_file_serves_a_damaged_page_and_stops_at_a_removed_one(backend: Backend) -> None:
+def test_hicache_file_serves_a_damaged_page_and_stops_at_a_removed_one(tmp_path: Path) -> None:
     """HiCacheFile keeps raw page bytes without a checksum: a page whose bytes changed (same length) is served
     as is, and loads compare unequal; a removed page file ends the hit before that page (the KV prefix walk in
     batch_exists_v2 stops there); a truncated one aborts the whole read (its short-read IOError escapes
     HiCacheFile.get, and the controller logs it and loads nothing)."""
-    if backend.name != "file":
-        pytest.skip("HiCacheFile's own behaviour")
+    backend = file_backend(tmp_path / "hicache")
     assert backend.path is not None
     toks = tokens(4, seed=6)
     stored = write(backend, toks)
@@ -227,3 +243,37 @@ def test_an_swa_pool_is_registered_without_the_replay_flag(backend: Backend) -> 
         assert swa.layer_num == 43 and swa.hit_policy == "component"
         stored = engine.write_through(tokens(2, seed=8))  # the KV-derived pools still go through
     assert stored.completed_tokens == 2 * PAGE_TOKENS
+
+
+def test_how_the_controller_calls_a_dynamic_backend(tmp_path: Path) -> None:
+    """What a dynamic L3 backend gets from SGLang 0.5.23 for V4.1 (recorded by recording_backend.py)."""
+    backend = dynamic_file_backend(tmp_path / "hicache")
+    toks = tokens(3, seed=9)
+    write(backend, toks)
+    with backend.engine() as engine:
+        assert engine.prefetch(toks).hit_pages == 3
+    (config, _) = recording_backend.CONFIGS
+    assert config.extra_config == backend.extra_config  # every key of the JSON, backend_name etc. included
+    assert (config.tp_rank, config.tp_size, config.pp_rank, config.pp_size, config.model_name) == (0, 1, 0, 1, None)
+    assert config.is_mla_model and config.is_page_first_layout
+    calls = [(c.thread.split("(")[-1].rstrip(")"), c.method, c.keys, tuple(c.pools), c.prefix_keys)
+             for c in recording_backend.CALLS]
+    pools = tuple(sorted(V41_L3_POOLS))
+    attach = [("MainThread", "__init__", 0, (), None), ("MainThread", "register_mem_pool_host", 0, (), None),
+              ("MainThread", "register_mem_host_pool_v2", 0, ("kv",), None),
+              *[("MainThread", "register_mem_host_pool_v2", 0, (pool,), None) for pool in pools],
+              ("MainThread", "on_host_pools_registered", 0, (), None)]
+    assert calls == [
+        *attach,
+        # write_storage: the backup thread stores the four pools in one v2 call, then the data-less kv anchor
+        # through the v1 batch_set (one 0-byte page per key)
+        ("backup_thread_func", "batch_set_v2", 3, pools, None), ("backup_thread_func", "batch_set", 3, (), None),
+        ("MainThread", "close", 0, (), None),
+        *attach,
+        # prefetch: the query thread asks for every page at once; the IO thread reads the kv anchor (v1), the
+        # kv-derived pools (v2, one call per 128-page batch), then the non-kv-derived sidecars: none, an empty call
+        ("prefetch_thread_func", "batch_exists_v2", 3, pools, None),
+        ("prefetch_io_aux_func", "batch_get", 3, (), None), ("prefetch_io_aux_func", "batch_get_v2", 3, pools, None),
+        ("prefetch_io_aux_func", "batch_get_v2", 0, (), None),
+        ("MainThread", "close", 0, (), None),
+    ]
