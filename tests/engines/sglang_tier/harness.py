@@ -42,6 +42,7 @@ API (see the tests in test_sglang_tier.py)::
     engine.geometry()                       # {pool name: PoolGeometry}
     stored = engine.write_through(tokens, cache_salt=None)   # -> Stored(keys, completed_tokens, pool_pages)
     engine.close()                          # detaches the backend: threads stopped, backend closed
+    stop_orphaned_storage_threads()         # after an Engine(...) that raised: stops what SGLang left running
     fresh = Engine(...same storage...)      # a restarted engine: empty host pools, same L3
     loaded = fresh.prefetch(tokens, cache_salt=None)         # -> Loaded(hit_pages, hit_tokens, pool_pages, ...)
     loaded.pool_pages["deepseek_v4_c2"][i] == stored.pool_pages["deepseek_v4_c2"][i]   # bytes, bit-exact
@@ -302,6 +303,26 @@ def server_argv(family: Family, storage_backend: str, extra_config: dict[str, An
     return argv
 
 
+def stop_orphaned_storage_threads() -> int:
+    """Stop the storage threads of controllers nobody holds any more, and return how many there were.
+
+    A backend that raises in ``register_mem_host_pool_v2`` or ``on_host_pools_registered`` fails the engine's
+    start (the exception leaves ``Engine(...)``), but SGLang registers those pools after the base attach has
+    started the controller's four storage threads, and does not stop them on that failure."""
+    from sglang.srt.managers.cache_controller import HiCacheController
+
+    def orphan(thread: threading.Thread) -> Any:
+        owner = getattr(getattr(thread, "_target", None), "__self__", None)
+        if isinstance(owner, HiCacheController) and not getattr(owner, "_harness_owned", False):
+            return owner
+        return None
+
+    owners = [owner for t in threading.enumerate() if (owner := orphan(t)) is not None]
+    for controller in {id(c): c for c in owners}.values():
+        controller._stop_storage_threads()
+    return len(owners)
+
+
 class Engine:
     """One engine's HiCache side: SGLang's V4.1 device pools, its DSV4 host stack and controller, attached
     to an L3 backend. ``replay=False`` builds the stack as a deployment without
@@ -360,6 +381,7 @@ class Engine:
                                 prefetch_threshold=self.prefetch_threshold, model_name=None)
         self.host_pool_group = result.host_pool_group
         self.controller = result.cache_controller
+        self.controller._harness_owned = True
         self.sidecars = list(result.sidecars)
         self._closed = False
 

@@ -99,3 +99,13 @@ class RecordingHiCacheFile(HiCacheFile):
         parent = getattr(super(), "close", None)  # HiCacheFile has none
         if parent is not None:
             parent()
+
+
+class SwaRefusingHiCacheFile(RecordingHiCacheFile):
+    """A backend that refuses an ``swa`` pool at registration, as an L3 store of V4.1's prefix-cacheable pools
+    only should: what SGLang does with that refusal is what the tests check."""
+
+    def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
+        if _name(host_pool_name) == "swa":
+            raise ValueError("swa pool refused: launch with --enable-encoder-swa-bounded-replay")
+        super().register_mem_host_pool_v2(host_pool, host_pool_name)

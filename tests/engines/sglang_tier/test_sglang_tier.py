@@ -23,7 +23,15 @@ from typing import Any
 
 import pytest
 import recording_backend
-from harness import PAGE_TOKENS, V41_L3_POOLS, Engine, Stored, expected_page_bytes, page_keys
+from harness import (
+    PAGE_TOKENS,
+    V41_L3_POOLS,
+    Engine,
+    Stored,
+    expected_page_bytes,
+    page_keys,
+    stop_orphaned_storage_threads,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -233,16 +241,37 @@ def test_the_failure_injector_raises_nothing_and_what_loads_is_bit_exact(backend
     assert len(hits) == 6 and os.environ.get("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE") is None
 
 
-def test_an_swa_pool_is_registered_without_the_replay_flag(backend: Backend) -> None:
-    """Without --enable-encoder-swa-bounded-replay SGLang builds a paged SWA pool and registers it with the L3
-    backend (TRAILING_PAGES). HiCacheFile accepts it: it refuses no pool."""
-    with backend.engine(replay=False) as engine:
-        assert "swa" in engine.pool_names()
+@pytest.mark.parametrize(("family", "swa_item_bytes"), [("sm100", 135_168), ("hopper", 149_760)])
+def test_hicache_file_takes_the_swa_pool_registered_without_the_replay_flag(tmp_path: Path, family: str,
+                                                                           swa_item_bytes: int) -> None:
+    """Without --enable-encoder-swa-bounded-replay SGLang builds a paged SWA pool (a tree component of its own,
+    every layer: ~5.8 MB a page on SM100, ~6.4 MB on Hopper) and registers it with the L3 backend. HiCacheFile
+    refuses no pool: it takes it, and the KV-derived pools still round-trip."""
+    backend = file_backend(tmp_path / "hicache")
+    toks = tokens(2, seed=8)
+    with backend.engine(family, replay=False) as engine:
+        assert engine.pool_names() == ["kv", "swa", *sorted(V41_L3_POOLS)]
         assert "swa" in [str(getattr(k, "value", k)) for k in engine.storage_backend.registered_pools]
         swa = engine.geometry()["swa"]
-        assert swa.layer_num == 43 and swa.hit_policy == "component"
-        stored = engine.write_through(tokens(2, seed=8))  # the KV-derived pools still go through
-    assert stored.completed_tokens == 2 * PAGE_TOKENS
+        assert (swa.layer_num, swa.item_bytes, swa.hit_policy) == (43, swa_item_bytes, "component")
+        stored = engine.write_through(toks)
+        loaded = engine.prefetch(toks)
+    assert stored.completed_tokens == 2 * PAGE_TOKENS and loaded.pool_pages == stored.pool_pages
+
+
+def test_a_backend_that_refuses_the_swa_pool_stops_the_engine_start(tmp_path: Path) -> None:
+    """What SGLang does when a backend refuses the ``swa`` pool at registration (recording_backend's
+    SwaRefusingHiCacheFile, loaded as kvstore's is): the error leaves the controller's construction, so the
+    engine does not start, and the message reaches the operator. SGLang has started the storage threads by then
+    and leaves them running. With the replay flag the same backend attaches."""
+    extra = {"backend_name": "swa-refusing", "module_path": "recording_backend",
+             "class_name": "SwaRefusingHiCacheFile", "file_storage_path": str(tmp_path / "hicache")}
+    assert stop_orphaned_storage_threads() == 0
+    with pytest.raises(ValueError, match="swa pool refused"):
+        Engine("sm100", "dynamic", extra, replay=False)
+    assert stop_orphaned_storage_threads() == 4  # prefetch, prefetch-IO, prefetch-sync, backup
+    with Engine("sm100", "dynamic", extra) as engine:
+        assert "swa" not in engine.pool_names() and engine.controller.enable_storage
 
 
 def test_how_the_controller_calls_a_dynamic_backend(tmp_path: Path) -> None:
