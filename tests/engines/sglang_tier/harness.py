@@ -496,11 +496,11 @@ class Engine:
             ack = self._drain(cc.ack_prefetch_queue, operation, deadline)
             if ack.completed_tokens is not None:
                 completed = ack.completed_tokens
-            if ack.pool_hits:
-                pool_hits.update({str(getattr(k, "value", k)): v for k, v in ack.pool_hits.items()})
+            if ack.pool_hits:  # the reduced per-pool counts of the non-kv-derived sidecars (none under replay)
+                pool_hits.update({name: v for k, v in ack.pool_hits.items()
+                                  if (name := str(getattr(k, "value", k))) in self.pool_names()})
             if ack.completed_req:
                 break
-        completed = min(completed, operation.completed_tokens or completed)
         loaded = Loaded(keys, queried, completed, pool_hits)
         pages = completed // PAGE_TOKENS
         for entry in self._data_entries():

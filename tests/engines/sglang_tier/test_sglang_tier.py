@@ -106,7 +106,7 @@ def test_v41_pools_and_their_geometry(backend: Backend, family: str) -> None:
         per_token = sum(g.page_bytes for g in geometry.values()) / PAGE_TOKENS
         assert per_token == {"sm100": 890.0, "hopper": 1632.5}[family]
         config = engine.controller.storage_config
-        assert (config.tp_rank, config.tp_size, config.pp_rank, config.pp_size) == (0, 0 + 1, 0, 1)
+        assert (config.tp_rank, config.tp_size, config.pp_rank, config.pp_size) == (0, 1, 0, 1)
         assert config.is_mla_model and config.is_page_first_layout and config.is_storage_writer
         assert all(entry.host_pool.layout == "page_first" for entry in engine.host_pool_group.entries)
 
