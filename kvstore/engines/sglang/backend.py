@@ -28,7 +28,8 @@ refused at attach, with a message naming the flag. SGLang's ``kv`` anchor (a ``L
   miss or a ``False`` for ``down_s`` seconds (no call is tried meanwhile), and SGLang recomputes.
 
 Sessions: the pages of one key chain (a conversation: SGLang's keys are a SHA-256 chain from the
-sequence start, seeded by ``cache_salt``) are one page session, named by the chain's first key, so
+sequence start, seeded by ``cache_salt``) are one page session, ``sglang-<layout>-<the chain's first
+key>``, so
 ``kvstore sessions ls``, ``evict``, ``prefetch``, retention and ``bytes-per-token`` see them. SGLang
 hands a backend the chain's earlier keys only with ``"hicache_storage_pass_prefix_keys": true``;
 without it each write is its own session.
@@ -66,7 +67,18 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvstore.engines.pages.daemon import DaemonLink
 from kvstore.engines.pages.sessions import PageSession, PageSessions, Tenant, block_key, session_id
-from kvstore.engines.sglang.geometry import ANCHOR, SWA_POOLS, Geometry, Pool, SwaPoolRefused, derive, record_of
+from kvstore.engines.sglang.geometry import (
+    ANCHOR,
+    SWA_POOLS,
+    Geometry,
+    Pool,
+    Record,
+    SwaPoolRefused,
+    derive,
+    fit,
+    indexer_records,
+    main_record,
+)
 from kvstore.engines.sglang.host import HostPages
 from kvstore.format import page
 from kvstore.format.manifest import Retention
@@ -129,6 +141,19 @@ def page_hash(key: str) -> bytes:
     return raw if 0 < len(raw) <= page.MAX_HASH_BYTES else hashlib.blake2b(raw, digest_size=32).digest()
 
 
+def _records() -> tuple[list[Record], list[Record]]:
+    """The records SGLang's V4.1 pools may hold here: the main-KV layouts of the arrangement SGLang's
+    ``select_dsv4_kv_layout`` picks (interleaved only under ``SGLANG_DSV4_KV_LAYOUT=v41_new``), and the
+    fused indexer records (none on ROCm, whose AITER indexer pages group their rows)."""
+    from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
+    from sglang.srt.environ import envs
+    from sglang.srt.utils import is_hip
+
+    interleaved = str(envs.SGLANG_DSV4_KV_LAYOUT.get()).lower() == "v41_new"
+    mains = [r for r in (main_record(k) for k in KVLayout if k.is_interleaved == interleaved) if r is not None]
+    return mains, [] if is_hip() else indexer_records()
+
+
 def _name(pool_name: Any) -> str:
     return str(getattr(pool_name, "value", pool_name))
 
@@ -185,9 +210,9 @@ class KVStoreHiCache(HiCacheStorage):
                  self.tenant.namespace, self.config.address)
 
     def _pool(self, name: str, host_pool: Any) -> Pool:
-        entry = getattr(self.mem_pool_host, "entry_map", {}).get(name) if self.mem_pool_host is not None else None
-        return Pool(name, int(getattr(host_pool, "layer_num", 0)), int(getattr(host_pool, "item_bytes", 0)),
-                    int(getattr(host_pool, "page_size", 0)), record_of(getattr(entry, "device_pool", None)))
+        mains, indexers = _records()
+        return fit(name, int(getattr(host_pool, "layer_num", 0)), int(getattr(host_pool, "item_bytes", 0)),
+                   int(getattr(host_pool, "page_size", 0)), mains, indexers)
 
     def _fingerprint(self) -> dict[str, str]:
         """The ranks that make a page another configuration's. MLA KV is the same on every TP rank (only
@@ -310,7 +335,7 @@ class KVStoreHiCache(HiCacheStorage):
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
         out: dict[str, list[bool]] = {}
-        prefix = list(extra_info.prefix_keys) if extra_info is not None and extra_info.prefix_keys else None
+        prefix = list(extra_info.prefix_keys) if extra_info is not None and extra_info.prefix_keys is not None else None
         for t in transfers:
             name, keys = _name(t.name), list(t.keys or ())
             try:
@@ -324,8 +349,13 @@ class KVStoreHiCache(HiCacheStorage):
 
     def _session(self, keys: list[str], prefix: list[str] | None) -> PageSession:
         assert self.sessions is not None
-        root = (prefix or keys)[0]
-        return self.sessions.session(self.tenant, session_id(f"sglang-{root[:32]}"))
+        return self.sessions.session(self.tenant, session_id(f"{self._session_prefix()}{(prefix or keys)[0][:32]}"))
+
+    def _session_prefix(self) -> str:
+        """What this server's session ids start with: its layout's (a chain of the same tokens under another
+        record layout or configuration is another session)."""
+        assert self.geometry is not None
+        return f"sglang-{self.geometry.layout.layout_hex[:12]}-"
 
     def _store(self, name: str, keys: list[str], host_indices: torch.Tensor | None,
                prefix: list[str] | None) -> bool:
@@ -420,15 +450,15 @@ class KVStoreHiCache(HiCacheStorage):
 
     # -- admin ------------------------------------------------------------------------------------
     def clear(self) -> bool:
-        """SGLang's ``/clear_hicache_storage_backend``: this server's page sessions (its model's, in its
-        namespace) deleted from the daemon; other servers' and other tenants' sessions stay."""
+        """SGLang's ``/clear_hicache_storage_backend``: this server's page sessions (its layout's, in its
+        namespace) deleted from the daemon; other configurations' and other tenants' sessions stay."""
         if self.geometry is None or self.daemon is None:
             return False
         try:
             client = self.daemon.client(self.tenant, "lookup")
             gone = 0
             for s in client.list_sessions(self.tenant.namespace):
-                if s.session_id.startswith("sglang-") and s.layout_name == self.geometry.layout.name:
+                if s.session_id.startswith(self._session_prefix()):
                     client.delete_session(self.tenant.namespace, s.session_id)
                     gone += 1
             log.info("kvstore HiCache backend: cleared %d sessions of namespace %r", gone, self.tenant.namespace)

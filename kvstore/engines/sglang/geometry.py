@@ -7,19 +7,21 @@ page of ``page_tokens`` tokens (256): per layer one item of ``item_bytes``, hold
 ratio`` records. Each pool becomes one group of a :class:`PageLayout` (its page: one ``PageSpec`` per
 layer, side by side, as ``page_first`` host memory holds it and ``get_data_page`` flattens it).
 
-The records come from the device pool behind each host pool, as SGLang chose them:
+A backend sees only the host pools (their layers, ``item_bytes`` and page tokens), not the device pools
+whose records they mirror, so each pool's record is the one of its kind whose pages SGLang pads to
+exactly ``item_bytes`` (:func:`fit`):
 
-- main KV (``DeepSeekV4SingleKVPool.kv_layout``, sglang/kernels/ops/attention/dsv4/kv_layout.py):
-  ``v41_fp4`` 288 B = 256 e2m1 + 32 e4m3, ``v4`` 584 B = 576 + 8 UE8M0 (Hopper), ``v41`` 528 B =
-  512 + 16, block-split (all data rows, then all scale rows) unless the layout is one of the
-  interleaved ``_new`` ones; the page padded to the layout's ``page_align``;
-- indexer (``DeepSeekV4IndexerPool``): MXFP4 ``index_head_dim / 2`` + ``index_head_dim / 32`` or
-  FP8 ``index_head_dim`` + 4 (fp32 scale), split.
+- main KV, SGLang's ``KVLayout``s (sglang/kernels/ops/attention/dsv4/kv_layout.py): ``v41_fp4`` 288 B =
+  256 e2m1 + 32 e4m3, ``v4`` 584 B = 576 + 8 UE8M0 (Hopper), ``v41`` 528 B = 512 + 16, block-split (all
+  data rows, then all scale rows), each padded to its ``page_align``; their interleaved ``_new``
+  arrangements hold records of the same size, so the backend offers only the arrangement SGLang's
+  ``select_dsv4_kv_layout`` can pick (``_new`` only under ``SGLANG_DSV4_KV_LAYOUT=v41_new``);
+- indexer: MXFP4 ``index_head_dim / 2`` + ``index_head_dim / 32`` or FP8 ``index_head_dim`` + 4 (fp32
+  scale), values then scales.
 
-Two arrangements of the same size (``v41_fp4`` and ``v41_fp4_new``) hold different bytes, so the
-layout's fingerprint names each pool's record layout: a page of one is never served to the other. A
-pool whose records cannot be read (no device pool, an unknown layout) is stored as one opaque page
-per layer, still verified and bit-exact, and ``Geometry.opaque`` names it.
+Two arrangements of the same size hold different bytes, so the layout's fingerprint names each pool's
+record layout: a page of one is never served to the other. A pool no record (or more than one) fits
+is stored as one opaque page per layer, still verified and bit-exact, and ``Geometry.opaque`` names it.
 
 Importable without SGLang (the daemon's tests use it).
 """
@@ -80,7 +82,7 @@ class Pool:
 
 
 def main_record(kv_layout: Any) -> Record | None:
-    """The record of a main-KV device pool's ``kv_layout`` (SGLang's ``KVLayout``); None: not one."""
+    """The record of one of SGLang's main-KV layouts (its ``KVLayout``); None: not one."""
     try:
         data, scale, align = int(kv_layout.data_bytes), int(kv_layout.scale_bytes), int(kv_layout.page_align)
         interleaved = bool(kv_layout.is_interleaved)
@@ -90,25 +92,20 @@ def main_record(kv_layout: Any) -> Record | None:
     return Record(data, scale, INTERLEAVED if interleaved else SPLIT, align, name)
 
 
-def indexer_record(device_pool: Any) -> Record | None:
-    """The record of an indexer device pool (fused value + scale rows); None: not one kvstore knows
-    (AMD's row-grouped FP4 layout, for one, which keeps values and scales in separate pools)."""
-    head = getattr(device_pool, "index_head_dim", None)
-    if not isinstance(head, int) or getattr(device_pool, "index_k_with_scale_buffer", None) is None:
-        return None
-    if getattr(device_pool, "index_k_page8", False) or getattr(device_pool, "uses_aiter_fp4_layout", False):
-        return None
-    if getattr(device_pool, "use_fp4_indexer", False):
-        return Record(head // 2, head // 32, SPLIT, 1, f"indexer-mxfp4-{head}")
-    return Record(head, 4, SPLIT, 1, f"indexer-fp8-{head}")
+def indexer_records(index_head_dim: int = 128) -> list[Record]:
+    """The indexer's fused records (values, then scales): MXFP4 and FP8."""
+    return [Record(index_head_dim // 2, index_head_dim // 32, SPLIT, 1, f"indexer-mxfp4-{index_head_dim}"),
+            Record(index_head_dim, 4, SPLIT, 1, f"indexer-fp8-{index_head_dim}")]
 
 
-def record_of(device_pool: Any) -> Record | None:
-    """The record of the device pool a host pool mirrors (None: unknown)."""
-    if device_pool is None:
-        return None
-    layout = getattr(device_pool, "kv_layout", None)
-    return main_record(layout) if layout is not None else indexer_record(device_pool)
+def fit(name: str, layers: int, item_bytes: int, page_tokens: int, mains: Sequence[Record],
+        indexers: Sequence[Record]) -> Pool:
+    """The pool ``name`` with the one record of its kind (an ``_indexer`` pool's, or a main one's) whose
+    pages SGLang pads to exactly ``item_bytes``; with no record when none or several do (then it is opaque)."""
+    pool = Pool(name, layers, item_bytes, page_tokens, None)
+    fits = [r for r in (indexers if name.endswith("_indexer") else mains)
+            if item_pages(Pool(name, layers, item_bytes, page_tokens, r)) is not None]
+    return Pool(name, layers, item_bytes, page_tokens, fits[0]) if len(fits) == 1 else pool
 
 
 def _round_up(n: int, a: int) -> int:

@@ -344,8 +344,8 @@ class Engine:
             server_argv(self.family, storage_backend, config, replay=replay, hicache_ratio=hicache_ratio))
         runtime_context.publish(self.server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0))
         memory = get_memory()
-        (storage_extra, self.prefetch_threshold, _, _, _) = HybridCacheController.parse_storage_backend_extra_config(
-            memory.hicache_storage_backend_extra_config)
+        (storage_extra, self.prefetch_threshold, _, _, self.pass_prefix_keys) = (
+            HybridCacheController.parse_storage_backend_extra_config(memory.hicache_storage_backend_extra_config))
 
         with _device_capability(self.family.capability):
             kv_layout, compressed_option = dsv4_pool.select_dsv4_kv_layout()
@@ -421,10 +421,15 @@ class Engine:
 
     # -- the operations ---------------------------------------------------------------------------
 
-    def write_through(self, tokens: Sequence[int], cache_salt: str | None = None, *, timeout: float = 30.0) -> Stored:
+    def write_through(self, tokens: Sequence[int], cache_salt: str | None = None, *, after: int = 0,
+                      timeout: float = 30.0) -> Stored:
         """Fill the device pages of ``tokens`` (whole pages) with bytes derived from each page's key, write them
-        to host (``controller.write``, emulated copy) and then to L3 (``write_storage`` -> backup thread)."""
-        keys = page_keys(tokens, cache_salt)
+        to host (``controller.write``, emulated copy) and then to L3 (``write_storage`` -> backup thread).
+        ``after``: pages of ``tokens`` the tree holds already (an earlier turn's node): only the pages after
+        them are written, as the radix tree backs up a child node, with the earlier pages' keys as
+        ``prefix_keys`` when ``hicache_storage_pass_prefix_keys`` is set (``[]`` for a child of the root)."""
+        chain = page_keys(tokens, cache_salt)
+        keys = chain[after:]
         if not keys:
             raise ValueError("no whole page")
         if len(keys) >= self.device_pages:
@@ -449,8 +454,9 @@ class Engine:
         for ack in list(cc.ack_write_queue):
             ack.finish_event.synchronize()
         cc.ack_write_queue.clear()
-        whole = len(keys) * PAGE_TOKENS
-        op_id = cc.write_storage(host_indices, radix_key(tokens[:whole], cache_salt), keys, None,
+        span = tokens[after * PAGE_TOKENS:len(chain) * PAGE_TOKENS]
+        prefix = chain[:after] if self.pass_prefix_keys else None
+        op_id = cc.write_storage(host_indices, radix_key(span, cache_salt), keys, prefix,
                                  extra_pools=self._sidecar_transfers(keys))
         operation = self._wait_backup(op_id, timeout)
         results = {str(k.value) if hasattr(k, "value") else str(k): v

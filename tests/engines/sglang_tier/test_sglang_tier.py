@@ -3,10 +3,10 @@
 Every test takes the ``backend`` fixture: the backend's ``--hicache-storage-backend`` value and its extra config,
 with whatever service it needs running. ``file`` is SGLang's own ``HiCacheFile`` (a temp directory);
 ``dynamic-file`` is the same HiCacheFile loaded the way kvstore's backend is (``--hicache-storage-backend dynamic``,
-module_path/class_name in the extra config: recording_backend.py), recording the calls it gets. Adding a
-backend is one more param of that fixture (``kvstore``: start a daemon, yield ``"dynamic"`` and
-``{"backend_name": "kvstore", "module_path": "kvstore.engines.sglang.backend", "class_name": "KVStoreHiCache",
-"address": ..., "namespace": ..., "token": ...}``). Tests of one backend's own behaviour check ``backend.name``.
+module_path/class_name in the extra config: recording_backend.py), recording the calls it gets; ``kvstore`` is
+kvstore's backend (``kvstore.engines.sglang.backend.KVStoreHiCache``) on a real daemon (``kvstore serve`` on a
+real port and data directory). Tests of one backend's own behaviour build it directly (kvstore's:
+test_kvstore_backend.py).
 
 Run in the SGLang environment (scripts/sglang_env.sh)::
 
@@ -16,6 +16,7 @@ Run in the SGLang environment (scripts/sglang_env.sh)::
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,10 @@ from harness import (
     page_keys,
     stop_orphaned_storage_threads,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo: tests.helpers
+
+from tests.helpers.daemon import free_port, start_daemon
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,13 +64,26 @@ def dynamic_file_backend(path: Path) -> Backend:
                                                "namespace": "tests"}, path)
 
 
-@pytest.fixture(params=["file", "dynamic-file"])
+def kvstore_backend(address: str, namespace: str = "team-a", **extra: Any) -> Backend:
+    """kvstore's backend as the README's command line loads it (``--hicache-storage-backend dynamic``)."""
+    return Backend("kvstore", "dynamic", {"backend_name": "kvstore", "module_path": "kvstore.engines.sglang.backend",
+                                          "class_name": "KVStoreHiCache", "address": address,
+                                          "namespace": namespace, **extra})
+
+
+@pytest.fixture(params=["file", "dynamic-file", "kvstore"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """Each L3 backend, its service running. Tests of one backend's own behaviour build that backend directly."""
     if request.param == "file":
         yield file_backend(tmp_path / "hicache")
     elif request.param == "dynamic-file":
         yield dynamic_file_backend(tmp_path / "hicache")
+    elif request.param == "kvstore":
+        daemon = start_daemon(tmp_path / "kvstore", "--port", str(free_port()))
+        try:
+            yield kvstore_backend(daemon.address)
+        finally:
+            daemon.stop()
     else:  # pragma: no cover - the parameter list above names every backend
         raise AssertionError(request.param)
 

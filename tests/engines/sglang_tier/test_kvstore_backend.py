@@ -1,0 +1,240 @@
+"""kvstore's own behaviour as SGLang 0.5.23's HiCache L3 for DeepSeek-V4.1, under SGLang's real controller
+threads (harness.py), with real daemons (``kvstore serve`` on real ports, real LMDB files, a real Redis
+Cluster): what a restart, a down daemon, a damaged record, another tenant, another configuration, a second
+node and an ``swa`` pool do. The scenarios every backend runs (HiCacheFile beside it) are test_sglang_tier.py's.
+
+Run in the SGLang environment (scripts/sglang_env.sh):
+``.venv-sglang/bin/python -m pytest tests/engines/sglang_tier``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import lmdb
+import pytest
+from harness import PAGE_TOKENS, V41_L3_POOLS, Engine, stop_orphaned_storage_threads
+from test_sglang_tier import kvstore_backend, tokens, write
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo: tests.helpers
+
+from kvstore.client import Client
+from kvstore.engines.sglang.backend import TESTED_SGLANG, KVStoreHiCache, SwaPoolRefused
+from tests.helpers.cluster import cluster_flags, running_cluster
+from tests.helpers.daemon import Daemon, free_port, start_daemon
+
+pytestmark = pytest.mark.timeout(180)
+NS = "team-a"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    d = start_daemon(tmp_path / "data", "--port", str(free_port()))
+    yield d
+    d.stop()
+
+
+def backend_of(engine: Engine) -> KVStoreHiCache:
+    b = engine.storage_backend
+    assert isinstance(b, KVStoreHiCache)
+    return b
+
+
+def test_the_tested_sglang_version_is_the_one_installed() -> None:
+    import sglang
+
+    assert sglang.__version__ in TESTED_SGLANG
+
+
+def test_a_chain_is_one_page_session_of_every_pool_at_890_bytes_a_token(daemon: Daemon) -> None:
+    """The pages of one key chain are one page session in the server's namespace (kvstore sessions ls):
+    every pool's page, the layout SGLang's pools make, the bytes SGLang holds; a longer turn of the same
+    chain grows the same session."""
+    kv = kvstore_backend(daemon.address, NS)
+    toks = tokens(3, seed=11)
+    stored = write(kv, toks)
+    with kv.engine() as engine:
+        b = backend_of(engine)
+        assert b.geometry is not None and b.geometry.bytes_per_token == 890.0 and not b.geometry.opaque
+        layout = b.geometry.layout
+    with Client(address=daemon.address) as c:
+        (s,) = c.list_sessions(NS)
+        assert s.session_id == f"sglang-{layout.layout_hex[:12]}-{stored.keys[0][:32]}"
+        assert s.chunks == 3 * len(V41_L3_POOLS)
+        assert s.token_count == 0  # SGLang hands no prefix keys by default: the pages' positions are not known
+        m, where = c.get_session(NS, s.session_id)
+        assert m.layout_id == layout.layout_id and len(m.chunk_keys) == 12 and set(where) == {"host"}
+    longer = tokens(5, seed=11)  # the next turn: the same chain, two pages more
+    write(kv, longer)
+    with Client(address=daemon.address) as c:
+        (s,) = c.list_sessions(NS)
+        assert s.chunks == 5 * len(V41_L3_POOLS)
+
+
+def test_with_prefix_keys_a_sessions_pages_know_their_positions(daemon: Daemon) -> None:
+    """With SGLang's ``hicache_storage_pass_prefix_keys`` the backend learns where a written node starts in its
+    chain: the next turn's pages (a child node) join the first turn's session, and the session knows its length."""
+    kv = kvstore_backend(daemon.address, NS, hicache_storage_pass_prefix_keys=True)
+    write(kv, tokens(2, seed=12))
+    with kv.engine() as engine:  # the next turn: the tree holds the first two pages, backs up the next three
+        turn = engine.write_through(tokens(5, seed=12), after=2)
+    assert turn.completed_tokens == 3 * PAGE_TOKENS
+    with Client(address=daemon.address) as c:
+        (s,) = c.list_sessions(NS)
+        assert (s.token_count, s.chunks) == (5 * PAGE_TOKENS, 5 * len(V41_L3_POOLS))
+    with kv.engine() as engine:
+        assert engine.prefetch(tokens(5, seed=12)).hit_pages == 5
+
+
+def test_a_restarted_daemon_still_hits(tmp_path: Path) -> None:
+    port = free_port()
+    d = start_daemon(tmp_path / "data", "--port", str(port))
+    kv = kvstore_backend(d.address, NS)
+    toks = tokens(3, seed=13)
+    stored = write(kv, toks)
+    d.stop()
+    d = start_daemon(tmp_path / "data", "--port", str(port))
+    try:
+        with kv.engine() as engine:
+            loaded = engine.prefetch(toks)
+        assert loaded.hit_pages == 3 and loaded.pool_pages == stored.pool_pages
+    finally:
+        d.stop()
+
+
+def test_a_down_daemon_means_misses_never_a_stall_or_an_exception(tmp_path: Path) -> None:
+    d = start_daemon(tmp_path / "data", "--port", str(free_port()))
+    kv = kvstore_backend(d.address, NS, timeout_s=2.0, down_s=60.0)
+    toks = tokens(2, seed=14)
+    write(kv, toks)
+    d.stop()
+    t0 = time.monotonic()
+    with kv.engine() as engine:  # attaches without the daemon: it may start after SGLang
+        assert engine.prefetch(toks).hit_tokens == 0
+        assert engine.write_through(tokens(2, seed=15)).completed_tokens == 0  # its stores fail quietly
+        assert engine.prefetch(toks).hit_tokens == 0
+    assert time.monotonic() - t0 < 30  # each call failed fast; no harness timeout (30 s a call) was reached
+
+
+def test_a_damaged_record_is_a_miss_and_the_pages_before_it_load(tmp_path: Path) -> None:
+    port = free_port()
+    d = start_daemon(tmp_path / "data", "--port", str(port), "--host-capacity-bytes", "0")
+    kv = kvstore_backend(d.address, NS)
+    toks = tokens(4, seed=16)
+    stored = write(kv, toks)
+    with kv.engine() as engine:
+        victim = backend_of(engine)._key("deepseek_v4_c2", stored.keys[2])
+    d.stop()
+    env = lmdb.open(str(tmp_path / "data" / "ssd"), max_dbs=4, subdir=True)
+    db = env.open_db(b"chunks", create=False)
+    with env.begin(write=True, db=db) as txn:
+        record = txn.get(victim)
+        assert record is not None
+        rec = bytearray(record)
+        rec[300] ^= 0xFF  # inside the page's data rows (kept raw): the blob's checksum no longer holds
+        txn.put(victim, bytes(rec))
+    env.close()
+    d = start_daemon(tmp_path / "data", "--port", str(port), "--host-capacity-bytes", "0")
+    try:
+        with kv.engine() as engine:
+            loaded = engine.prefetch(toks)
+            again = engine.prefetch(toks)  # the damaged copy was dropped: now a miss from the query on
+        for got in (loaded, again):
+            assert got.hit_pages == 2, got
+            assert got.pool_pages == {pool: pages[:2] for pool, pages in stored.pool_pages.items()}
+    finally:
+        d.stop()
+
+
+def test_two_tenants_with_the_same_tokens_and_salt_share_nothing(daemon: Daemon) -> None:
+    """Two SGLang servers on one daemon, each its own namespace: the same tokens and the same ``cache_salt``
+    make the same SGLang keys, and still neither reads the other's pages (HiCacheFile has only the salt)."""
+    toks = tokens(2, seed=17)
+    a, b = kvstore_backend(daemon.address, "tenant-a"), kvstore_backend(daemon.address, "tenant-b")
+    stored = write(a, toks, cache_salt="shared-salt")
+    with b.engine() as engine:
+        assert engine.prefetch(toks, cache_salt="shared-salt").hit_tokens == 0
+    with a.engine() as engine:
+        own = engine.prefetch(toks, cache_salt="shared-salt")
+    assert own.hit_pages == 2 and own.pool_pages == stored.pool_pages
+    with Client(address=daemon.address) as c:
+        assert len(c.list_sessions("tenant-a")) == 1 and c.list_sessions("tenant-b") == []
+
+
+def test_another_record_family_never_gets_these_pages(daemon: Daemon) -> None:
+    """Hopper's V4 records and SM100's V4.1 FP4 ones are other page layouts: never served to each other."""
+    kv = kvstore_backend(daemon.address, NS)
+    toks = tokens(2, seed=18)
+    write(kv, toks, family="sm100")
+    with kv.engine("hopper") as engine:
+        assert engine.prefetch(toks).hit_tokens == 0
+        hopper = backend_of(engine).geometry
+        assert hopper is not None and hopper.layout.bytes_per_token == 1630
+    stored = write(kv, toks, family="hopper")
+    with kv.engine("hopper") as engine:
+        loaded = engine.prefetch(toks)
+    assert loaded.hit_pages == 2 and loaded.pool_pages == stored.pool_pages
+
+
+def test_a_second_node_resumes_through_its_own_daemon_via_a_redis_cluster(tmp_path: Path) -> None:
+    toks = tokens(3, seed=19)
+    with running_cluster(tmp_path / "cluster") as cluster:
+        flags = cluster_flags(cluster.url)
+        a = start_daemon(tmp_path / "a", "--port", str(free_port()), *flags)
+        b = start_daemon(tmp_path / "b", "--port", str(free_port()), *flags)
+        try:
+            stored = write(kvstore_backend(a.address, NS), toks)
+            with kvstore_backend(b.address, NS).engine() as engine:
+                loaded = engine.prefetch(toks)
+            assert loaded.hit_pages == 3 and loaded.pool_pages == stored.pool_pages
+            with Client(address=b.address) as c:
+                (s,) = c.list_sessions(NS)
+                assert s.session_id.startswith("sglang-") and s.session_id.endswith(stored.keys[0][:32])
+        finally:
+            a.stop()
+            b.stop()
+
+
+def test_an_swa_pool_is_refused_at_attach_naming_the_flag(daemon: Daemon) -> None:
+    """SGLang without --enable-encoder-swa-bounded-replay registers an ``swa`` pool: the backend refuses it
+    where it is registered, so the server does not start with a silent 0% hit rate."""
+    kv = kvstore_backend(daemon.address, NS)
+    assert stop_orphaned_storage_threads() == 0
+    with pytest.raises(SwaPoolRefused, match="--enable-encoder-swa-bounded-replay"):
+        kv.engine(replay=False)
+    stop_orphaned_storage_threads()  # SGLang leaves its storage threads of the failed attach running
+    with Client(address=daemon.address) as c:
+        assert c.list_sessions(NS) == []
+
+
+def test_evict_and_prefetch_work_on_the_chains_session(daemon: Daemon) -> None:
+    kv = kvstore_backend(daemon.address, NS)
+    toks = tokens(2, seed=20)
+    stored = write(kv, toks)
+    with Client(address=daemon.address) as c:
+        (s,) = c.list_sessions(NS)
+        sid = s.session_id
+        c.evict(NS, sid, "ssd")
+        assert set(c.get_session(NS, sid)[1]) == {"ssd"}
+        c.prefetch(NS, sid)
+        assert c.wait_prefetched(NS, sid, timeout_s=20) is not None
+    with kv.engine() as engine:
+        loaded = engine.prefetch(toks)
+    assert loaded.hit_pages == 2 and loaded.pool_pages == stored.pool_pages
+
+
+def test_clearing_the_storage_deletes_this_servers_sessions_only(daemon: Daemon) -> None:
+    mine, other = kvstore_backend(daemon.address, NS), kvstore_backend(daemon.address, "other")
+    toks = tokens(2, seed=21)
+    write(mine, toks)
+    write(other, toks)
+    with mine.engine() as engine:
+        assert engine.controller.clear_storage_backend()
+        assert engine.prefetch(toks).hit_tokens == 0
+    with Client(address=daemon.address) as c:
+        assert c.list_sessions(NS) == [] and len(c.list_sessions("other")) == 1
+    stored = write(mine, toks)  # and the server stores again after it
+    with mine.engine() as engine:
+        assert engine.prefetch(toks).pool_pages == stored.pool_pages
