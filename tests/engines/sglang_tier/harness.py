@@ -77,6 +77,8 @@ from sglang.srt.mem_cache.pool_host import common as pool_host_common  # noqa: E
 from sglang.srt.server_args import prepare_server_args  # noqa: E402
 
 PAGE_TOKENS = 256
+#: ``--served-model-name``: the model name SGLang hands its L3 backend (the model itself is a placeholder here)
+SERVED_MODEL = "deepseek-ai/DeepSeek-V4.1-Flash"
 #: DeepSeek-V4.1's compress ratio per layer and its kv-source layers (its config.json)
 V41_COMPRESS_RATIOS: tuple[int, ...] = (0, 0) + (2,) * 18 + (1,) * 23
 V41_KV_SOURCE_LAYERS: tuple[int, ...] = (2, 8, 14, 20)
@@ -293,7 +295,8 @@ class _TreeCache:
 
 def server_argv(family: Family, storage_backend: str, extra_config: dict[str, Any], *, replay: bool,
                 hicache_ratio: float) -> list[str]:
-    argv = ["--model-path", "dummy", "--device", "cpu", "--page-size", str(PAGE_TOKENS),
+    argv = ["--model-path", "dummy", "--served-model-name", SERVED_MODEL, "--device", "cpu",
+            "--page-size", str(PAGE_TOKENS),
             "--enable-hierarchical-cache", "--hicache-mem-layout", "page_first",
             "--hicache-ratio", str(hicache_ratio), "--hicache-write-policy", "write_through",
             "--hicache-storage-backend", storage_backend,
@@ -334,7 +337,7 @@ class Engine:
         from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
         from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _select_strategy
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-        from sglang.srt.runtime_context import get_memory
+        from sglang.srt.runtime_context import get_memory, get_serving
 
         self.family = FAMILIES[family]
         config = dict(extra_config)
@@ -378,7 +381,8 @@ class Engine:
         result = strategy.build(cache=tree, kvcache=self.kvcache, params=params, server_args=self.server_args,
                                 load_cache_event=self.load_cache_event, storage_backend=memory.hicache_storage_backend,
                                 storage_backend_extra_config=storage_extra,
-                                prefetch_threshold=self.prefetch_threshold, model_name=None)
+                                prefetch_threshold=self.prefetch_threshold,
+                                model_name=get_serving().served_model_name)  # as SGLang's assembler passes it
         self.host_pool_group = result.host_pool_group
         self.controller = result.cache_controller
         self.controller._harness_owned = True

@@ -26,6 +26,7 @@ import pytest
 import recording_backend
 from harness import (
     PAGE_TOKENS,
+    SERVED_MODEL,
     V41_L3_POOLS,
     Engine,
     Stored,
@@ -301,7 +302,8 @@ def test_how_the_controller_calls_a_dynamic_backend(tmp_path: Path) -> None:
         assert engine.prefetch(toks).hit_pages == 3
     (config, _) = recording_backend.CONFIGS
     assert config.extra_config == backend.extra_config  # every key of the JSON, backend_name etc. included
-    assert (config.tp_rank, config.tp_size, config.pp_rank, config.pp_size, config.model_name) == (0, 1, 0, 1, None)
+    assert (config.tp_rank, config.tp_size, config.pp_rank, config.pp_size) == (0, 1, 0, 1)
+    assert config.model_name == SERVED_MODEL  # --served-model-name, as SGLang's assembler passes it
     assert config.is_mla_model and config.is_page_first_layout
     calls = [(c.thread.split("(")[-1].rstrip(")"), c.method, c.keys, tuple(c.pools), c.prefix_keys)
              for c in recording_backend.CALLS]
