@@ -9,7 +9,8 @@ from fractions import Fraction
 
 import pytest
 
-from kvstore.engines.sglang.geometry import Pool, Record, SwaPoolRefused, derive, fit, indexer_records, main_record
+from kvstore.engines.pages.records import Record
+from kvstore.engines.sglang.geometry import Pool, SwaPoolRefused, derive, fit, indexer_records, main_record
 from kvstore.format.page_layout import INTERLEAVED, SPLIT
 
 PAGE = 256

@@ -66,13 +66,13 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from kvstore.engines.pages.daemon import DaemonLink
+from kvstore.engines.pages.records import Record
 from kvstore.engines.pages.sessions import PageSession, PageSessions, Tenant, block_key, session_id
 from kvstore.engines.sglang.geometry import (
     ANCHOR,
     SWA_POOLS,
     Geometry,
     Pool,
-    Record,
     SwaPoolRefused,
     derive,
     fit,

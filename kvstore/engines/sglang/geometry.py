@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvstore.engines.pages.records import Record
 from kvstore.format.page_layout import INTERLEAVED, SPLIT, GroupSpec, PageLayout, PageSpec
 
 #: SGLang's sliding-window pools: never persisted (kvstore keeps only the global KV; the model replays the window)
@@ -44,21 +45,6 @@ _RATIO = re.compile(r"_c(\d+)(?:_|$)")
 
 class SwaPoolRefused(ValueError):
     """SGLang registered a sliding-window pool: kvstore persists only the global KV."""
-
-
-@dataclass(frozen=True)
-class Record:
-    """One cache record: ``data`` code bytes and ``scale`` bytes in ``arrangement``, pages padded to ``align``."""
-
-    data: int
-    scale: int
-    arrangement: str
-    align: int
-    name: str  # what the fingerprint says of it: e.g. "v41_fp4", "indexer-mxfp4-128"
-
-    @property
-    def nbytes(self) -> int:
-        return self.data + self.scale
 
 
 @dataclass(frozen=True)

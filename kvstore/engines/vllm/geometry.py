@@ -33,6 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvstore.engines.pages.records import Record
 from kvstore.format.page_layout import INTERLEAVED, SPLIT, GroupSpec, PageLayout, PageSpec
 
 INDEXER_DTYPES = ("fp8", "mxfp4")
@@ -50,16 +51,6 @@ class EngineGroup:
     group: int  # the KV cache config's group id (what an OffloadKey names)
     tokens_per_block: int
     layer_names: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Record:
-    """One cache record: ``data`` code bytes and ``scale`` bytes, arranged in a page of ``align``."""
-
-    data: int
-    scale: int
-    arrangement: str
-    align: int
 
 
 @dataclass(frozen=True)
