@@ -294,10 +294,10 @@ class _TreeCache:
 
 
 def server_argv(family: Family, storage_backend: str, extra_config: dict[str, Any], *, replay: bool,
-                hicache_ratio: float) -> list[str]:
+                hicache_ratio: float, mem_layout: str = "page_first") -> list[str]:
     argv = ["--model-path", "dummy", "--served-model-name", SERVED_MODEL, "--device", "cpu",
             "--page-size", str(PAGE_TOKENS),
-            "--enable-hierarchical-cache", "--hicache-mem-layout", "page_first",
+            "--enable-hierarchical-cache", "--hicache-mem-layout", mem_layout,
             "--hicache-ratio", str(hicache_ratio), "--hicache-write-policy", "write_through",
             "--hicache-storage-backend", storage_backend,
             "--hicache-storage-backend-extra-config", json.dumps(extra_config), *family.flags]
@@ -332,7 +332,8 @@ class Engine:
     ``--enable-encoder-swa-bounded-replay`` does (an ``swa`` pool is registered with the backend)."""
 
     def __init__(self, family: str, storage_backend: str, extra_config: dict[str, Any], *, replay: bool = True,
-                 device_pages: int = 12, hicache_ratio: float = 2.0, prefetch_threshold: int | None = None) -> None:
+                 device_pages: int = 12, hicache_ratio: float = 2.0, prefetch_threshold: int | None = None,
+                 mem_layout: str = "page_first") -> None:
         _patch_gpu_paths()
         from sglang.srt.mem_cache.hybrid_cache.hybrid_cache_controller import HybridCacheController
         from sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler import _select_strategy
@@ -344,7 +345,8 @@ class Engine:
         if prefetch_threshold is not None:
             config["prefetch_threshold"] = prefetch_threshold
         self.server_args = prepare_server_args(
-            server_argv(self.family, storage_backend, config, replay=replay, hicache_ratio=hicache_ratio))
+            server_argv(self.family, storage_backend, config, replay=replay, hicache_ratio=hicache_ratio,
+                        mem_layout=mem_layout))
         runtime_context.publish(self.server_args, role="scheduler", ranks=runtime_context.SpawnRanks(world_rank=0))
         memory = get_memory()
         (storage_extra, self.prefetch_threshold, _, _, self.pass_prefix_keys) = (
@@ -516,8 +518,8 @@ class Engine:
         for entry in self._data_entries():
             pool = entry.host_pool
             rows = pool._to_page_indices(host_indices[: pages * PAGE_TOKENS]) if pages else []
-            loaded.pool_pages[str(entry.name.value)] = [pool.kv_buffer[int(r)].contiguous().numpy().tobytes()
-                                                        for r in rows]
+            loaded.pool_pages[str(entry.name.value)] = [  # the pool's own gather: page_first or layer_first
+                pool.get_data_page(int(r) * PAGE_TOKENS, flat=True).contiguous().numpy().tobytes() for r in rows]
         cc.mem_pool_host.free(host_indices)
         return loaded
 

@@ -88,6 +88,23 @@ def test_with_prefix_keys_a_sessions_pages_know_their_positions(daemon: Daemon) 
         assert engine.prefetch(tokens(5, seed=12)).hit_pages == 5
 
 
+def test_pages_of_a_layer_first_host_pool_are_the_same_pages(daemon: Daemon) -> None:
+    """``--hicache-mem-layout layer_first`` keeps a page's layers apart (no slot to read or write whole): the
+    backend gathers and scatters them through the pool, and the stored pages are the ones a ``page_first``
+    server stores and loads: each loads into the other, bit-exact."""
+    kv = kvstore_backend(daemon.address, NS)
+    toks, other = tokens(3, seed=22), tokens(2, seed=23)
+    with kv.engine(mem_layout="layer_first") as engine:
+        assert {e.host_pool.layout for e in engine.host_pool_group.entries if e.host_pool.layer_num} == {"layer_first"}
+        stored = engine.write_through(toks)
+        assert stored.completed_tokens == 3 * PAGE_TOKENS
+    with kv.engine() as engine:
+        assert engine.prefetch(toks).pool_pages == stored.pool_pages
+        stored_pf = engine.write_through(other)
+    with kv.engine(mem_layout="layer_first") as engine:
+        assert engine.prefetch(other).pool_pages == stored_pf.pool_pages
+
+
 def test_a_restarted_daemon_still_hits(tmp_path: Path) -> None:
     port = free_port()
     d = start_daemon(tmp_path / "data", "--port", str(port))
