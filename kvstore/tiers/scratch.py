@@ -43,10 +43,10 @@ class Scratch(Generic[B]):
 
         def lend(n: int) -> B:
             with self._lock:
-                fit = [b for b in self._free if len(b) >= n]
-                buf = min(fit, key=len) if fit else None
-                if buf is not None:
-                    self._free.remove(buf)
+                fit = [i for i, b in enumerate(self._free) if len(b) >= n]
+                buf = None
+                if fit:  # by position: a numpy buffer compares element-wise, so list.remove(buf) cannot find it
+                    buf = self._free.pop(min(fit, key=lambda i: len(self._free[i])))
             if buf is None:
                 buf = self._alloc(max(n, MIN_BYTES))
             lent.append(buf)
