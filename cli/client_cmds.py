@@ -294,21 +294,52 @@ def stats_view(s: pb.StatsResponse) -> Group:
     lines.append(f"prefetch: {p.requested:,} requested ({p.coalesced:,} coalesced, {p.dropped:,} dropped), "
                  f"{p.completed:,} completed, {p.chunks_promoted:,} chunks promoted, {p.chunks_skipped:,} skipped, "
                  f"{p.pending:,} pending")
+    if s.namespaces:
+        lines.append(framed(namespaces_table(s.namespaces)))
     lines += [Text(f"tier {r.name}: last error: {r.last_error}", style="red") for r in s.tiers if r.last_error]
     return Group(*lines)  # type: ignore[arg-type]
 
 
+def namespaces_table(usage: Sequence[pb.NamespaceUsage]) -> Table:
+    """Each namespace's usage against its quota (``-``: unlimited)."""
+    t = Table("namespace", "host", "ssd", "sessions", box=None)
+
+    def of(n: int, q: int, has: bool, bytes_: bool = True) -> str:
+        shown = human(n) if bytes_ else f"{n:,}"
+        return f"{shown} / {human(q) if bytes_ else f'{q:,}'}" if has else f"{shown} / -"
+
+    for u in usage:
+        t.add_row(u.namespace or "(unowned)", of(u.host_bytes, u.host_quota, u.has_host_quota),
+                  of(u.ssd_bytes, u.ssd_quota, u.has_ssd_quota),
+                  of(u.sessions, u.sessions_quota, u.has_sessions_quota, bytes_=False))
+    return numbers_right(t)
+
+
 @with_client
 def cmd_stats(client: Client, args: argparse.Namespace) -> int:
+    from kvstore.errors import PermissionDenied
+
+    try:
+        first = client.stats()
+    except PermissionDenied:  # a tenant's token: its own namespaces' usage and quotas, nothing else
+        usage = client.namespace_stats()
+        if args.json:
+            from google.protobuf.json_format import MessageToDict
+
+            print(json.dumps([MessageToDict(u, preserving_proto_field_name=True,
+                                            always_print_fields_with_no_presence=True) for u in usage], indent=2))
+        else:
+            console().print(framed(namespaces_table(usage)))
+        return 0
     if args.json:
         from google.protobuf.json_format import MessageToDict
 
-        print(json.dumps(MessageToDict(client.stats(), preserving_proto_field_name=True,
+        print(json.dumps(MessageToDict(first, preserving_proto_field_name=True,
                                        always_print_fields_with_no_presence=True, unquote_int64_if_possible=True),
                          indent=2))
         return 0
     if args.watch is None:
-        console().print(stats_view(client.stats()))
+        console().print(stats_view(first))
         return 0
     if args.watch <= 0:
         from cli.errors import UsageError

@@ -439,6 +439,10 @@ class Client:
     def stats(self) -> pb.StatsResponse:
         return self._call(self._stub.Stats, pb.StatsRequest())
 
+    def namespace_stats(self, namespace: str = "") -> list[pb.NamespaceUsage]:
+        """Usage and quota of ``namespace`` (empty: of every namespace the token covers; an admin's, all)."""
+        return list(self._call(self._stub.NamespaceStats, pb.NamespaceStatsRequest(namespace=namespace)).namespaces)
+
     def evict(self, namespace: str, session_id: str, tier: str) -> int:
         req = pb.EvictSessionRequest(namespace=namespace, session_id=session_id, tier=tier)
         return self._call(self._stub.EvictSession, req).moved_chunks

@@ -12,6 +12,7 @@ from pathlib import Path
 from kvstore.errors import InvalidArgument, PermissionDenied, Unauthenticated
 from kvstore.format.manifest import check_namespace
 from kvstore.server.startup import CannotStart
+from kvstore.store.quotas import QuotaConfigError, Quotas, from_tokens_file
 
 ADMIN = "*"
 
@@ -109,3 +110,17 @@ class Auth:
     def check_admin(self, metadata: Sequence[tuple[str, str | bytes]] | None) -> None:
         if self.enabled and self.namespaces(metadata) is not None:
             raise PermissionDenied("this RPC needs an admin token (scope '*')")
+
+
+def load_quotas(path: str) -> Quotas:
+    """The per-namespace quotas of the tokens file (its ``[quotas]`` tables: ``store/quotas.py``); none
+    without a file or without that table. One the daemon cannot use is CannotStart, naming the file,
+    the namespace and the field."""
+    if not path:
+        return Quotas()
+    try:
+        return from_tokens_file(tomllib.loads(Path(path).read_text()))
+    except QuotaConfigError as e:
+        raise CannotStart(f"tokens file {path}: {e}") from None
+    except (OSError, ValueError) as e:
+        raise CannotStart(f"tokens file {path}: {e}") from None

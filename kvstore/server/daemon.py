@@ -10,13 +10,14 @@ import signal
 import ssl
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2_grpc
 from prometheus_client import CollectorRegistry
 
-from kvstore.server.auth import Auth
+from kvstore.server.auth import Auth, load_quotas
 from kvstore.server.config import ConfigError, DaemonConfig, setting
 from kvstore.server.grpc_adapter import add_service
 from kvstore.server.handlers import methods
@@ -95,7 +96,8 @@ async def serve(config: DaemonConfig, on_ready: Callable[[int], None] | None = N
     keep_freed_memory()
     creds = credentials(config)  # bad TLS files fail here, before the store is opened
     with data_dir_lock(Path(config.data_dir)):  # before opening the store: its startup GC writes
-        sessions = await asyncio.to_thread(open_store, config.store_config())
+        store = replace(config.store_config(), quotas=load_quotas(config.tokens_file))
+        sessions = await asyncio.to_thread(open_store, store)
         try:
             await _serve(config, sessions, creds, on_ready)
         finally:

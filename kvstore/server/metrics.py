@@ -73,9 +73,30 @@ class StoreCollector(Collector):
                 ("coalesced", "Prefetches that joined one already waiting", p.coalesced),
                 ("dropped", "Prefetches refused because the queue was full", p.dropped)))
             yield GaugeMetricFamily("kvstore_prefetch_pending", "Sessions waiting for prefetch", value=p.pending)
+        yield from _namespaces(self.sessions)
         yield GaugeMetricFamily("kvstore_sessions", "Live sessions", value=s.sessions)
         yield GaugeMetricFamily("kvstore_persistent_bytes_per_token", "Persistent bytes per token of live sessions",
                                 value=s.bytes_per_token.measured)
+
+
+def _namespaces(sessions: SessionStore) -> Iterator[Metric]:
+    """Per-namespace usage and quotas (the metrics port is the operator's: every namespace); a quota
+    series is absent for an unlimited quota, as a tier's capacity is."""
+    used = GaugeMetricFamily("kvstore_namespace_bytes", "Bytes a namespace holds on a tier",
+                             labels=["namespace", "tier"])
+    quota = GaugeMetricFamily("kvstore_namespace_quota_bytes", "A namespace's quota of a tier's bytes",
+                              labels=["namespace", "tier"])
+    count = GaugeMetricFamily("kvstore_namespace_sessions", "Live sessions of a namespace", labels=["namespace"])
+    limit = GaugeMetricFamily("kvstore_namespace_quota_sessions", "A namespace's sessions quota", labels=["namespace"])
+    for u in sessions.admission.usage():
+        for tier, n, q in (("host", u.host_bytes, u.quota.host_bytes), ("ssd", u.ssd_bytes, u.quota.ssd_bytes)):
+            used.add_metric([u.namespace, tier], n)
+            if q is not None:
+                quota.add_metric([u.namespace, tier], q)
+        count.add_metric([u.namespace], u.sessions)
+        if u.quota.sessions is not None:
+            limit.add_metric([u.namespace], u.quota.sessions)
+    yield from (used, quota, count, limit)
 
 
 def start_metrics(registry: CollectorRegistry, sessions: SessionStore, transport: Callable[[], pb.TransportStats],

@@ -138,7 +138,7 @@ def _lookup_keys(r: pb.LookupKeysRequest) -> None:
     check_keys("keys", r.keys)
 
 
-def _list(r: pb.ListSessionsRequest) -> None:
+def _list(r: pb.ListSessionsRequest | pb.NamespaceStatsRequest) -> None:
     if r.namespace:  # "" = every namespace the token covers
         check_ns("namespace", r.namespace)
 
@@ -171,6 +171,7 @@ CHECKS: dict[type, Callable[[Any], None]] = {
     pb.CommitSessionRequest: lambda r: check_session_pb("session", r.session),
     pb.GetSessionRequest: _named,
     pb.ListSessionsRequest: _list,
+    pb.NamespaceStatsRequest: _list,
     pb.DeleteSessionRequest: _named,
     pb.TouchSessionRequest: _touch,
     pb.EvictSessionRequest: _named,

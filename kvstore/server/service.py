@@ -27,7 +27,7 @@ from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
 from kvstore.server.device_arenas import DeviceArenas
 from kvstore.server.handlers import Call, first_checked_by, quick_when
-from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb
+from kvstore.server.stats_pb import prefetch_to_pb, stats_to_pb, usage_to_pb
 from kvstore.server.status import client_bytes
 from kvstore.store import SessionStore, store_stats
 from kvstore.store.sessions.layouts import GLOBAL
@@ -321,7 +321,17 @@ class KVStoreService:
         r = stats_to_pb(store_stats(self.sessions))
         r.transport.CopyFrom(self.carriers.stats())
         r.prefetch.CopyFrom(prefetch_to_pb(self.prefetcher.counters()))
+        r.namespaces.extend(usage_to_pb(u) for u in self.sessions.admission.usage())
         return r
+
+    def NamespaceStats(self, request: pb.NamespaceStatsRequest, call: Call) -> pb.NamespaceStatsResponse:
+        """Usage and quota of the namespaces the token covers (an admin's: every one, or the one named)."""
+        if request.namespace:
+            self._ns(call, request.namespace)
+            names: frozenset[str] | None = frozenset([request.namespace])
+        else:
+            names = self.auth.namespaces(call.metadata)
+        return pb.NamespaceStatsResponse(namespaces=[usage_to_pb(u) for u in self.sessions.admission.usage(names)])
 
     def AttachArena(self, request: pb.AttachArenaRequest, call: Call) -> pb.AttachArenaResponse:
         owner = self.auth.identity(call.metadata)  # any known token: strangers get no mappings

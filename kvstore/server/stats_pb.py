@@ -7,6 +7,7 @@ Stats and /metrics still answer for everyone."""
 from __future__ import annotations
 
 from kvstore.store import BytesPerToken, StoreStats
+from kvstore.store.quotas import NamespaceUsage
 from kvstore.store.sessions.prefetch import PrefetchCounters
 from kvstore.v1 import kvstore_pb2 as pb
 
@@ -51,3 +52,12 @@ def stats_to_pb(s: StoreStats) -> pb.StatsResponse:
                             hit_tokens=_u64(h.hit_tokens), loaded_chunks=_u64(h.loaded_chunks),
                             missed_chunks=_u64(h.missed_chunks), sessions=_u32(s.sessions),
                             bytes_per_token=bpt_to_pb(s.bytes_per_token))
+
+
+def usage_to_pb(u: NamespaceUsage) -> pb.NamespaceUsage:
+    q = u.quota
+    return pb.NamespaceUsage(
+        namespace=u.namespace, host_bytes=_u64(u.host_bytes), ssd_bytes=_u64(u.ssd_bytes), sessions=_u32(u.sessions),
+        host_quota=_u64(q.host_bytes or 0), has_host_quota=q.host_bytes is not None,
+        ssd_quota=_u64(q.ssd_bytes or 0), has_ssd_quota=q.ssd_bytes is not None,
+        sessions_quota=_u32(q.sessions or 0), has_sessions_quota=q.sessions is not None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvstore.store.quotas import Quotas
 from kvstore.tiers.config import HostTierConfig, InvalidSetting, SsdTierConfig, TierConfig, option
 
 #: The default host tier's capacity (a store's, and so the daemon's, default host tier).
@@ -36,6 +37,9 @@ class StoreConfig:
     #: for every namespace (an admin's) are held to the same number.
     max_layouts_per_namespace: int = field(default=64, metadata=option(
         "engine page layouts (RegisterLayout) one namespace may hold; global ones (an admin's) as many"))
+
+    #: Per-namespace quotas (``store/quotas.py``): the daemon's come from its tokens file.
+    quotas: Quotas = field(default_factory=Quotas)
 
     def __post_init__(self) -> None:
         if not self.tiers:

@@ -526,7 +526,7 @@ class BytesPerToken(_message.Message):
     def __init__(self, tokens: _Optional[int] = ..., sessions: _Optional[int] = ..., unique_chunks: _Optional[int] = ..., formula: _Optional[float] = ..., payload: _Optional[int] = ..., chunk_overhead: _Optional[int] = ..., manifests: _Optional[int] = ..., stored: _Optional[int] = ..., raw: _Optional[int] = ..., lmdb_overhead: _Optional[int] = ..., measured: _Optional[float] = ..., baseline_swa_snapshot: _Optional[int] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("tiers", "lookups", "requested_tokens", "hit_tokens", "loaded_chunks", "missed_chunks", "sessions", "bytes_per_token", "transport", "prefetch")
+    __slots__ = ("tiers", "lookups", "requested_tokens", "hit_tokens", "loaded_chunks", "missed_chunks", "sessions", "bytes_per_token", "transport", "prefetch", "namespaces")
     TIERS_FIELD_NUMBER: _ClassVar[int]
     LOOKUPS_FIELD_NUMBER: _ClassVar[int]
     REQUESTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -537,6 +537,7 @@ class StatsResponse(_message.Message):
     BYTES_PER_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     PREFETCH_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
     tiers: _containers.RepeatedCompositeFieldContainer[TierStats]
     lookups: int
     requested_tokens: int
@@ -547,7 +548,44 @@ class StatsResponse(_message.Message):
     bytes_per_token: BytesPerToken
     transport: TransportStats
     prefetch: PrefetchStats
-    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ..., transport: _Optional[_Union[TransportStats, _Mapping]] = ..., prefetch: _Optional[_Union[PrefetchStats, _Mapping]] = ...) -> None: ...
+    namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceUsage]
+    def __init__(self, tiers: _Optional[_Iterable[_Union[TierStats, _Mapping]]] = ..., lookups: _Optional[int] = ..., requested_tokens: _Optional[int] = ..., hit_tokens: _Optional[int] = ..., loaded_chunks: _Optional[int] = ..., missed_chunks: _Optional[int] = ..., sessions: _Optional[int] = ..., bytes_per_token: _Optional[_Union[BytesPerToken, _Mapping]] = ..., transport: _Optional[_Union[TransportStats, _Mapping]] = ..., prefetch: _Optional[_Union[PrefetchStats, _Mapping]] = ..., namespaces: _Optional[_Iterable[_Union[NamespaceUsage, _Mapping]]] = ...) -> None: ...
+
+class NamespaceUsage(_message.Message):
+    __slots__ = ("namespace", "host_bytes", "ssd_bytes", "sessions", "host_quota", "has_host_quota", "ssd_quota", "has_ssd_quota", "sessions_quota", "has_sessions_quota")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    HOST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SSD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    HOST_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    HAS_HOST_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    SSD_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    HAS_SSD_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    HAS_SESSIONS_QUOTA_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    host_bytes: int
+    ssd_bytes: int
+    sessions: int
+    host_quota: int
+    has_host_quota: bool
+    ssd_quota: int
+    has_ssd_quota: bool
+    sessions_quota: int
+    has_sessions_quota: bool
+    def __init__(self, namespace: _Optional[str] = ..., host_bytes: _Optional[int] = ..., ssd_bytes: _Optional[int] = ..., sessions: _Optional[int] = ..., host_quota: _Optional[int] = ..., has_host_quota: _Optional[bool] = ..., ssd_quota: _Optional[int] = ..., has_ssd_quota: _Optional[bool] = ..., sessions_quota: _Optional[int] = ..., has_sessions_quota: _Optional[bool] = ...) -> None: ...
+
+class NamespaceStatsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class NamespaceStatsResponse(_message.Message):
+    __slots__ = ("namespaces",)
+    NAMESPACES_FIELD_NUMBER: _ClassVar[int]
+    namespaces: _containers.RepeatedCompositeFieldContainer[NamespaceUsage]
+    def __init__(self, namespaces: _Optional[_Iterable[_Union[NamespaceUsage, _Mapping]]] = ...) -> None: ...
 
 class TransportStats(_message.Message):
     __slots__ = ("arenas", "arena_calls", "overflow_calls", "stream_calls", "attaches", "detaches", "local_calls", "caller_memory_calls")

@@ -89,6 +89,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.StatsRequest.SerializeToString,
                 response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.StatsResponse.FromString,
                 _registered_method=True)
+        self.NamespaceStats = channel.unary_unary(
+                '/kvstore.v1.KVStore/NamespaceStats',
+                request_serializer=kvstore_dot_v1_dot_kvstore__pb2.NamespaceStatsRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_kvstore__pb2.NamespaceStatsResponse.FromString,
+                _registered_method=True)
         self.EvictSession = channel.unary_unary(
                 '/kvstore.v1.KVStore/EvictSession',
                 request_serializer=kvstore_dot_v1_dot_kvstore__pb2.EvictSessionRequest.SerializeToString,
@@ -223,6 +228,14 @@ class KVStoreServicer:
 
     def Stats(self, request, context):
         """Per-tier sizes and counters, token-level hits, persistent bytes per token. Admin only.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NamespaceStats(self, request, context):
+        """Each namespace's usage and quota (host bytes, ssd bytes, sessions): an admin token sees every
+        namespace, a tenant's only those it covers.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -380,6 +393,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.Stats,
                     request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.StatsRequest.FromString,
                     response_serializer=kvstore_dot_v1_dot_kvstore__pb2.StatsResponse.SerializeToString,
+            ),
+            'NamespaceStats': grpc.unary_unary_rpc_method_handler(
+                    servicer.NamespaceStats,
+                    request_deserializer=kvstore_dot_v1_dot_kvstore__pb2.NamespaceStatsRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_kvstore__pb2.NamespaceStatsResponse.SerializeToString,
             ),
             'EvictSession': grpc.unary_unary_rpc_method_handler(
                     servicer.EvictSession,
@@ -724,6 +742,33 @@ class KVStore:
             '/kvstore.v1.KVStore/Stats',
             kvstore_dot_v1_dot_kvstore__pb2.StatsRequest.SerializeToString,
             kvstore_dot_v1_dot_kvstore__pb2.StatsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NamespaceStats(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/NamespaceStats',
+            kvstore_dot_v1_dot_kvstore__pb2.NamespaceStatsRequest.SerializeToString,
+            kvstore_dot_v1_dot_kvstore__pb2.NamespaceStatsResponse.FromString,
             options,
             channel_credentials,
             insecure,

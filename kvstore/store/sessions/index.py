@@ -23,15 +23,21 @@ from kvstore.store.sessions.sharing import SessionRef, Update
 
 #: Pins (or unpins) chunks in the tiered store: a pinned session's chunks are never demoted.
 PinChunks = Callable[[Sequence[bytes]], None]
+#: Tells the tiered store which namespace owns chunks (``TieredStore.claim``: per-namespace usage).
+ClaimChunks = Callable[[Sequence[bytes], str], None]
+
+
+def _no_claim(keys: Sequence[bytes], namespace: str) -> None:
+    pass
 
 
 class SessionIndex:
-    def __init__(self, pin: PinChunks, unpin: PinChunks, kinds: Kinds) -> None:
+    def __init__(self, pin: PinChunks, unpin: PinChunks, kinds: Kinds, claim: ClaimChunks = _no_claim) -> None:
         #: The session kinds: each manifest's (``Manifest.kind``) enters its chunks and finds them again.
         self.kinds = kinds
         self.write_lock = threading.RLock()
         self.lock = threading.RLock()
-        self._pin, self._unpin = pin, unpin
+        self._pin, self._unpin, self._claim = pin, unpin, claim
         self._manifests: dict[SessionRef, Manifest] = {}
         self._refs: dict[bytes, set[SessionRef]] = defaultdict(set)
         #: Owner and place of every chunk saved or named by a manifest: reads, lookups and commits
@@ -51,6 +57,7 @@ class SessionIndex:
             for k in m.chunk_keys:
                 self._refs[k].add(ref)
             self.kinds.of(m.kind).record(self.chunks, m.namespace, m.layout_id, m.chunk_keys)
+        self._claim(m.chunk_keys, m.namespace)
         if m.retention.pinned:  # a pinned session's chunks are never demoted or evicted
             self._pin(m.chunk_keys)
 
@@ -81,6 +88,7 @@ class SessionIndex:
             self._unref(ref, [k for k in old.chunk_keys[same:] if k not in kept])
             for k in added:
                 self._refs[k].add(ref)
+            self._claim(added, m.namespace)
             self.kinds.of(m.kind).record(self.chunks, m.namespace, m.layout_id, added, same, m.chunk_keys[same - 1])
 
     def unchanged_prefix(self, m: Manifest) -> int:

@@ -18,6 +18,13 @@ promotes them, so promoting its own later chunks never evicts its earlier ones; 
 skipped. Ownership is the loads': the session is looked up in the caller's namespace (another
 namespace's is NOT_FOUND, like an absent one), and only chunks that namespace owns are read.
 
+Fairness between namespaces: each namespace has its own queue, and the worker serves them in
+turn (round robin: one session of each namespace waiting, then the next), and one namespace may
+have at most ``max_pending_per_namespace`` sessions waiting (more are dropped), so a tenant
+prefetching in a loop neither fills the queue nor makes another's prefetch wait behind all of its
+own. What a prefetch copies into the host tier counts against its namespace's host share
+(``store/tiered/demotion.py``): past it, its own chunks move down, never another's within its share.
+
 Like a load's promote-on-read, a chunk whose session is deleted while it is copied may stay in the
 fast tier unreferenced until it is evicted (it is never served: reads check ownership).
 """
@@ -40,6 +47,7 @@ WINDOW_CHUNKS = 64
 @dataclass(frozen=True)
 class PrefetchConfig:
     max_pending: int = 64  # sessions waiting (the one being promoted included); more are dropped
+    max_pending_per_namespace: int = 16  # of those, one namespace's; more of its requests are dropped
     stop_timeout_s: float = 10.0  # how long stop() waits for the window being copied
 
 
@@ -72,7 +80,8 @@ class Prefetcher:
         self.sessions = sessions
         self.config = config
         self._cond = threading.Condition()
-        self._waiting: OrderedDict[SessionRef, None] = OrderedDict()
+        #: namespace -> its sessions waiting, oldest first; namespaces in the order they are served
+        self._waiting: OrderedDict[str, OrderedDict[SessionRef, None]] = OrderedDict()
         self._busy = 0  # sessions being promoted now (0 or 1)
         self._counters = PrefetchCounters()
         self._started = False
@@ -103,17 +112,31 @@ class Prefetcher:
         with self._cond:
             c = self._counters
             c.requested += 1
-            if ref in self._waiting:
+            mine = self._waiting.get(namespace)
+            if mine is not None and ref in mine:
                 c.coalesced += 1
                 return PrefetchAnswer(answer.queued, fast, coalesced=True)
             if not answer.queued:
                 return answer
-            if not self._started or len(self._waiting) + self._busy >= self.config.max_pending:
+            if (not self._started or self._pending() + self._busy >= self.config.max_pending
+                    or len(mine or ()) >= self.config.max_pending_per_namespace):
                 c.dropped += 1
                 return PrefetchAnswer(0, fast, dropped=True)
-            self._waiting[ref] = None
+            self._waiting.setdefault(namespace, OrderedDict())[ref] = None
         self.sessions.store.run_behind(self._next)
         return answer
+
+    def _pending(self) -> int:
+        """Sessions waiting, every namespace's (under the condition's lock)."""
+        return sum(len(q) for q in self._waiting.values())
+
+    def _take(self) -> SessionRef:
+        """The next session to promote: the oldest of the namespace whose turn it is (under the lock)."""
+        namespace, mine = self._waiting.popitem(last=False)
+        ref, _ = mine.popitem(last=False)
+        if mine:
+            self._waiting[namespace] = mine  # its next session waits for every other namespace's turn
+        return ref
 
     def _in_fastest(self, key: bytes) -> bool:
         """A probe of the fastest tier alone (``where`` would ask every tier, Redis over the network)."""
@@ -121,7 +144,7 @@ class Prefetcher:
 
     def counters(self) -> PrefetchCounters:
         with self._cond:
-            return PrefetchCounters(**{**self._counters.__dict__, "pending": len(self._waiting) + self._busy})
+            return PrefetchCounters(**{**self._counters.__dict__, "pending": self._pending() + self._busy})
 
     # -- on the promotion worker ------------------------------------------------------------------
     def _next(self) -> None:
@@ -129,7 +152,7 @@ class Prefetcher:
         with self._cond:
             if self._stopping or not self._waiting:
                 return
-            ref, _ = self._waiting.popitem(last=False)
+            ref = self._take()
             self._busy = 1
         try:
             promoted, skipped = self._promote(*ref)

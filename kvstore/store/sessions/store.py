@@ -42,6 +42,7 @@ from kvstore.format.manifest import (
 )
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
+from kvstore.store.sessions.admission import Admission
 from kvstore.store.sessions.counters import DamageCounters, HitCounters
 from kvstore.store.sessions.engine_pages import EnginePages
 from kvstore.store.sessions.group_commit import GroupCommit
@@ -76,10 +77,13 @@ class SessionStore:
         self.layouts = Layouts(store, config.max_layouts_per_namespace)
         #: Token chains and engine pages, one object each: a session's kind, chosen from its layout.
         self.kinds = Kinds(self.layouts, TokenChain(config.chunk_tokens), EnginePages(self.layouts))
-        self._index = SessionIndex(store.pin, store.unpin, self.kinds)
+        self._index = SessionIndex(store.pin, store.unpin, self.kinds, store.claim)
+        #: Per-namespace quotas at the door of every save, and what each namespace holds (stats).
+        self.admission = Admission(config.quotas, store, self._index, lambda: self.clock())
         #: Concurrent turn saves share one durable transaction (one fsync) per group; the clock is
         #: read through this store (tests set ``clock``).
-        commit = TurnCommit(self._index, store, self._sharing, config.write_mode, lambda: self.clock())
+        commit = TurnCommit(self._index, store, self._sharing, config.write_mode, lambda: self.clock(),
+                            self.admission)
         self._turns: GroupCommit[Turn, SavedTurn] = GroupCommit(self._index.write_lock, commit)
         self._reads = SessionReads(self._index, store, self._sharing, self.layouts, config.chunk_tokens, self.hits)
         self._load_manifests()
@@ -139,7 +143,9 @@ class SessionStore:
         keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs)
         # everything was validated first: bad input changes nothing stored; a failed write leaves
         # nothing behind either (put_many is all or nothing), and the index learns only of success
+        self.store.claim(keys, namespace)
         new = new_chunks(self.store, keys, blobs)
+        self.admission.check_bytes(namespace, new)
         self.store.put_many(new)
         with self._index.lock:
             kind.record(self._index.chunks, namespace, layout_id, keys, first_index, parent)

@@ -15,6 +15,7 @@ from dataclasses import replace
 from kvstore.errors import FailedPrecondition, InvalidArgument
 from kvstore.format.manifest import Manifest
 from kvstore.results import SaveResult
+from kvstore.store.sessions.admission import Admission
 from kvstore.store.sessions.group_commit import Pending
 from kvstore.store.sessions.index import SessionIndex
 from kvstore.store.sessions.kind import Positions, SessionKind
@@ -53,7 +54,8 @@ class TurnCommit:
     """The ``CommitGroup`` of the session store's turn saves; called with ``index.write_lock`` held."""
 
     def __init__(self, index: SessionIndex, store: TieredStore, sharing: Sharing, write_mode: str,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float], admission: Admission | None = None) -> None:
+        self.admission = admission  # per-namespace quotas: a turn past them fails alone (admission.py)
         self.index = index
         self.store = store
         self.sharing = sharing
@@ -67,6 +69,8 @@ class TurnCommit:
         accepted: list[Accepted] = []
         later: list[Pending[Turn, SavedTurn]] = []
         refs: set[SessionRef] = set()
+        pending_bytes: dict[str, int] = {}  # new bytes and sessions of the turns accepted so far, by namespace
+        pending_sessions: dict[str, int] = {}
         for p in group:
             t = p.item
             ref = (t.manifest.namespace, t.manifest.session_id)
@@ -77,16 +81,25 @@ class TurnCommit:
             try:
                 self.check_chunks(t.manifest, t.kind, skip=batch)
                 self.check_base(t.manifest)
+                new = new_chunks(self.store, t.keys, t.blobs)
+                size, starts = 0, False
+                if self.admission is not None:  # the quotas, before anything of this turn is written
+                    self.store.claim(t.keys, t.namespace)
+                    starts = self.admission.check_session(t.namespace, t.manifest.session_id,
+                                                          pending_sessions.get(t.namespace, 0))
+                    size = self.admission.check_bytes(t.namespace, new, pending_bytes.get(t.namespace, 0))
                 if self.write_mode == "back":
                     self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in batch])
             except Exception as e:  # this turn's own error, raised to its caller
                 p.fail(e)
                 continue
+            pending_bytes[t.namespace] = pending_bytes.get(t.namespace, 0) + size
+            pending_sessions[t.namespace] = pending_sessions.get(t.namespace, 0) + starts
             refs.add(ref)
             old, now = self.index.get(ref), self.clock()
             m = replace(t.manifest, created_at=old.created_at if old is not None else now, updated_at=now,
                         generation=next_generation(old, now))
-            accepted.append((p, m, new_chunks(self.store, t.keys, t.blobs)))
+            accepted.append((p, m, new))
         # published first: a shared tier's compare-and-set decides races between daemons
         accepted = self.sharing.publish_turns(accepted, self.store)
         refs = {(m.namespace, m.session_id) for _, m, _ in accepted}

@@ -5,6 +5,14 @@ chunks whose only copy is in the fast tier (``Dirty``).
 
 A chunk is dropped from a tier only where the next tier already holds it or there is none. Each
 tier's lock is held while chunks move into or out of it, taken fast to slow (``store/tiered/slot.py``).
+
+With host shares configured (``store/quotas.py``), room in the host tier is made fairly
+(``make_room``'s ``incoming``): a namespace past its share has its own least recently used chunks
+moved down first; a full tier then moves down chunks of namespaces past their share (those with no
+share first among them: all their bytes are past it), in LRU order; a namespace within its share
+is never moved down for another's data past its share. Only when every namespace is within its
+share and the tier is still full (the shares add up to more than the tier) does plain LRU order
+decide.
 """
 
 from __future__ import annotations
@@ -15,6 +23,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 from kvstore.errors import InvalidArgument
+from kvstore.store.quotas import Quotas
+from kvstore.store.tiered.ledger import Ledger
 from kvstore.store.tiered.slot import TierSlot
 from kvstore.tiers.base import TierError
 
@@ -78,30 +88,109 @@ class Dirty:
 class Demotion:
     """Moves chunks down ``slots`` (fast to slow; ``durable`` is the index of the durable tier)."""
 
-    def __init__(self, slots: list[TierSlot], durable: int, pins: Pins, dirty: Dirty) -> None:
+    def __init__(self, slots: list[TierSlot], durable: int, pins: Pins, dirty: Dirty,
+                 ledger: Ledger | None = None, quotas: Quotas | None = None) -> None:
         self._slots = slots
         self._durable = durable
         self._pins = pins
         self._dirty = dirty
+        self._ledger = ledger
+        self._quotas = quotas if quotas is not None else Quotas()
 
-    def make_room(self, i: int, incoming: int, protect: bytes | None = None) -> None:
-        """Demote LRU chunks out of tier ``i`` until ``incoming`` more bytes fit under its capacity."""
+    def shared_fairly(self, i: int) -> bool:
+        """Whether room in tier ``i`` is made by namespace shares (``make_room``'s ``incoming``)."""
+        return self._ledger is not None and self._ledger.tracks(self._slots[i].name) and \
+            self._quotas.shares(self._slots[i].name)
+
+    def share_left(self, i: int, namespace: str) -> int | None:
+        """Bytes ``namespace`` may still put into tier ``i`` within its share (None: no limit)."""
+        if not self.shared_fairly(i):
+            return None
+        assert self._ledger is not None
+        share = self._quotas.of(namespace).bytes_on(self._slots[i].name) if namespace else 0
+        return None if share is None else share - self._ledger.used(self._slots[i].name, namespace)
+
+    def make_room(self, i: int, size: int, protect: bytes | None = None,
+                  incoming: dict[str, int] | None = None) -> bool:
+        """Demote LRU chunks out of tier ``i`` until ``size`` more bytes fit under its capacity; whether
+        they fit now. ``incoming``: the bytes by namespace (the ledger's owners), for a tier shared
+        fairly (the module's docstring): then also whether each namespace's bytes fit in its share
+        (a namespace with no share of a full tier gets no room)."""
         slot = self._slots[i]
         with slot.lock:
+            if incoming is not None and self.shared_fairly(i):
+                return self._make_fair_room(i, size, protect, incoming)
             usage = slot.usage()
             if usage is None or not usage.capacity_bytes:
-                return
+                return True
             used, cap = usage.used_bytes, usage.capacity_bytes
-            if used + incoming <= cap:
-                return
+            if used + size <= cap:
+                return True
             for victim in slot.victims():
-                if used + incoming <= cap:
+                if used + size <= cap:
                     break
                 if victim == protect or victim in self._pins:
                     continue
-                size = slot.size_of(victim)
+                n = slot.size_of(victim)
                 if self._evict_one(i, victim):
-                    used -= size
+                    used -= n
+            return used + size <= cap
+
+    def _make_fair_room(self, i: int, size: int, protect: bytes | None, incoming: dict[str, int]) -> bool:
+        slot, ledger = self._slots[i], self._ledger
+        assert ledger is not None
+        tier = slot.name
+        share = {ns: self._quotas.of(ns).bytes_on(tier) if ns else 0 for ns in incoming}
+        victims = slot.victims()
+        owners = ledger.owners(victims)
+        gone: set[bytes] = set()
+
+        def over(ns: str) -> int:  # bytes ``ns`` holds past its share (no share: everything it holds)
+            s = self._quotas.of(ns).bytes_on(tier) if ns else 0
+            return ledger.used(tier, ns) - (0 if s is None else s)
+
+        def move(victim: bytes) -> bool:
+            if victim == protect or victim in self._pins or victim in gone:
+                return False
+            if self._evict_one(i, victim):
+                gone.add(victim)
+                return True
+            return False
+
+        # 1. a namespace past its share makes room for its own bytes out of its own chunks, LRU first
+        fits = True
+        for ns, n in incoming.items():
+            s = share[ns]
+            if s is None:
+                continue
+            for victim, owner in zip(victims, owners):
+                if owner != ns or ledger.used(tier, ns) + n <= s:
+                    continue
+                move(victim)
+            fits = fits and ledger.used(tier, ns) + n <= s
+        usage = slot.usage()
+        if usage is None or not usage.capacity_bytes:
+            return fits
+        cap = usage.capacity_bytes
+
+        def room() -> bool:
+            u = slot.usage()
+            return u is not None and u.used_bytes + size <= cap
+
+        # 2. a full tier: chunks of namespaces past their share move down, LRU first
+        for victim, owner in zip(victims, owners):
+            if room():
+                break
+            if over(owner) > 0:
+                move(victim)
+        # 3. every namespace within its share and still full (shares add up to more than the tier):
+        # plain LRU, but only for bytes within their namespace's share
+        if not room() and fits and all(s is not None for s in share.values()):
+            for victim in victims:
+                if room():
+                    break
+                move(victim)
+        return fits and room()
 
     def _evict_one(self, i: int, key: bytes) -> bool:
         # Called with tier i's lock held; takes the next tier's (fast to slow). Where the next tier

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from kvstore.store.tiered.demotion import Demotion
+from kvstore.store.tiered.ledger import Ledger
 from kvstore.store.tiered.slot import TierSlot
 from kvstore.tiers.base import Stored, TierError
 
@@ -33,10 +34,12 @@ from kvstore.tiers.base import Stored, TierError
 class Promotion:
     """Moves chunks up ``slots`` (fast to slow; ``durable`` is the index of the durable tier)."""
 
-    def __init__(self, slots: list[TierSlot], durable: int, down: Demotion) -> None:
+    def __init__(self, slots: list[TierSlot], durable: int, down: Demotion, ledger: Ledger) -> None:
         self._slots = slots
         self._durable = durable
+        self._down = down
         self._make_room = down.make_room  # room is made by demoting
+        self._ledger = ledger  # owners of chunks: a tier shared fairly makes room by namespace
 
     def promote_copies(self, copies: Sequence[tuple[bytes, bytes, int]]) -> None:
         """Each (key, copy, tier it was read from) into the faster tiers; those read from below the
@@ -73,16 +76,23 @@ class Promotion:
         if not items:
             return []
         with fast.lock:
-            self._make_room(0, sum(len(b) for _, b in items))
+            owners = self._ledger.owners(k for k, _ in items)
+            incoming: dict[str, int] = {}
+            for (_, blob), ns in zip(items, owners):
+                incoming[ns] = incoming.get(ns, 0) + len(blob)
+            self._make_room(0, sum(len(b) for _, b in items), incoming=incoming)
             u = fast.usage()
             if u is None:
                 return [False] * len(items)
             room = u.capacity_bytes - u.used_bytes if u.capacity_bytes else None
+            share = {ns: self._down.share_left(0, ns) for ns in incoming}  # None: no share to keep to
             fits = [False] * len(items)
-            for i, (_, blob) in enumerate(items):
-                if room is None or len(blob) <= room:
+            for i, ((_, blob), ns) in enumerate(zip(items, owners)):
+                left = share[ns]
+                if (room is None or len(blob) <= room) and (left is None or len(blob) <= left):
                     fits[i] = True
                     room = None if room is None else room - len(blob)
+                    share[ns] = None if left is None else left - len(blob)
             try:
                 fast.put_many([item for item, ok in zip(items, fits) if ok])
             except TierError:
@@ -98,7 +108,11 @@ class Promotion:
             if not slot.lock.acquire(blocking=False):
                 continue
             try:
-                self._make_room(i, len(blob), protect=key)
+                fair = self._down.shared_fairly(i)
+                made = self._make_room(i, len(blob), protect=key,
+                                       incoming={self._ledger.owner(key): len(blob)} if fair else None)
+                if fair and not made:
+                    continue  # past its namespace's share: a later read, or a prefetch, may bring it
                 slot.put(key, blob)
                 slot.counters.promotions += 1
             except TierError:

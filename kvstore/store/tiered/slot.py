@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar, TypeVarTuple
 
+from kvstore.store.tiered.ledger import Ledger
 from kvstore.tiers.base import CorruptValue, Stored, Tier, TierError, TierStats, Usage, Value, Views, WriteBatch
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,12 @@ class TierSlot:
     capacity is made room in, a chunk demoted or promoted), never by a plain read, and never
     across the durable tier's commit of a save. Locks of several slots are taken fast to slow."""
 
-    def __init__(self, tier: Tier) -> None:
+    def __init__(self, tier: Tier, ledger: Ledger | None = None) -> None:
         self.tier = tier
         self.counters = TierCounters()
         self.lock = threading.RLock()
+        #: Per-namespace usage (``ledger.py``), told of every put and drop, where it tracks this tier.
+        self._ledger = ledger if ledger is not None and ledger.tracks(tier.name) else None
 
     @property
     def name(self) -> str:
@@ -113,19 +116,50 @@ class TierSlot:
         self.counters.degraded = False
 
     def put(self, key: bytes, value: Stored) -> None:
-        self.call("put_many", self.tier.put_many, [(key, value)])
+        self.put_many([(key, value)])
 
     def put_many(self, items: Sequence[tuple[bytes, Value]]) -> None:
         self.call("put_many", self.tier.put_many, items)
+        self._count_puts(items)
 
     def write(self, batch: WriteBatch) -> int:
-        return self.call("write", self.tier.write, batch)
+        out = self.call("write", self.tier.write, batch)
+        if self._ledger is not None:
+            self._ledger.drop(self.name, batch.deletes)
+            self._count_puts(batch.puts)
+        return out
+
+    def _count_puts(self, items: Sequence[tuple[bytes, Value]]) -> None:
+        if self._ledger is None or not items:
+            return
+        size_of = self.tier.size_of
+        got = []
+        for k, v in items:
+            try:
+                n = size_of(k)
+            except TierError:
+                n = None
+            got.append((k, memoryview(v).nbytes if n is None else n))
+        self._ledger.put(self.name, got)
 
     def drop(self, key: bytes) -> bool:
         return self.drop_many([key]) == 1
 
     def drop_many(self, keys: Iterable[bytes]) -> int:
-        return self.attempt("delete_many", 0, self.tier.delete_many, keys)
+        keys = list(keys)
+        try:
+            n = self.call("delete_many", self.tier.delete_many, keys)
+        except TierError:
+            return 0
+        if self._ledger is not None:
+            self._ledger.drop(self.name, keys)
+        return n
+
+    def count_held(self) -> None:
+        """Tell the ledger what this tier holds now (at open: the ssd tier's chunks of earlier runs)."""
+        if self._ledger is not None:
+            keys = self.keys()
+            self._ledger.put(self.name, [(k, self.size_of(k)) for k in keys])
 
     def stats(self, pages: bool = False) -> TierStats | None:
         return self.attempt("stats", None, self.tier.stats, pages)

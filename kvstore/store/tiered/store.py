@@ -33,10 +33,11 @@ from kvstore.errors import ResourceExhausted, Unavailable
 from kvstore.format.stored import is_valid_blob
 from kvstore.store.config import StoreConfig
 from kvstore.store.tiered.demotion import Demotion, Dirty, Pins
+from kvstore.store.tiered.ledger import Ledger
 from kvstore.store.tiered.promotion import Job, Promotion, PromotionWorker, subset
 from kvstore.store.tiered.reads import Verify, read_tiers, read_verified
 from kvstore.store.tiered.slot import TierCounters, TierReport, TierSlot
-from kvstore.tiers.base import OutOfSpace, Stored, Tier, TierError, TierStats, WriteBatch
+from kvstore.tiers.base import OutOfSpace, Stored, Tier, TierError, TierStats, Value, WriteBatch
 from kvstore.tiers.device_tier import DeviceTier
 
 __all__ = ["TierCounters", "TierReport", "TieredStore"]
@@ -55,16 +56,25 @@ class TieredStore:
         #: The tier that copies device to device (the HBM tier), known by what it offers.
         self._device = next((t for t in self.tiers if isinstance(t, DeviceTier)), None)
         self.config = config
-        self._slots = [TierSlot(t) for t in self.tiers]
-        self.counters = {s.name: s.counters for s in self._slots}
         persistent = [i for i, t in enumerate(self.tiers) if t.persistent]
         #: Index of the tier that makes a chunk durable (the first persistent one), or the last tier.
         self.durable = persistent[0] if persistent else len(self.tiers) - 1
+        #: Per-namespace usage of the tiers this daemon owns (slower ones may be shared: not counted).
+        self.ledger = Ledger([t.name for t in self.tiers[: self.durable + 1]])
+        self._slots = [TierSlot(t, self.ledger) for t in self.tiers]
+        self.counters = {s.name: s.counters for s in self._slots}
         self._pins = Pins()
         self._dirty = Dirty()  # write-back: in the fast tier, not yet on the durable one
-        self._down = Demotion(self._slots, self.durable, self._pins, self._dirty)
+        self._down = Demotion(self._slots, self.durable, self._pins, self._dirty, self.ledger, config.quotas)
+        self._slots[self.durable].count_held()  # what earlier runs left (owned once the manifests are read)
+        for s in self._slots[: self.durable]:
+            u, shares = s.usage(), config.quotas.listed_shares(s.name)
+            if u is not None and u.capacity_bytes and shares > u.capacity_bytes:
+                log.warning("the namespaces' shares of the %s tier add up to %d bytes, more than its %d: a namespace "
+                            "within its share may see its chunks moved down while every one is within its share",
+                            s.name, shares, u.capacity_bytes)
         self._make_room = self._down.make_room
-        self._up = Promotion(self._slots, self.durable, self._down)
+        self._up = Promotion(self._slots, self.durable, self._down, self.ledger)
         self._worker = PromotionWorker()  # the one mover: promotions behind loads, prefetches
         for slot in self._slots[: self.durable + 1]:  # the tiers this daemon owns (slower ones may be shared)
             slot.count_repairs()
@@ -85,10 +95,10 @@ class TieredStore:
             fast = self._slots[0]
             with fast.lock:
                 try:
-                    self._make_room(0, sum(len(b) for _, b in items))
-                    fast.put_many(items)
-                    self._dirty.add(k for k, _ in items)
-                    return
+                    if self._room_in_fastest(items):
+                        fast.put_many(items)
+                        self._dirty.add(k for k, _ in items)
+                        return
                 except TierError:
                     pass  # the fast tier cannot take them: write them through instead
         self.commit(WriteBatch(puts=items))
@@ -110,9 +120,9 @@ class TieredStore:
                 keys = [k for k, _ in items]
                 had = {k for k, h in zip(keys, slot.has_many(keys)) if h}
                 try:
-                    self._make_room(0, size)
-                    slot.put_many(items)
-                    fast = [k for k in keys if k not in had]
+                    if self._room_in_fastest(items):
+                        slot.put_many(items)
+                        fast = [k for k in keys if k not in had]
                 except TierError:
                     pass  # a fast tier is a cache: the durable write below is what counts
         durable = self._slots[self.durable]
@@ -132,6 +142,31 @@ class TieredStore:
         if batch.deletes:
             for slot in self._slots[: self.durable]:
                 slot.drop_many(batch.deletes)
+            self.ledger.forget(batch.deletes)
+
+    def _room_in_fastest(self, items: Sequence[tuple[bytes, Value]]) -> bool:
+        """Room made in the fastest tier for ``items`` (with its lock held); whether to put them there:
+        always, unless the tier is shared fairly and they are past their namespaces' shares (then the
+        fast tier, a cache, is skipped rather than another namespace's chunks within its share moved)."""
+        size = sum(len(b) for _, b in items)
+        made = self._make_room(0, size, incoming=self.incoming(items))
+        return made or not self._down.shared_fairly(0)
+
+    def incoming(self, items: Sequence[tuple[bytes, Value]]) -> dict[str, int]:
+        """The bytes of ``items`` by owning namespace (``Ledger.claim``)."""
+        out: dict[str, int] = {}
+        for (_, blob), ns in zip(items, self.ledger.owners(k for k, _ in items)):
+            out[ns] = out.get(ns, 0) + len(blob)
+        return out
+
+    # -- per-namespace usage (ledger.py, store/quotas.py) -------------------------------------------
+    def claim(self, keys: Sequence[bytes], namespace: str) -> None:
+        """``keys`` are ``namespace``'s chunks (a key hashes its namespace: claimed once, for good)."""
+        self.ledger.claim(keys, namespace)
+
+    def used_by(self, namespace: str) -> dict[str, int]:
+        """Bytes ``namespace`` holds on each tier this daemon owns, by tier name."""
+        return {s.name: self.ledger.used(s.name, namespace) for s in self._slots[: self.durable + 1]}
 
     def _durable_error(self, e: TierError) -> Exception:
         name = self.tiers[self.durable].name
@@ -159,6 +194,7 @@ class TieredStore:
         for slot in self._slots[: self.durable + 1 if local_only else len(self._slots)]:
             slot.drop_many(keys)
         self._dirty.discard(keys)
+        self.ledger.forget(keys)
 
     # -- reads ----------------------------------------------------------------------------------
     def read_verified(self, keys: Sequence[bytes], verify: Verify) -> contextlib.AbstractContextManager[
