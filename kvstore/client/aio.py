@@ -201,6 +201,9 @@ class AsyncClient:
     async def stats(self) -> pb.StatsResponse:
         return await self._run(self.client.stats)
 
+    async def namespace_stats(self, namespace: str = "") -> list[pb.NamespaceUsage]:
+        return await self._run(self.client.namespace_stats, namespace)
+
     async def evict(self, namespace: str, session_id: str, tier: str) -> int:
         return await self._run(self.client.evict, namespace, session_id, tier)
 

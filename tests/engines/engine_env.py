@@ -27,7 +27,8 @@ def run_engine_tests(engine: str, folder: str, script: str, venv_var: str, defau
         if os.environ.get(require_var) == "1":
             pytest.fail(f"no {engine} environment at {venv}: run scripts/{script}")
         pytest.skip(f"no {engine} environment at {venv} (scripts/{script} builds it)")
-    r = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    # --show-capture=no: a failure's report is its assertion, not the engine's log lines (they fill the tail)
+    r = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "--show-capture=no",
                         str(REPO / "tests" / "engines" / folder)],
                        cwd=REPO, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
