@@ -56,6 +56,11 @@ MAX_PAGE_BLOB_BYTES = page.header_bytes(page.MAX_HASH_BYTES) + MAX_BLOCK_BYTES +
 _M = TypeVar("_M")
 
 
+def _caller_pages(header: pb.SaveHeader) -> list[pb.CallerPages]:
+    """The regions of the caller's memory a save reads engine pages from, in order (none: no CallerPages)."""
+    return [header.from_caller, *header.more_from_caller] if header.HasField("from_caller") else []
+
+
 class KVStoreService:
     """Every KVStore RPC's body (handlers.methods serves them); nothing here knows the transport."""
 
@@ -148,12 +153,15 @@ class KVStoreService:
         durable transaction."""
         buffer_for = self.sessions.store.buffer_for
         caller: list[Blob] = []
-        if header.HasField("from_caller"):  # read into buffers the host tier keeps as they are: one copy
+        regions = _caller_pages(header)
+        if regions:  # read into buffers the host tier keeps as they are: one copy
             lay = self.sessions.layouts.usable(header.namespace, bytes(header.layout_id))
             assert lay is not None and sender is not None  # _check_header
-            region = header.from_caller.region
-            with caller_memory_errors(region.address, region.size, "readable"), sender.reaching() as pid:
-                caller = list(slots.gather(pid, header.from_caller, lay, header.namespace, buffer_for))
+            with sender.reaching() as pid:
+                for pages in regions:
+                    region = pages.region
+                    with caller_memory_errors(region.address, region.size, "readable"):
+                        caller.extend(slots.gather(pid, pages, lay, header.namespace, buffer_for))
         # the arena part copied into buffers the host tier keeps as they are (the save's one copy)
         prefix = receiver.arena_prefix(header.arena_bytes, buffer_for) if header.arena_id else []
         blobs = [*caller, *prefix, *streamed]
@@ -177,17 +185,25 @@ class KVStoreService:
         # the fields' shapes, and a commit naming the header's namespace and layout (it is authorized
         # by the header's): request_checks.py, before this body
         self._ns(call, header.namespace)
-        if header.HasField("from_caller"):
+        if header.more_from_caller and not header.HasField("from_caller"):
+            raise InvalidArgument("SaveHeader.more_from_caller needs from_caller: the first region is that one")
+        regions = _caller_pages(header)
+        if regions:
             if call.sender is None:
                 raise InvalidArgument("CallerPages names memory of the calling process: only a call over the "
                                       "daemon's local socket can (the kernel names its process)")
             if self.sessions.layouts.usable(header.namespace, bytes(header.layout_id)) is None:
                 raise InvalidArgument("CallerPages: the save's layout must be an engine page layout its namespace "
                                       "registered (RegisterLayout)")
-            r = header.from_caller.region
+        for i, pages in enumerate(regions):
+            r = pages.region
+            at = "from_caller" if i == 0 else f"more_from_caller[{i - 1}]"
             if not r.address or not r.size:
-                raise InvalidArgument("CallerPages.region needs an address and a size")
-            slots.check(r.slot_offsets, r.slot_bytes, r.size, len(header.from_caller.groups))
+                raise InvalidArgument(f"SaveHeader.{at}: CallerPages.region needs an address and a size")
+            try:
+                slots.check(r.slot_offsets, r.slot_bytes, r.size, len(pages.groups))
+            except InvalidArgument as e:
+                raise InvalidArgument(f"SaveHeader.{at}: {e}") from None
 
     def _check_first(self, first: pb.SaveChunksRequest, call: Call) -> None:
         """A save's first message: its header, authorized, naming the caller's own arena (if any)."""

@@ -179,7 +179,7 @@ class LayoutInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., bytes_per_token: _Optional[float] = ..., n_layers: _Optional[int] = ..., window: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., caches: _Optional[_Iterable[_Union[CacheInfo, _Mapping]]] = ...) -> None: ...
 
 class SaveHeader(_message.Message):
-    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit", "from_caller")
+    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit", "from_caller", "more_from_caller")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,7 @@ class SaveHeader(_message.Message):
     ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     FROM_CALLER_FIELD_NUMBER: _ClassVar[int]
+    MORE_FROM_CALLER_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     layout_id: bytes
     parent_key: bytes
@@ -196,7 +197,8 @@ class SaveHeader(_message.Message):
     arena_bytes: int
     commit: Session
     from_caller: CallerPages
-    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., commit: _Optional[_Union[Session, _Mapping]] = ..., from_caller: _Optional[_Union[CallerPages, _Mapping]] = ...) -> None: ...
+    more_from_caller: _containers.RepeatedCompositeFieldContainer[CallerPages]
+    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., commit: _Optional[_Union[Session, _Mapping]] = ..., from_caller: _Optional[_Union[CallerPages, _Mapping]] = ..., more_from_caller: _Optional[_Iterable[_Union[CallerPages, _Mapping]]] = ...) -> None: ...
 
 class CallerPages(_message.Message):
     __slots__ = ("region", "groups", "block_hashes")
