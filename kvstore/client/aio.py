@@ -26,8 +26,8 @@ from kvstore.client.device_load import DeviceLoader
 from kvstore.client.sync import Client
 from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest, Retention
-from kvstore.format.turn_record import Append
 from kvstore.format.page_layout import PageLayout
+from kvstore.format.turn_record import Append
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport.carrier import ARENA, Carrier
 from kvstore.transport.framing import Blob
