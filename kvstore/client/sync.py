@@ -30,8 +30,10 @@ from kvstore.client.link import Link
 from kvstore.client.load_into import LoadBuffers
 from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import page
+from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.page_layout import PageLayout
+from kvstore.format.turn_record import Append
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, local_channel, slots
 from kvstore.transport.carrier import ARENA, Carrier, Receiver
@@ -150,40 +152,76 @@ class Client:
         r = self._save(rq.save_header(namespace, layout_id, parent, first_index), blobs)
         return SaveResult(list(r.keys), r.written)
 
-    def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None) -> SavedSession:
+    def save_session(self, manifest: Manifest | Append, new_blobs: Sequence[Blob], base: int | None = None
+                     ) -> SavedSession:
         """Save a turn in one call: ``new_blobs`` are the manifest's last ``len(new_blobs)`` chunks;
         the daemon stores them and commits the manifest in one durable transaction. If that fails,
         nothing is stored and the previous version of the session stays. ``base``: the version this
         one replaces (default: the one this client last saved or loaded; 0 = replace whatever is
-        stored); FailedPrecondition if the session has changed since."""
+        stored); FailedPrecondition if the session has changed since.
+
+        A manifest that extends the version this client last saved or loaded (its chunks, then more;
+        same layout, retention and metadata) is sent as an append: only what the turn adds travels and
+        is written (O(the turn)), and the answer is built here from ``manifest`` and the version the
+        daemon stamped. An ``Append`` (engine pages: ``PageSessions``) is sent as it is; its answer
+        has no manifest (``append_session``)."""
+        if isinstance(manifest, Append):
+            return self.append_session(manifest, new_blobs)
+        a = self._versions.extends(manifest, len(new_blobs), base)
+        if a is not None:
+            first = len(manifest.chunk_keys) - len(new_blobs)
+            r = self._save(rq.append_header(a, len(new_blobs), first, manifest.chunk_keys[first - 1] if first else
+                                            ROOT), new_blobs)
+            m = self._versions.saw(manifest.stamped(r.generation, r.created_at, r.updated_at))
+            return SavedSession(list(r.keys), r.written, m, r.generation)
         m = self._versions.based(manifest, base)
         r = self._save(rq.turn_header(m, len(new_blobs)), new_blobs)
-        return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
+        m = self._versions.saw(convert.session_from_pb(r.session))
+        return SavedSession(list(r.keys), r.written, m, m.generation)
 
-    def save_pages(self, manifest: Manifest, layout: PageLayout, out: Any, offsets: Sequence[int], slot_bytes: int,
-                   groups: Sequence[int], block_hashes: Sequence[bytes], base: int | None = None) -> SavedSession:
+    def append_session(self, append: Append, new_blobs: Sequence[Blob], first_index: int = 0,
+                       parent: bytes = ROOT) -> SavedSession:
+        """Save a turn named by what it adds to version ``append.base`` (``Append``): the daemon stores
+        ``new_blobs`` (the last ``len(new_blobs)`` of ``append.chunk_keys``; of a token chain, chunk
+        ``first_index`` of the session after ``parent`` first) and appends the turn in one durable
+        transaction, O(the turn) on the wire and on disk. FailedPrecondition, nothing stored, unless
+        ``append.base`` is the session's current version. The answer names the new version (no manifest)."""
+        r = self._save(rq.append_header(append, len(new_blobs), first_index, parent), new_blobs)
+        self._versions.saw_version(append.namespace, append.session_id, r.generation)
+        return SavedSession(list(r.keys), r.written, None, r.generation)
+
+    def save_pages(self, manifest: Manifest | Append, layout: PageLayout, out: Any, offsets: Sequence[int],
+                   slot_bytes: int, groups: Sequence[int], block_hashes: Sequence[bytes], base: int | None = None
+                   ) -> SavedSession:
         """:meth:`save_session` of engine pages read from their slots of ``out`` (an engine's region of
         slots, as :meth:`load_pages_into` names them): block i, of ``groups[i]`` with the engine's hash
         ``block_hashes[i]``, is the group's ``block_bytes`` at ``out[offsets[i]:]``; ``manifest`` names
         their keys (``page.page_key``). On the daemon's host the daemon reads them from ``out`` itself
         and builds the page blobs around them (one copy, into the buffers its memory tier keeps);
         elsewhere, or where the kernel refuses, they are encoded here and sent through the arena or
-        the stream."""
+        the stream. ``manifest`` may be an ``Append`` naming the new keys only (``save_session``)."""
         src, keys = into.writable(out), [bytes(h) for h in block_hashes]
         offs = slots.check(offsets, slot_bytes, len(src), len(groups))
         self.connect()  # the stubs bound to the local socket, which the daemon's read needs
         local = self._local
         if local is not None and not self._into_refused:
             self._allow_daemon(local)
-            m = self._versions.based(manifest, base)
-            h = rq.turn_header(m, len(groups))
+            appended = isinstance(manifest, Append)
+            if isinstance(manifest, Append):
+                h = rq.append_header(manifest, len(groups), 0, ROOT)
+            else:
+                h = rq.turn_header(self._versions.based(manifest, base), len(groups))
             h.from_caller.CopyFrom(pb.CallerPages(
                 region=pb.CallerMemory(address=into.address(src), size=len(src), slot_offsets=offs.tolist(),
                                        slot_bytes=slot_bytes), groups=list(groups), block_hashes=keys))
             try:
                 r = self._stub.SaveChunks(iter([pb.SaveChunksRequest(header=h)]), timeout=self.config.timeout_s,
                                           metadata=self._metadata)
-                return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
+                if appended:
+                    self._versions.saw_version(manifest.namespace, manifest.session_id, r.generation)
+                    return SavedSession(list(r.keys), r.written, None, r.generation)
+                m = self._versions.saw(convert.session_from_pb(r.session))
+                return SavedSession(list(r.keys), r.written, m, m.generation)
             except grpc.RpcError as e:
                 err = rq.domain_error(e)
                 if not rq.caller_memory_refused(err):

@@ -22,6 +22,7 @@ from kvstore.format import chunk, page
 from kvstore.format.layout import PRESETS
 from kvstore.format.manifest import Manifest, check_namespace
 from kvstore.format.page_layout import MAX_BLOCK_BYTES
+from kvstore.format.turn_record import Append
 from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
@@ -147,10 +148,10 @@ class KVStoreService:
         return self._in_memory(request.namespace, list(m.chunk_keys))
 
     def _store_turn(self, header: pb.SaveHeader, receiver: Receiver, streamed: list[Blob],
-                    commit: Manifest | None, sender: Sender | None) -> tuple[SaveResult, Manifest | None]:
+                    commit: Manifest | Append | None, sender: Sender | None) -> tuple[SaveResult, Manifest | None]:
         """The engine pages read from the caller's slots and the arena part of the chunks copied out
-        (they come first), then the chunks stored and, for a turn, its manifest committed in the same
-        durable transaction."""
+        (they come first), then the chunks stored and, for a turn, its manifest committed (or its
+        append applied) in the same durable transaction."""
         buffer_for = self.sessions.store.buffer_for
         caller: list[Blob] = []
         regions = _caller_pages(header)
@@ -169,7 +170,10 @@ class KVStoreService:
                 blobs)
         if commit is None:
             return self.sessions.save_chunks(*args), None
-        committed, res = self.sessions.save_session(*args, commit)
+        if isinstance(commit, Append):
+            committed, res = self.sessions.append_session(*args, commit)
+        else:
+            committed, res = self.sessions.save_session(*args, commit)
         return res, committed
 
     def _max_blob(self, namespace: str, layout_id: bytes) -> int:
@@ -255,15 +259,24 @@ class KVStoreService:
         if header is None or receiver is None or carrier is None:
             raise InvalidArgument("empty SaveChunks stream: no header")
         receiver.finish()
-        commit = self._turn_manifest(header) if header.HasField("commit") else None
+        commit: Manifest | Append | None = None
+        if header.HasField("commit"):
+            commit = self._turn_manifest(header)
+        elif header.HasField("append"):
+            commit = convert.append_from_pb(header.append, header.namespace, bytes(header.layout_id))
         with client_bytes("chunk bytes"):
             res, committed = self._store_turn(header, receiver, blobs, commit, call.sender)
         if header.HasField("from_caller"):  # the pages came from the caller's memory: no stream, unless more did
             self.carriers.count_caller_memory()
         if not header.HasField("from_caller") or streamed or header.arena_id:
             self.carriers.count(carrier, streamed)
-        return pb.SaveChunksResponse(keys=res.keys, written=res.written,
-                                     session=convert.session_to_pb(committed) if committed else None)
+        r = pb.SaveChunksResponse(keys=res.keys, written=res.written)
+        if committed is not None:  # an append is answered its version, not the manifest (O(the turn))
+            if not isinstance(commit, Append):
+                r.session.CopyFrom(convert.session_to_pb(committed))
+            r.generation, r.chunk_count = committed.generation, len(committed.chunk_keys)
+            r.created_at, r.updated_at = committed.created_at, committed.updated_at
+        return r
 
     @quick_when(_quick_keys)
     def LoadChunks(self, request: pb.LoadChunksRequest, call: Call) -> Iterator[pb.ChunkData | fastpb.Encoded]:
