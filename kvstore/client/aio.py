@@ -20,7 +20,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from kvstore.client.calls import SavedSession
+from kvstore.client.calls import PageSlots, SavedSession
 from kvstore.client.config import ClientConfig
 from kvstore.client.device_load import DeviceLoader
 from kvstore.client.sync import Client
@@ -161,6 +161,10 @@ class AsyncClient:
                          base: int | None = None) -> SavedSession:
         return await self._run(self.client.save_pages, manifest, layout, out, offsets, slot_bytes, groups,
                                block_hashes, base)
+
+    async def save_page_regions(self, manifest: Manifest | Append, layout: PageLayout, regions: Sequence[PageSlots],
+                                base: int | None = None) -> SavedSession:
+        return await self._run(self.client.save_page_regions, manifest, layout, regions, base)
 
     async def load_pages_into(self, namespace: str, keys: Sequence[bytes], out: Any, offsets: Sequence[int],
                               slot_bytes: int) -> list[tuple[int, memoryview]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -165,6 +165,19 @@ class Versions:
 
 
 # -- connecting: which carrier ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PageSlots:
+    """Engine pages in one region of the caller's memory (``Client.save_page_regions``): block i, of
+    ``groups[i]`` with the engine's hash ``block_hashes[i]``, is its group's ``block_bytes`` at
+    ``out[offsets[i]:]``, each slot ``slot_bytes`` long."""
+
+    out: Any
+    offsets: Sequence[int]
+    slot_bytes: int
+    groups: Sequence[int]
+    block_hashes: Sequence[bytes]
+
+
 @dataclass(frozen=True)
 class Connection:
     """What a client learned when it connected, and the arena it should offer (if any)."""

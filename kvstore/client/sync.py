@@ -23,7 +23,7 @@ import numpy as np
 
 from kvstore.client import calls as rq
 from kvstore.client import load_into as into
-from kvstore.client.calls import SavedSession
+from kvstore.client.calls import PageSlots, SavedSession
 from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
@@ -200,20 +200,34 @@ class Client:
         and builds the page blobs around them (one copy, into the buffers its memory tier keeps);
         elsewhere, or where the kernel refuses, they are encoded here and sent through the arena or
         the stream. ``manifest`` may be an ``Append`` naming the new keys only (``save_session``)."""
-        src, keys = into.writable(out), [bytes(h) for h in block_hashes]
-        offs = slots.check(offsets, slot_bytes, len(src), len(groups))
+        return self.save_page_regions(manifest, layout, [PageSlots(out, offsets, slot_bytes, groups, block_hashes)],
+                                      base)
+
+    def save_page_regions(self, manifest: Manifest | Append, layout: PageLayout, regions: Sequence[PageSlots],
+                          base: int | None = None) -> SavedSession:
+        """:meth:`save_pages` of pages in several regions of this process's memory (an engine keeping each
+        pool of pages in a buffer of its own: SGLang's HiCache host pools), in one call and one commit: the
+        new blobs are every region's, in order. InvalidArgument, before anything is sent, for slots outside
+        their region or overlapping."""
+        srcs = [into.writable(r.out) for r in regions]
+        offs = [slots.check(r.offsets, r.slot_bytes, len(src), len(r.groups)) for r, src in zip(regions, srcs)]
+        hashes = [[bytes(h) for h in r.block_hashes] for r in regions]
+        n = sum(len(r.groups) for r in regions)
         self.connect()  # the stubs bound to the local socket, which the daemon's read needs
         local = self._local
-        if local is not None and not self._into_refused:
+        if local is not None and not self._into_refused and regions:
             self._allow_daemon(local)
             appended = isinstance(manifest, Append)
             if isinstance(manifest, Append):
-                h = rq.append_header(manifest, len(groups), 0, ROOT)
+                h = rq.append_header(manifest, n, 0, ROOT)
             else:
-                h = rq.turn_header(self._versions.based(manifest, base), len(groups))
-            h.from_caller.CopyFrom(pb.CallerPages(
-                region=pb.CallerMemory(address=into.address(src), size=len(src), slot_offsets=offs.tolist(),
-                                       slot_bytes=slot_bytes), groups=list(groups), block_hashes=keys))
+                h = rq.turn_header(self._versions.based(manifest, base), n)
+            pages = [pb.CallerPages(region=pb.CallerMemory(address=into.address(src), size=len(src),
+                                                           slot_offsets=o.tolist(), slot_bytes=r.slot_bytes),
+                                    groups=list(r.groups), block_hashes=hs)
+                     for r, src, o, hs in zip(regions, srcs, offs, hashes)]
+            h.from_caller.CopyFrom(pages[0])
+            h.more_from_caller.extend(pages[1:])
             try:
                 r = self._stub.SaveChunks(iter([pb.SaveChunksRequest(header=h)]), timeout=self.config.timeout_s,
                                           metadata=self._metadata)
@@ -228,12 +242,13 @@ class Client:
                     raise err from None
                 self._into_refused = str(err)  # remembered: saves and loads through the arena from now on
         blobs = []
-        for g, block_hash, at in zip(groups, keys, offs.tolist()):
-            spec = layout.group(g)
-            if spec is None:
-                raise InvalidArgument(f"layout {layout.layout_hex} has no group {g}")
-            key = page.page_key(layout.layout_id, manifest.namespace, g, block_hash)
-            blobs.append(page.encode(layout, g, block_hash, key, src[at : at + spec.block_bytes]))
+        for r, src, o, hs in zip(regions, srcs, offs, hashes):
+            for g, block_hash, at in zip(r.groups, hs, o.tolist()):
+                spec = layout.group(g)
+                if spec is None:
+                    raise InvalidArgument(f"layout {layout.layout_hex} has no group {g}")
+                key = page.page_key(layout.layout_id, manifest.namespace, g, block_hash)
+                blobs.append(page.encode(layout, g, block_hash, key, src[at : at + spec.block_bytes]))
         return self.save_session(manifest, blobs, base)
 
     def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any], chunks_of: rq.ChunksOf, zero_copy: bool,
