@@ -20,12 +20,14 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from kvstore.client.calls import SavedSession
+from kvstore.client.calls import PageSlots, SavedSession
 from kvstore.client.config import ClientConfig
 from kvstore.client.device_load import DeviceLoader
 from kvstore.client.sync import Client
+from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.page_layout import PageLayout
+from kvstore.format.turn_record import Append
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport.carrier import ARENA, Carrier
 from kvstore.transport.framing import Blob
@@ -128,9 +130,13 @@ class AsyncClient:
                           blobs: Iterable[Blob]) -> SaveResult:
         return await self._run(self.client.save_chunks, namespace, layout_id, parent, first_index, blobs)
 
-    async def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None
+    async def save_session(self, manifest: Manifest | Append, new_blobs: Sequence[Blob], base: int | None = None
                            ) -> SavedSession:
         return await self._run(self.client.save_session, manifest, new_blobs, base)
+
+    async def append_session(self, append: Append, new_blobs: Sequence[Blob], first_index: int = 0,
+                             parent: bytes = ROOT) -> SavedSession:
+        return await self._run(self.client.append_session, append, new_blobs, first_index, parent)
 
     async def load_chunks(self, namespace: str, keys: Sequence[bytes], zero_copy: bool = False
                           ) -> AsyncIterator[Pair]:
@@ -150,11 +156,15 @@ class AsyncClient:
     async def load_chunks_into(self, namespace: str, keys: Sequence[bytes], out: Any) -> list[tuple[int, memoryview]]:
         return await self._run(self.client.load_chunks_into, namespace, keys, out)
 
-    async def save_pages(self, manifest: Manifest, layout: PageLayout, out: Any, offsets: Sequence[int],
+    async def save_pages(self, manifest: Manifest | Append, layout: PageLayout, out: Any, offsets: Sequence[int],
                          slot_bytes: int, groups: Sequence[int], block_hashes: Sequence[bytes],
                          base: int | None = None) -> SavedSession:
         return await self._run(self.client.save_pages, manifest, layout, out, offsets, slot_bytes, groups,
                                block_hashes, base)
+
+    async def save_page_regions(self, manifest: Manifest | Append, layout: PageLayout, regions: Sequence[PageSlots],
+                                base: int | None = None) -> SavedSession:
+        return await self._run(self.client.save_page_regions, manifest, layout, regions, base)
 
     async def load_pages_into(self, namespace: str, keys: Sequence[bytes], out: Any, offsets: Sequence[int],
                               slot_bytes: int) -> list[tuple[int, memoryview]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -28,6 +28,7 @@ from kvstore.errors import (
 )
 from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
+from kvstore.format.turn_record import Append
 from kvstore.transport import convert, fastpb, framing, retry
 from kvstore.transport.carrier import Piece, Receiver, StreamCarrier, same_host_dir
 from kvstore.transport.framing import Blob
@@ -48,11 +49,13 @@ _ERRORS: dict[grpc.StatusCode, type[KvstoreError]] = {
 
 
 class SavedSession(NamedTuple):
-    """A turn saved in one call: the new chunks' keys, how many were new, the committed manifest."""
+    """A turn saved in one call: the new chunks' keys, how many were new, the committed manifest (None
+    for a turn saved as an ``Append``: the daemon answers its version only) and its version."""
 
     keys: list[bytes]
     written: int
-    manifest: Manifest
+    manifest: Manifest | None
+    generation: int = 0
 
 
 # -- statuses and retries ------------------------------------------------------------------------------
@@ -105,20 +108,49 @@ class Versions:
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, str], int] = {}
+        #: The manifest of that version, when this client has it whole: a save that extends it is sent
+        #: as an append (``extends``), O(the turn) on the wire.
+        self._last: dict[tuple[str, str], Manifest] = {}
         self._lock = threading.Lock()
 
     def saw(self, m: Manifest) -> Manifest:
         """Note the version of a manifest the daemon answered with (a save, a load, a read)."""
         with self._lock:
+            ref = (m.namespace, m.session_id)
             if m.generation:
-                self._seen[(m.namespace, m.session_id)] = m.generation
+                self._seen[ref], self._last[ref] = m.generation, m
             else:  # written before version stamps: no base to name
-                self._seen.pop((m.namespace, m.session_id), None)
+                self._seen.pop(ref, None)
+                self._last.pop(ref, None)
         return m
+
+    def saw_version(self, namespace: str, session_id: str, generation: int) -> None:
+        """Note a version the daemon answered by its stamp alone (an append): its manifest is not known here."""
+        with self._lock:
+            self._seen[(namespace, session_id)] = generation
+            self._last.pop((namespace, session_id), None)
 
     def forget(self, namespace: str, session_id: str) -> None:
         with self._lock:
             self._seen.pop((namespace, session_id), None)
+            self._last.pop((namespace, session_id), None)
+
+    def extends(self, m: Manifest, new_blobs: int, base: int | None) -> Append | None:
+        """``m`` as an append to the version this client last saved or loaded of its session, if it is
+        one: that version is its base (``base`` None or that version's stamp), and ``m`` names its
+        chunks, then more (the ``new_blobs`` among them), with the same layout, kind, retention and
+        metadata. None: ``m`` is saved whole."""
+        with self._lock:
+            last = self._last.get((m.namespace, m.session_id))
+        if last is None or base not in (None, last.generation):
+            return None
+        n = len(last.chunk_keys)
+        if (len(m.chunk_keys) - new_blobs < n or last.layout_id != m.layout_id or last.kind is not m.kind
+                or last.chunk_tokens != m.chunk_tokens or last.retention != m.retention
+                or last.metadata != m.metadata or m.chunk_keys[:n] != last.chunk_keys):
+            return None
+        return Append(m.namespace, m.session_id, m.layout_id, last.generation, m.chunk_keys[n:], m.token_count,
+                      m.tail, m.last_token_ids)
 
     def based(self, m: Manifest, base: int | None) -> Manifest:
         """``m`` as a save sends it: its generation is ``base`` if given (0: no base), else the version
@@ -133,6 +165,19 @@ class Versions:
 
 
 # -- connecting: which carrier ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class PageSlots:
+    """Engine pages in one region of the caller's memory (``Client.save_page_regions``): block i, of
+    ``groups[i]`` with the engine's hash ``block_hashes[i]``, is its group's ``block_bytes`` at
+    ``out[offsets[i]:]``, each slot ``slot_bytes`` long."""
+
+    out: Any
+    offsets: Sequence[int]
+    slot_bytes: int
+    groups: Sequence[int]
+    block_hashes: Sequence[bytes]
+
+
 @dataclass(frozen=True)
 class Connection:
     """What a client learned when it connected, and the arena it should offer (if any)."""
@@ -162,6 +207,16 @@ def turn_header(manifest: Manifest, new_chunks: int) -> pb.SaveHeader:
         raise InvalidArgument(f"{new_chunks} new chunks, but the manifest names {len(manifest.chunk_keys)}")
     h = save_header(manifest.namespace, manifest.layout_id, manifest.chunk_keys[first - 1] if first else ROOT, first)
     h.commit.CopyFrom(convert.session_to_pb(manifest))
+    return h
+
+
+def append_header(a: Append, new_chunks: int, first: int, parent: bytes) -> pb.SaveHeader:
+    """A turn named by what it adds: its last ``new_chunks`` keys are sent as blobs, the first of them
+    chunk ``first`` of the session (after ``parent``; engine pages have no place: any)."""
+    if new_chunks > len(a.chunk_keys):
+        raise InvalidArgument(f"{new_chunks} new chunks, but the append names {len(a.chunk_keys)}")
+    h = save_header(a.namespace, a.layout_id, parent, first)
+    h.append.CopyFrom(convert.append_to_pb(a))
     return h
 
 

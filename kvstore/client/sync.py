@@ -23,15 +23,17 @@ import numpy as np
 
 from kvstore.client import calls as rq
 from kvstore.client import load_into as into
-from kvstore.client.calls import SavedSession
+from kvstore.client.calls import PageSlots, SavedSession
 from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
 from kvstore.client.load_into import LoadBuffers
 from kvstore.errors import InvalidArgument, KvstoreError, ResourceExhausted
 from kvstore.format import page
+from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.page_layout import PageLayout
+from kvstore.format.turn_record import Append
 from kvstore.results import LookupResult, SaveResult
 from kvstore.transport import convert, local_channel, slots
 from kvstore.transport.carrier import ARENA, Carrier, Receiver
@@ -150,52 +152,103 @@ class Client:
         r = self._save(rq.save_header(namespace, layout_id, parent, first_index), blobs)
         return SaveResult(list(r.keys), r.written)
 
-    def save_session(self, manifest: Manifest, new_blobs: Sequence[Blob], base: int | None = None) -> SavedSession:
+    def save_session(self, manifest: Manifest | Append, new_blobs: Sequence[Blob], base: int | None = None
+                     ) -> SavedSession:
         """Save a turn in one call: ``new_blobs`` are the manifest's last ``len(new_blobs)`` chunks;
         the daemon stores them and commits the manifest in one durable transaction. If that fails,
         nothing is stored and the previous version of the session stays. ``base``: the version this
         one replaces (default: the one this client last saved or loaded; 0 = replace whatever is
-        stored); FailedPrecondition if the session has changed since."""
+        stored); FailedPrecondition if the session has changed since.
+
+        A manifest that extends the version this client last saved or loaded (its chunks, then more;
+        same layout, retention and metadata) is sent as an append: only what the turn adds travels and
+        is written (O(the turn)), and the answer is built here from ``manifest`` and the version the
+        daemon stamped. An ``Append`` (engine pages: ``PageSessions``) is sent as it is; its answer
+        has no manifest (``append_session``)."""
+        if isinstance(manifest, Append):
+            return self.append_session(manifest, new_blobs)
+        a = self._versions.extends(manifest, len(new_blobs), base)
+        if a is not None:
+            first = len(manifest.chunk_keys) - len(new_blobs)
+            r = self._save(rq.append_header(a, len(new_blobs), first, manifest.chunk_keys[first - 1] if first else
+                                            ROOT), new_blobs)
+            m = self._versions.saw(manifest.stamped(r.generation, r.created_at, r.updated_at))
+            return SavedSession(list(r.keys), r.written, m, r.generation)
         m = self._versions.based(manifest, base)
         r = self._save(rq.turn_header(m, len(new_blobs)), new_blobs)
-        return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
+        m = self._versions.saw(convert.session_from_pb(r.session))
+        return SavedSession(list(r.keys), r.written, m, m.generation)
 
-    def save_pages(self, manifest: Manifest, layout: PageLayout, out: Any, offsets: Sequence[int], slot_bytes: int,
-                   groups: Sequence[int], block_hashes: Sequence[bytes], base: int | None = None) -> SavedSession:
+    def append_session(self, append: Append, new_blobs: Sequence[Blob], first_index: int = 0,
+                       parent: bytes = ROOT) -> SavedSession:
+        """Save a turn named by what it adds to version ``append.base`` (``Append``): the daemon stores
+        ``new_blobs`` (the last ``len(new_blobs)`` of ``append.chunk_keys``; of a token chain, chunk
+        ``first_index`` of the session after ``parent`` first) and appends the turn in one durable
+        transaction, O(the turn) on the wire and on disk. FailedPrecondition, nothing stored, unless
+        ``append.base`` is the session's current version. The answer names the new version (no manifest)."""
+        r = self._save(rq.append_header(append, len(new_blobs), first_index, parent), new_blobs)
+        self._versions.saw_version(append.namespace, append.session_id, r.generation)
+        return SavedSession(list(r.keys), r.written, None, r.generation)
+
+    def save_pages(self, manifest: Manifest | Append, layout: PageLayout, out: Any, offsets: Sequence[int],
+                   slot_bytes: int, groups: Sequence[int], block_hashes: Sequence[bytes], base: int | None = None
+                   ) -> SavedSession:
         """:meth:`save_session` of engine pages read from their slots of ``out`` (an engine's region of
         slots, as :meth:`load_pages_into` names them): block i, of ``groups[i]`` with the engine's hash
         ``block_hashes[i]``, is the group's ``block_bytes`` at ``out[offsets[i]:]``; ``manifest`` names
         their keys (``page.page_key``). On the daemon's host the daemon reads them from ``out`` itself
         and builds the page blobs around them (one copy, into the buffers its memory tier keeps);
         elsewhere, or where the kernel refuses, they are encoded here and sent through the arena or
-        the stream."""
-        src, keys = into.writable(out), [bytes(h) for h in block_hashes]
-        offs = slots.check(offsets, slot_bytes, len(src), len(groups))
+        the stream. ``manifest`` may be an ``Append`` naming the new keys only (``save_session``)."""
+        return self.save_page_regions(manifest, layout, [PageSlots(out, offsets, slot_bytes, groups, block_hashes)],
+                                      base)
+
+    def save_page_regions(self, manifest: Manifest | Append, layout: PageLayout, regions: Sequence[PageSlots],
+                          base: int | None = None) -> SavedSession:
+        """:meth:`save_pages` of pages in several regions of this process's memory (an engine keeping each
+        pool of pages in a buffer of its own: SGLang's HiCache host pools), in one call and one commit: the
+        new blobs are every region's, in order. InvalidArgument, before anything is sent, for slots outside
+        their region or overlapping."""
+        srcs = [into.writable(r.out) for r in regions]
+        offs = [slots.check(r.offsets, r.slot_bytes, len(src), len(r.groups)) for r, src in zip(regions, srcs)]
+        hashes = [[bytes(h) for h in r.block_hashes] for r in regions]
+        n = sum(len(r.groups) for r in regions)
         self.connect()  # the stubs bound to the local socket, which the daemon's read needs
         local = self._local
-        if local is not None and not self._into_refused:
+        if local is not None and not self._into_refused and regions:
             self._allow_daemon(local)
-            m = self._versions.based(manifest, base)
-            h = rq.turn_header(m, len(groups))
-            h.from_caller.CopyFrom(pb.CallerPages(
-                region=pb.CallerMemory(address=into.address(src), size=len(src), slot_offsets=offs.tolist(),
-                                       slot_bytes=slot_bytes), groups=list(groups), block_hashes=keys))
+            appended = isinstance(manifest, Append)
+            if isinstance(manifest, Append):
+                h = rq.append_header(manifest, n, 0, ROOT)
+            else:
+                h = rq.turn_header(self._versions.based(manifest, base), n)
+            pages = [pb.CallerPages(region=pb.CallerMemory(address=into.address(src), size=len(src),
+                                                           slot_offsets=o.tolist(), slot_bytes=r.slot_bytes),
+                                    groups=list(r.groups), block_hashes=hs)
+                     for r, src, o, hs in zip(regions, srcs, offs, hashes)]
+            h.from_caller.CopyFrom(pages[0])
+            h.more_from_caller.extend(pages[1:])
             try:
                 r = self._stub.SaveChunks(iter([pb.SaveChunksRequest(header=h)]), timeout=self.config.timeout_s,
                                           metadata=self._metadata)
-                return SavedSession(list(r.keys), r.written, self._versions.saw(convert.session_from_pb(r.session)))
+                if appended:
+                    self._versions.saw_version(manifest.namespace, manifest.session_id, r.generation)
+                    return SavedSession(list(r.keys), r.written, None, r.generation)
+                m = self._versions.saw(convert.session_from_pb(r.session))
+                return SavedSession(list(r.keys), r.written, m, m.generation)
             except grpc.RpcError as e:
                 err = rq.domain_error(e)
                 if not rq.caller_memory_refused(err):
                     raise err from None
                 self._into_refused = str(err)  # remembered: saves and loads through the arena from now on
         blobs = []
-        for g, block_hash, at in zip(groups, keys, offs.tolist()):
-            spec = layout.group(g)
-            if spec is None:
-                raise InvalidArgument(f"layout {layout.layout_hex} has no group {g}")
-            key = page.page_key(layout.layout_id, manifest.namespace, g, block_hash)
-            blobs.append(page.encode(layout, g, block_hash, key, src[at : at + spec.block_bytes]))
+        for r, src, o, hs in zip(regions, srcs, offs, hashes):
+            for g, block_hash, at in zip(r.groups, hs, o.tolist()):
+                spec = layout.group(g)
+                if spec is None:
+                    raise InvalidArgument(f"layout {layout.layout_hex} has no group {g}")
+                key = page.page_key(layout.layout_id, manifest.namespace, g, block_hash)
+                blobs.append(page.encode(layout, g, block_hash, key, src[at : at + spec.block_bytes]))
         return self.save_session(manifest, blobs, base)
 
     def _open(self, rpc: Callable[..., Any], build: Callable[[Carrier], Any], chunks_of: rq.ChunksOf, zero_copy: bool,

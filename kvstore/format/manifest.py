@@ -19,6 +19,7 @@ import json
 import math
 import re
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -134,6 +135,36 @@ class Manifest:
             raise InvalidArgument("layout id must be 16 bytes")
         if any(len(k) != 16 for k in self.chunk_keys):
             raise InvalidArgument("chunk keys must be 16 bytes each")
+        self._check_shape()
+
+    def extended(self, keys: Sequence[bytes], token_count: int, tail: bytes, last_token_ids: tuple[int, ...],
+                 generation: int, updated_at: float) -> Manifest:
+        """This version with ``keys`` appended to its chunks and the trailing span, last ids, stamp and
+        time given (a turn: ``kvstore.format.turn_record``), checked as a new manifest is, except its own
+        chunk keys, checked when it was made: O(what is added), not O(the session)."""
+        if any(len(k) != 16 for k in keys):
+            raise InvalidArgument("chunk keys must be 16 bytes each")
+        m = object.__new__(Manifest)
+        for name, value in self.__dict__.items():
+            object.__setattr__(m, name, value)
+        for name, value in (("chunk_keys", self.chunk_keys + tuple(keys)), ("token_count", token_count),
+                            ("tail", tail), ("last_token_ids", last_token_ids), ("generation", generation),
+                            ("updated_at", updated_at)):
+            object.__setattr__(m, name, value)
+        m._check_shape()
+        return m
+
+    def stamped(self, generation: int, created_at: float, updated_at: float) -> Manifest:
+        """This version with another stamp and times (as the store committed it): O(1), nothing to check again."""
+        m = object.__new__(Manifest)
+        for name, value in self.__dict__.items():
+            object.__setattr__(m, name, value)
+        for name, value in (("generation", generation), ("created_at", created_at), ("updated_at", updated_at)):
+            object.__setattr__(m, name, value)
+        return m
+
+    def _check_shape(self) -> None:
+        """The checks of a manifest's kind, counts and trailing span (its ids and keys checked before)."""
         if not isinstance(self.kind, Kind):
             raise InvalidArgument(f"a session's kind is one of {', '.join(k.value for k in Kind)}, not {self.kind!r}")
         if self.kind is Kind.ENGINE_PAGES:  # no token chunks, no tail

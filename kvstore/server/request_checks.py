@@ -111,6 +111,14 @@ def _save(r: pb.SaveChunksRequest) -> None:
         if h.commit.namespace != h.namespace or h.commit.layout_id != h.layout_id:
             raise InvalidArgument("header.commit must name the header's namespace and layout")
         check_session_pb("header.commit", h.commit)
+    if h.HasField("append"):  # a turn named by what it adds: the header's namespace and layout are the session's
+        if h.HasField("commit"):
+            raise InvalidArgument("a save carries header.commit (the version whole) or header.append, not both")
+        check_session("header.append.session_id", h.append.session_id)
+        if not h.append.base:
+            raise InvalidArgument("header.append.base must name the version the turn extends (a session is "
+                                  "created by a save with header.commit)")
+        check_keys("header.append.chunk_keys", h.append.chunk_keys)
 
 
 def _load_chunks(r: pb.LoadChunksRequest) -> None:

@@ -22,6 +22,7 @@ from kvstore.format import chunk, page
 from kvstore.format.layout import PRESETS
 from kvstore.format.manifest import Manifest, check_namespace
 from kvstore.format.page_layout import MAX_BLOCK_BYTES
+from kvstore.format.turn_record import Append
 from kvstore.results import SaveResult
 from kvstore.server.auth import Auth
 from kvstore.server.carriers import Carriers
@@ -54,6 +55,11 @@ QUICK_LOAD_BYTES = 4 << 20
 #: one of the largest block a page layout may have (``MAX_BLOCK_BYTES``), so a registered layout's blobs fit.
 MAX_PAGE_BLOB_BYTES = page.header_bytes(page.MAX_HASH_BYTES) + MAX_BLOCK_BYTES + page.CHECKSUM_BYTES
 _M = TypeVar("_M")
+
+
+def _caller_pages(header: pb.SaveHeader) -> list[pb.CallerPages]:
+    """The regions of the caller's memory a save reads engine pages from, in order (none: no CallerPages)."""
+    return [header.from_caller, *header.more_from_caller] if header.HasField("from_caller") else []
 
 
 class KVStoreService:
@@ -142,18 +148,21 @@ class KVStoreService:
         return self._in_memory(request.namespace, list(m.chunk_keys))
 
     def _store_turn(self, header: pb.SaveHeader, receiver: Receiver, streamed: list[Blob],
-                    commit: Manifest | None, sender: Sender | None) -> tuple[SaveResult, Manifest | None]:
+                    commit: Manifest | Append | None, sender: Sender | None) -> tuple[SaveResult, Manifest | None]:
         """The engine pages read from the caller's slots and the arena part of the chunks copied out
-        (they come first), then the chunks stored and, for a turn, its manifest committed in the same
-        durable transaction."""
+        (they come first), then the chunks stored and, for a turn, its manifest committed (or its
+        append applied) in the same durable transaction."""
         buffer_for = self.sessions.store.buffer_for
         caller: list[Blob] = []
-        if header.HasField("from_caller"):  # read into buffers the host tier keeps as they are: one copy
+        regions = _caller_pages(header)
+        if regions:  # read into buffers the host tier keeps as they are: one copy
             lay = self.sessions.layouts.usable(header.namespace, bytes(header.layout_id))
             assert lay is not None and sender is not None  # _check_header
-            region = header.from_caller.region
-            with caller_memory_errors(region.address, region.size, "readable"), sender.reaching() as pid:
-                caller = list(slots.gather(pid, header.from_caller, lay, header.namespace, buffer_for))
+            with sender.reaching() as pid:
+                for pages in regions:
+                    region = pages.region
+                    with caller_memory_errors(region.address, region.size, "readable"):
+                        caller.extend(slots.gather(pid, pages, lay, header.namespace, buffer_for))
         # the arena part copied into buffers the host tier keeps as they are (the save's one copy)
         prefix = receiver.arena_prefix(header.arena_bytes, buffer_for) if header.arena_id else []
         blobs = [*caller, *prefix, *streamed]
@@ -161,7 +170,10 @@ class KVStoreService:
                 blobs)
         if commit is None:
             return self.sessions.save_chunks(*args), None
-        committed, res = self.sessions.save_session(*args, commit)
+        if isinstance(commit, Append):
+            committed, res = self.sessions.append_session(*args, commit)
+        else:
+            committed, res = self.sessions.save_session(*args, commit)
         return res, committed
 
     def _max_blob(self, namespace: str, layout_id: bytes) -> int:
@@ -177,17 +189,25 @@ class KVStoreService:
         # the fields' shapes, and a commit naming the header's namespace and layout (it is authorized
         # by the header's): request_checks.py, before this body
         self._ns(call, header.namespace)
-        if header.HasField("from_caller"):
+        if header.more_from_caller and not header.HasField("from_caller"):
+            raise InvalidArgument("SaveHeader.more_from_caller needs from_caller: the first region is that one")
+        regions = _caller_pages(header)
+        if regions:
             if call.sender is None:
                 raise InvalidArgument("CallerPages names memory of the calling process: only a call over the "
                                       "daemon's local socket can (the kernel names its process)")
             if self.sessions.layouts.usable(header.namespace, bytes(header.layout_id)) is None:
                 raise InvalidArgument("CallerPages: the save's layout must be an engine page layout its namespace "
                                       "registered (RegisterLayout)")
-            r = header.from_caller.region
+        for i, pages in enumerate(regions):
+            r = pages.region
+            at = "from_caller" if i == 0 else f"more_from_caller[{i - 1}]"
             if not r.address or not r.size:
-                raise InvalidArgument("CallerPages.region needs an address and a size")
-            slots.check(r.slot_offsets, r.slot_bytes, r.size, len(header.from_caller.groups))
+                raise InvalidArgument(f"SaveHeader.{at}: CallerPages.region needs an address and a size")
+            try:
+                slots.check(r.slot_offsets, r.slot_bytes, r.size, len(pages.groups))
+            except InvalidArgument as e:
+                raise InvalidArgument(f"SaveHeader.{at}: {e}") from None
 
     def _check_first(self, first: pb.SaveChunksRequest, call: Call) -> None:
         """A save's first message: its header, authorized, naming the caller's own arena (if any)."""
@@ -239,15 +259,24 @@ class KVStoreService:
         if header is None or receiver is None or carrier is None:
             raise InvalidArgument("empty SaveChunks stream: no header")
         receiver.finish()
-        commit = self._turn_manifest(header) if header.HasField("commit") else None
+        commit: Manifest | Append | None = None
+        if header.HasField("commit"):
+            commit = self._turn_manifest(header)
+        elif header.HasField("append"):
+            commit = convert.append_from_pb(header.append, header.namespace, bytes(header.layout_id))
         with client_bytes("chunk bytes"):
             res, committed = self._store_turn(header, receiver, blobs, commit, call.sender)
         if header.HasField("from_caller"):  # the pages came from the caller's memory: no stream, unless more did
             self.carriers.count_caller_memory()
         if not header.HasField("from_caller") or streamed or header.arena_id:
             self.carriers.count(carrier, streamed)
-        return pb.SaveChunksResponse(keys=res.keys, written=res.written,
-                                     session=convert.session_to_pb(committed) if committed else None)
+        r = pb.SaveChunksResponse(keys=res.keys, written=res.written)
+        if committed is not None:  # an append is answered its version, not the manifest (O(the turn))
+            if not isinstance(commit, Append):
+                r.session.CopyFrom(convert.session_to_pb(committed))
+            r.generation, r.chunk_count = committed.generation, len(committed.chunk_keys)
+            r.created_at, r.updated_at = committed.created_at, committed.updated_at
+        return r
 
     @quick_when(_quick_keys)
     def LoadChunks(self, request: pb.LoadChunksRequest, call: Call) -> Iterator[pb.ChunkData | fastpb.Encoded]:

@@ -37,6 +37,12 @@ class StoreConfig:
     #: for every namespace (an admin's) are held to the same number.
     max_layouts_per_namespace: int = field(default=64, metadata=option(
         "engine page layouts (RegisterLayout) one namespace may hold; global ones (an admin's) as many"))
+    #: A session appended to turn by turn keeps its manifest on disk as a base and a record per turn; it is
+    #: written whole again (compacted) once its turns name as many chunk keys as the base, and at least this
+    #: many (docs/FORMAT.md section 3, "Turns").
+    compact_turn_keys: int = field(default=256, metadata=option(
+        "a session's turn records are compacted into its manifest once they name as many keys as it, and at "
+        "least this many"))
 
     #: Per-namespace quotas (``store/quotas.py``): the daemon's come from its tokens file.
     quotas: Quotas = field(default_factory=Quotas)
@@ -48,6 +54,8 @@ class StoreConfig:
             raise InvalidSetting("store", "write_mode", f"must be through or back, got {self.write_mode!r}")
         if self.chunk_tokens <= 0 or self.chunk_tokens % 2:
             raise InvalidSetting("store", "chunk_tokens", f"must be a positive even number, got {self.chunk_tokens}")
+        if self.compact_turn_keys < 1:
+            raise InvalidSetting("store", "compact_turn_keys", f"must be at least 1, got {self.compact_turn_keys}")
         if self.max_layouts_per_namespace < 1:
             raise InvalidSetting("store", "max_layouts_per_namespace",
                                  f"must be at least 1, got {self.max_layouts_per_namespace}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from kvstore.format import chunk
 from kvstore.format.layout import Layout, layout_by_id
 from kvstore.format.manifest import Manifest, Retention, unnamed_kind
+from kvstore.format.turn_record import Append
 from kvstore.v1 import kvstore_pb2 as pb
 
 
@@ -60,3 +61,14 @@ def layout_to_pb(lay: Layout, chunk_tokens: int) -> pb.LayoutInfo:
         window=lay.window, chunk_bytes=chunk.encoded_size(lay, chunk_tokens),
         caches=[pb.CacheInfo(name=c.name, layer=c.layer, m=c.m, channels=c.channels, format=str(c.fmt),
                              code_bytes=c.code_bytes, scale_bytes=c.scale_bytes) for c in lay.caches])
+
+
+def append_to_pb(a: Append) -> pb.SessionAppend:
+    return pb.SessionAppend(session_id=a.session_id, base=a.base, chunk_keys=list(a.chunk_keys),
+                            token_count=a.token_count, tail=a.tail, last_token_ids=list(a.last_token_ids))
+
+
+def append_from_pb(a: pb.SessionAppend, namespace: str, layout_id: bytes) -> Append:
+    """An append from the wire, of the save header's namespace and layout."""
+    return Append(namespace, a.session_id, layout_id, a.base, tuple(bytes(k) for k in a.chunk_keys), a.token_count,
+                  bytes(a.tail), tuple(a.last_token_ids))

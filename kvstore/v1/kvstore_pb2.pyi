@@ -179,7 +179,7 @@ class LayoutInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., bytes_per_token: _Optional[float] = ..., n_layers: _Optional[int] = ..., window: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., caches: _Optional[_Iterable[_Union[CacheInfo, _Mapping]]] = ...) -> None: ...
 
 class SaveHeader(_message.Message):
-    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit", "from_caller")
+    __slots__ = ("namespace", "layout_id", "parent_key", "first_index", "arena_id", "arena_bytes", "commit", "from_caller", "append", "more_from_caller")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,8 @@ class SaveHeader(_message.Message):
     ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     FROM_CALLER_FIELD_NUMBER: _ClassVar[int]
+    APPEND_FIELD_NUMBER: _ClassVar[int]
+    MORE_FROM_CALLER_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     layout_id: bytes
     parent_key: bytes
@@ -196,7 +198,25 @@ class SaveHeader(_message.Message):
     arena_bytes: int
     commit: Session
     from_caller: CallerPages
-    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., commit: _Optional[_Union[Session, _Mapping]] = ..., from_caller: _Optional[_Union[CallerPages, _Mapping]] = ...) -> None: ...
+    append: SessionAppend
+    more_from_caller: _containers.RepeatedCompositeFieldContainer[CallerPages]
+    def __init__(self, namespace: _Optional[str] = ..., layout_id: _Optional[bytes] = ..., parent_key: _Optional[bytes] = ..., first_index: _Optional[int] = ..., arena_id: _Optional[str] = ..., arena_bytes: _Optional[int] = ..., commit: _Optional[_Union[Session, _Mapping]] = ..., from_caller: _Optional[_Union[CallerPages, _Mapping]] = ..., append: _Optional[_Union[SessionAppend, _Mapping]] = ..., more_from_caller: _Optional[_Iterable[_Union[CallerPages, _Mapping]]] = ...) -> None: ...
+
+class SessionAppend(_message.Message):
+    __slots__ = ("session_id", "base", "chunk_keys", "token_count", "tail", "last_token_ids")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_KEYS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TAIL_FIELD_NUMBER: _ClassVar[int]
+    LAST_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    base: int
+    chunk_keys: _containers.RepeatedScalarFieldContainer[bytes]
+    token_count: int
+    tail: bytes
+    last_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, session_id: _Optional[str] = ..., base: _Optional[int] = ..., chunk_keys: _Optional[_Iterable[bytes]] = ..., token_count: _Optional[int] = ..., tail: _Optional[bytes] = ..., last_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CallerPages(_message.Message):
     __slots__ = ("region", "groups", "block_hashes")
@@ -217,14 +237,22 @@ class SaveChunksRequest(_message.Message):
     def __init__(self, header: _Optional[_Union[SaveHeader, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class SaveChunksResponse(_message.Message):
-    __slots__ = ("keys", "written", "session")
+    __slots__ = ("keys", "written", "session", "generation", "created_at", "updated_at", "chunk_count")
     KEYS_FIELD_NUMBER: _ClassVar[int]
     WRITTEN_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     written: int
     session: Session
-    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ..., session: _Optional[_Union[Session, _Mapping]] = ...) -> None: ...
+    generation: int
+    created_at: float
+    updated_at: float
+    chunk_count: int
+    def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ..., session: _Optional[_Union[Session, _Mapping]] = ..., generation: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., chunk_count: _Optional[int] = ...) -> None: ...
 
 class LoadChunksRequest(_message.Message):
     __slots__ = ("namespace", "keys", "arena_id", "into")

@@ -160,6 +160,9 @@ class KVStoreServicer:
         A turn in one call: with SaveHeader.commit, the daemon stores the chunks and commits that
         session version (as CommitSession would) in one durable transaction, and returns it. If the
         commit fails, the call fails and stores nothing: the previous version stays.
+        A turn that names only what it adds: with SaveHeader.append instead, the daemon appends the new
+        chunk keys, tail and last ids to the session's current version (which must be append.base) in
+        O(turn), on the wire and on disk, and answers the new version's stamp, not the manifest.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 
-from kvstore.client import AsyncClient, Client
+from kvstore.client import AsyncClient, Client, PageSlots
 from kvstore.errors import InvalidArgument
 from kvstore.format import page
 from kvstore.format.manifest import Kind, Manifest, Retention
@@ -332,6 +332,61 @@ def test_the_daemon_reads_saved_blocks_from_their_slots(daemon: Daemon, ns: str,
         out = region(3)  # and back into other slots
         assert len(c.load_pages_into(ns, keys, out, [0, STRIDE, 2 * STRIDE], STRIDE)) == 3
         assert_slots(out, [0, STRIDE, 2 * STRIDE], blocks)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_pages_of_several_regions_are_one_save_and_one_commit(daemon: Daemon, ns: str, local: bool) -> None:
+    """An engine keeping each pool of pages in a buffer of its own (SGLang's HiCache host pools) saves them all
+    in one call: over the local socket the daemon reads every region (``more_from_caller``), else the client
+    encodes them; the new blobs are the regions' in order, byte for byte what page.encode makes."""
+    a_groups, b_groups = [0, 0], [1]
+    hashes = [f"{ns}/{i}".encode() for i in range(3)]
+    blocks = [block(0, 50), block(0, 51), block(1, 52)]
+    a = filled(blocks[:2], [STRIDE, 0], 2)  # another buffer each, slots in their own order
+    b = filled(blocks[2:], [STRIDE], 2)
+    keys = [page.page_key(LAYOUT.layout_id, ns, g, h) for g, h in zip([*a_groups, *b_groups], hashes)]
+    with Client(address=daemon.address, shared_memory=local) as c:
+        c.register_layout(LAYOUT.definition())
+        before = transport_stats(daemon).caller_memory_calls
+        saved_ = c.save_page_regions(page_manifest(ns, keys), LAYOUT, [
+            PageSlots(a, [STRIDE, 0], STRIDE, a_groups, hashes[:2]), PageSlots(b, [STRIDE], STRIDE, b_groups,
+                                                                                 hashes[2:])])
+        assert transport_stats(daemon).caller_memory_calls == before + local  # one call
+        assert saved_.written == 3 and saved_.manifest.chunk_keys == tuple(keys)
+        got = dict(c.load_chunks(ns, keys))
+        assert [bytes(got[i]) for i in range(3)] == [page.encode(LAYOUT, g, h, k, x) for g, h, k, x in
+                                                    zip([*a_groups, *b_groups], hashes, keys, blocks)]
+
+
+def test_a_bad_further_region_is_invalid_argument_naming_it_and_stores_nothing(daemon: Daemon, ns: str) -> None:
+    h = [b"h0", b"h1"]
+    keys = [page.page_key(LAYOUT.layout_id, ns, 0, x) for x in h]
+    src = region(2)
+    with Client(address=daemon.address) as c:
+        c.register_layout(LAYOUT.definition())
+        info = c.info()
+    from kvstore.client import calls as rq
+    good = pb.CallerPages(groups=[0], block_hashes=h[:1], region=pb.CallerMemory(
+        address=src.ctypes.data, size=len(src), slot_offsets=[0], slot_bytes=STRIDE))
+    past = pb.CallerPages(groups=[0], block_hashes=h[1:], region=pb.CallerMemory(
+        address=src.ctypes.data, size=len(src), slot_offsets=[2 * STRIDE], slot_bytes=STRIDE))
+    local = local_channel.LocalChannel(info.local_socket)
+    try:
+        header = rq.turn_header(page_manifest(ns, keys), 2)
+        header.from_caller.CopyFrom(good)
+        header.more_from_caller.append(past)
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.KVStoreStub(local).SaveChunks(iter([pb.SaveChunksRequest(header=header)]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "more_from_caller[0]" in e.value.details()
+        header = rq.turn_header(page_manifest(ns, keys[:1]), 1)
+        header.more_from_caller.append(good)  # a further region without the first
+        with pytest.raises(grpc.RpcError) as e:
+            pb_grpc.KVStoreStub(local).SaveChunks(iter([pb.SaveChunksRequest(header=header)]))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "needs from_caller" in e.value.details()
+    finally:
+        local.close()
+    with Client(address=daemon.address) as c:
+        assert c.list_sessions(ns) == [] and c.lookup_keys(ns, keys) == [None, None]
 
 
 def test_bad_caller_pages_are_invalid_argument_and_store_nothing(daemon: Daemon, ns: str) -> None:

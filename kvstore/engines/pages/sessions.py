@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypeVar
 from kvstore.errors import FailedPrecondition, NotFound
 from kvstore.format import page
 from kvstore.format.manifest import Kind, Manifest, Retention
+from kvstore.format.turn_record import Append
 
 if TYPE_CHECKING:
     from kvstore.client import Client
@@ -46,6 +47,7 @@ class PageSession:
     held: dict[bytes, int] = field(default_factory=dict)  # page key -> end token (0: not known here)
     loaded: bool = False  # the daemon's version was read
     version: int = 0  # the version last saved or read: the base of the next save, whichever thread makes it
+    tokens: int = 0  # the largest end token of its pages: the session's token count
     lock: threading.Lock = field(default_factory=threading.Lock)  # one turn save at a time
 
 
@@ -71,30 +73,39 @@ class PageSessions:
             return s
 
     def save(self, client: Client, s: PageSession, pkeys: list[bytes], blobs: Sequence[T],
-             ends: list[int | None], send: Callable[[Manifest, list[T], int], SavedSession] | None = None) -> None:
-        """One turn save of the session: the new blobs and the manifest naming all it held before.
-        ``send(manifest, the new ones of blobs, base)`` saves them (default: ``client.save_session``;
-        the blobs may be what the daemon reads them from: the engine's slots)."""
+             ends: list[int | None], send: Callable[[Manifest | Append, list[T], int], SavedSession] | None = None
+             ) -> None:
+        """One turn save of the session: the new blobs, and what it adds to the version last saved or
+        read (an ``Append``: the new keys, the token count and that version as its base, O(the turn) on
+        the wire and on disk), or, for the session's first version, the manifest naming them all.
+        ``send(manifest or append, the new ones of blobs, base)`` saves them (default:
+        ``client.save_session``; the blobs may be what the daemon reads them from: the engine's slots)."""
         save = send or client.save_session
-        with s.lock:  # a session's turns are saved one after another: each names all the last one did
+        with s.lock:  # a session's turns are saved one after another: each extends the last one
             for attempt in range(2):
                 if not s.loaded:
                     self._catch_up(client, s)
                 new = {pk: (end or 0) for pk, end in zip(pkeys, ends) if pk not in s.held}
                 fresh = [b for pk, b in zip(pkeys, blobs) if pk in new]
-                tokens = max([0, *s.held.values(), *new.values()])
-                m = Manifest(s.session_id, s.tenant.namespace, self.layout.layout_id, tokens, 0,
-                             (*s.held, *new), b"", (), retention=self.retention,
-                             metadata={"engine": self.layout.engine, "model": self.layout.name},
-                             kind=Kind.ENGINE_PAGES)
+                tokens = max([s.tokens, *new.values()])
+                turn: Manifest | Append
+                if s.version:
+                    turn = Append(s.tenant.namespace, s.session_id, self.layout.layout_id, s.version, tuple(new),
+                                  tokens, b"", ())
+                else:  # the session's first version (or one saved before version stamps): whole
+                    turn = Manifest(s.session_id, s.tenant.namespace, self.layout.layout_id, tokens, 0,
+                                    (*s.held, *new), b"", (), retention=self.retention,
+                                    metadata={"engine": self.layout.engine, "model": self.layout.name},
+                                    kind=Kind.ENGINE_PAGES)
                 try:
-                    s.version = save(m, fresh, s.version).manifest.generation  # type: ignore[arg-type]
+                    s.version = save(turn, fresh, s.version).generation  # type: ignore[arg-type]
                 except FailedPrecondition:  # saved meanwhile through another engine or daemon: merge, once
                     if attempt:
                         raise
                     s.loaded = False
                     continue
                 s.held.update(new)
+                s.tokens = tokens
                 return
 
     def _catch_up(self, client: Client, s: PageSession) -> None:
@@ -111,6 +122,7 @@ class PageSessions:
             s.held = {**dict.fromkeys(m.chunk_keys, 0), **s.held}
             if m.chunk_keys:
                 s.held[m.chunk_keys[-1]] = max(s.held[m.chunk_keys[-1]], m.token_count)
+            s.tokens = max(s.tokens, m.token_count)
         s.loaded = True
 
 

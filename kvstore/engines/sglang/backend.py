@@ -65,6 +65,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from kvstore.client.calls import PageSlots
 from kvstore.engines.pages.daemon import DaemonLink
 from kvstore.engines.pages.records import Record
 from kvstore.engines.pages.sessions import PageSession, PageSessions, Tenant, block_key, session_id
@@ -175,6 +176,8 @@ class KVStoreHiCache(HiCacheStorage):
         self.sessions: PageSessions | None = None
         self.stats = BackendStats()
         self._stored: OrderedDict[bytes, None] = OrderedDict()
+        #: the last page key of each conversation this server wrote lately -> its session (``_session``)
+        self._tails: OrderedDict[str, str] = OrderedDict()
         self._stored_lock = threading.Lock()
 
     # -- attach -----------------------------------------------------------------------------------
@@ -334,22 +337,31 @@ class KVStoreHiCache(HiCacheStorage):
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
-        out: dict[str, list[bool]] = {}
+        """Every pool's pages of the call in one turn save of their conversation's session: one call, one
+        durable commit (the daemon reads the pages from each pool's host slots)."""
         prefix = list(extra_info.prefix_keys) if extra_info is not None and extra_info.prefix_keys is not None else None
+        out: dict[str, list[bool]] = {}
+        work: list[tuple[str, list[str], HostPages, list[int]]] = []
         for t in transfers:
             name, keys = _name(t.name), list(t.keys or ())
-            try:
-                done = self._store(name, keys, t.host_indices, prefix)
-            except Exception as e:  # a store that fails is False: SGLang keeps the pages in host memory
-                if self.daemon is not None:
-                    self.daemon.failed(f"storing {len(keys)} pages of {name}", e)
-                done = False
+            hp = self.host.get(name)
+            rows = hp.rows(t.host_indices, len(keys)) if hp is not None and t.host_indices is not None else None
+            if keys and (hp is None or rows is None):  # not a pool of this layout, or not whole pages
+                out[name] = [False] * len(keys)
+            elif keys:
+                assert hp is not None and rows is not None
+                work.append((name, keys, hp, rows))
+            else:
+                out[name] = []
+        try:
+            done = self._store(work, prefix)
+        except Exception as e:  # a store that fails is False: SGLang keeps the pages in host memory
+            if self.daemon is not None:
+                self.daemon.failed(f"storing {sum(len(w[1]) for w in work)} pages", e)
+            done = False
+        for name, keys, _, _ in work:
             out[name] = [done] * len(keys)
         return out
-
-    def _session(self, keys: list[str], prefix: list[str] | None) -> PageSession:
-        assert self.sessions is not None
-        return self.sessions.session(self.tenant, session_id(f"{self._session_prefix()}{(prefix or keys)[0][:32]}"))
 
     def _session_prefix(self) -> str:
         """What this server's session ids start with: its layout's (a chain of the same tokens under another
@@ -357,43 +369,61 @@ class KVStoreHiCache(HiCacheStorage):
         assert self.geometry is not None
         return f"sglang-{self.geometry.layout.layout_hex[:12]}-"
 
-    def _store(self, name: str, keys: list[str], host_indices: torch.Tensor | None,
-               prefix: list[str] | None) -> bool:
-        hp = self.host.get(name)
-        if not keys:
+    def _session(self, keys: list[str], prefix: list[str] | None) -> PageSession:
+        """The session of a write: the conversation whose last page its first page follows (SGLang's
+        ``prefix_keys``), else a new one named by its first page. A branch (a page followed by another
+        conversation's already) starts its own session; its prefix stays in the session that wrote it."""
+        assert self.sessions is not None
+        with self._stored_lock:
+            sid = self._tails.get(prefix[-1]) if prefix else None
+        return self.sessions.session(self.tenant, sid or session_id(f"{self._session_prefix()}{keys[0][:32]}"))
+
+    def _store(self, work: list[tuple[str, list[str], HostPages, list[int]]], prefix: list[str] | None) -> bool:
+        if not work:
             return True
-        if hp is None or not self._ready() or host_indices is None or self.sessions is None:
-            return False
-        rows = hp.rows(host_indices, len(keys))
-        if rows is None:
+        if not self._ready() or self.sessions is None:
             return False
         assert self.daemon is not None and self.geometry is not None
         client = self.daemon.client(self.tenant, "store")
-        layout, group = self.geometry.layout, self.geometry.groups[name]
-        pkeys = [self._key(name, k) for k in keys]
-        hashes = [page_hash(k) for k in keys]
-        start = len(prefix) if prefix is not None else None
-        ends: list[int | None] = [None if start is None else (start + i + 1) * hp.pool.page_tokens
-                                  for i in range(len(keys))]
-        region = hp.region
-        s = self._session(keys, prefix)
-        if region is not None:  # the daemon reads each page from its host slot and seals it
-            offsets = hp.offsets(rows)
-
+        layout, start = self.geometry.layout, len(prefix) if prefix is not None else None
+        pkeys: list[bytes] = []
+        ends: list[int | None] = []
+        items: list[tuple[HostPages, int, int, bytes]] = []  # (pool, group, host page, SGLang's hash)
+        for name, keys, hp, rows in work:
+            group = self.geometry.groups[name]
+            for i, k in enumerate(keys):
+                pkeys.append(self._key(name, k))
+                ends.append(None if start is None else (start + i + 1) * hp.pool.page_tokens)
+                items.append((hp, group, rows[i], page_hash(k)))
+        chain = work[0][1]
+        s = self._session(chain, prefix)
+        regions = {id(hp): hp.region for _, _, hp, _ in work}
+        if all(r is not None for r in regions.values()):  # the daemon reads each page from its host slot
             def send(m: Any, fresh: list[int], base: int) -> Any:
-                return client.save_pages(m, layout, region, [offsets[i] for i in fresh], hp.pool.page_bytes,
-                                         [group] * len(fresh), [hashes[i] for i in fresh], base)
+                runs: dict[int, list[int]] = {}  # pool by pool, in order: the new blobs are every region's, in turn
+                for i in fresh:
+                    runs.setdefault(id(items[i][0]), []).append(i)
+                return client.save_page_regions(m, layout, [
+                    PageSlots(regions[pool], [items[i][2] * items[i][0].pool.page_bytes for i in run],
+                              items[run[0]][0].pool.page_bytes, [items[i][1] for i in run], [items[i][3] for i in run])
+                    for pool, run in runs.items()], base)
 
-            self.sessions.save(client, s, pkeys, list(range(len(keys))), ends, send)
+            self.sessions.save(client, s, pkeys, list(range(len(items))), ends, send)
         else:  # a layout without slots: the pages gathered by the pool and sealed here
-            blobs = [page.encode(layout, group, hashes[i], pkeys[i], hp.read(rows[i])) for i in range(len(keys))]
+            blobs = [page.encode(layout, group, h, pk, hp.read(row)) for (hp, group, row, h), pk in zip(items, pkeys)]
             self.sessions.save(client, s, pkeys, blobs, ends)
-        self.stats.pages_stored += len(keys)
+        self.stats.pages_stored += len(items)
         with self._stored_lock:
-            for k in keys:
-                self._stored[(name + k).encode()] = None
+            for name, keys, _, _ in work:
+                for k in keys:
+                    self._stored[(name + k).encode()] = None
             while len(self._stored) > RECENT_STORED:
                 self._stored.popitem(last=False)
+            if prefix:
+                self._tails.pop(prefix[-1], None)
+            self._tails[chain[-1]] = s.session_id
+            while len(self._tails) > RECENT_STORED:
+                self._tails.popitem(last=False)
         return True
 
     # -- v1: the 0-byte kv anchor -----------------------------------------------------------------

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from kvstore.engines.vllm.sessions import Sessions
     from kvstore.format.manifest import Manifest
     from kvstore.format.page_layout import GroupSpec, PageLayout
+    from kvstore.format.turn_record import Append
 
 log = logging.getLogger("kvstore.engines.vllm.tier")
 
@@ -49,7 +50,7 @@ class Transfer:
             return False, None
         client = self._daemon.client(s.tenant, "store")
 
-        def send(m: Manifest, fresh: list[int], base: int) -> SavedSession:
+        def send(m: Manifest | Append, fresh: list[int], base: int) -> SavedSession:
             return client.save_pages(m, self.layout, self._flat, [cids[i] * self.stride for i in fresh], self.stride,
                                      [get_offload_group_idx(keys[i]) for i in fresh],
                                      [get_offload_block_hash(keys[i]) for i in fresh], base)

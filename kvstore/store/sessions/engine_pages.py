@@ -60,6 +60,14 @@ class EnginePages:
             raise InvalidArgument("the manifest does not name every saved page blob")
         return frozenset(i for i, k in enumerate(m.chunk_keys) if k in mine)
 
+    def positions_added(self, m: Manifest, start: int, first_index: int, parent: bytes,
+                        keys: Sequence[bytes]) -> Positions:
+        mine = set(keys)
+        at = frozenset(i for i in range(start, len(m.chunk_keys)) if m.chunk_keys[i] in mine)
+        if len({m.chunk_keys[i] for i in at}) != len(mine):
+            raise InvalidArgument("the append does not name every saved page blob among the keys it adds")
+        return at
+
     def record(self, index: ChunkIndex, namespace: str, layout_id: bytes, keys: Sequence[bytes],
                first_index: int = 0, parent: bytes = ROOT) -> None:
         for key in keys:

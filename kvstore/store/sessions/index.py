@@ -15,11 +15,14 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 
+from kvstore.format.keys import ROOT
 from kvstore.format.manifest import Manifest
 from kvstore.store.sessions.chunk_index import ChunkIndex, ChunkInfo
 from kvstore.store.sessions.kind import Kinds
 from kvstore.store.sessions.sharing import SessionRef, Update
+from kvstore.store.sessions.turn_log import TurnLog
 
 #: Pins (or unpins) chunks in the tiered store: a pinned session's chunks are never demoted.
 PinChunks = Callable[[Sequence[bytes]], None]
@@ -43,6 +46,10 @@ class SessionIndex:
         #: Owner and place of every chunk saved or named by a manifest: reads, lookups and commits
         #: see only their own namespace's chunks, and every hit is verified against it.
         self.chunks = ChunkIndex()
+        #: What the durable tier holds of each session (its manifest and turn records: ``turn_log.py``),
+        #: changed under ``write_lock`` only; kept when a session leaves the index (its records stay on
+        #: disk until a save or delete writes over them).
+        self.logs: dict[SessionRef, TurnLog] = {}
 
     # -- sessions ---------------------------------------------------------------------------------
     def get(self, ref: SessionRef) -> Manifest | None:
@@ -91,6 +98,25 @@ class SessionIndex:
             self._claim(added, m.namespace)
             self.kinds.of(m.kind).record(self.chunks, m.namespace, m.layout_id, added, same, m.chunk_keys[same - 1])
 
+    def append(self, m: Manifest, start: int) -> None:
+        """Index ``m``, its session's current version with keys appended from chunk ``start`` (an
+        append: same layout, kind and retention): O(the keys added)."""
+        ref = (m.namespace, m.session_id)
+        added = m.chunk_keys[start:]
+        with self.lock:
+            self._manifests[ref] = m
+            for k in added:
+                self._refs[k].add(ref)
+            self.kinds.of(m.kind).record(self.chunks, m.namespace, m.layout_id, added, start,
+                                         m.chunk_keys[start - 1] if start else ROOT)
+        self._claim(added, m.namespace)
+        if m.retention.pinned:
+            self._pin(added)
+
+    def log(self, ref: SessionRef) -> TurnLog:
+        """What the durable tier holds of the session (nothing: an empty log)."""
+        return self.logs.get(ref) or TurnLog()
+
     def unchanged_prefix(self, m: Manifest) -> int:
         """How many leading chunks ``m`` names in the places its session's current version has them, as
         its kind counts them (0 for another layout)."""
@@ -123,6 +149,8 @@ class SessionIndex:
                     self.remove(ref)
                     if m is not None:
                         self.add(m)
+                    # the version indexed is not the one on this daemon's disk: the next save writes it whole
+                    self.logs[ref] = replace(self.log(ref), chains=False)
         return True
 
     def live(self, now: float, namespace: str | None = None) -> list[Manifest]:

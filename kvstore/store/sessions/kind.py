@@ -77,6 +77,13 @@ class SessionKind(Protocol):
         unless ``m`` names them there."""
         ...
 
+    def positions_added(self, m: Manifest, start: int, first_index: int, parent: bytes,
+                        keys: Sequence[bytes]) -> Positions:
+        """``positions`` for an append: where a save's blobs (``keys``, brought from ``first_index``
+        after ``parent``) sit among the keys ``m`` adds from chunk ``start``; InvalidArgument unless
+        there. O(the keys added)."""
+        ...
+
     def record(self, index: ChunkIndex, namespace: str, layout_id: bytes, keys: Sequence[bytes],
                first_index: int = 0, parent: bytes = ROOT) -> None:
         """Enter blobs of a validated save or of a manifest into the index, each with its place."""

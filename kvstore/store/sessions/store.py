@@ -40,6 +40,10 @@ from kvstore.format.manifest import (
     check_session_id,
     manifest_key,
 )
+from kvstore.format.turn_record import PREFIX as TURN_PREFIX
+from kvstore.format.turn_record import TurnRecord
+from kvstore.format.turn_record import apply as apply_turns
+from kvstore.format.turn_record import parse_key as parse_turn_key
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
 from kvstore.store.sessions.admission import Admission
@@ -52,8 +56,10 @@ from kvstore.store.sessions.layouts import Layouts
 from kvstore.store.sessions.reads import SessionReads
 from kvstore.store.sessions.sharing import NoSharing, SessionRef, Sharing
 from kvstore.store.sessions.token_chain import TokenChain
-from kvstore.store.sessions.turn import SavedTurn, Turn
+from kvstore.store.sessions.turn import Append, SavedTurn, Turn
 from kvstore.store.sessions.turn_commit import TurnCommit, new_chunks, next_generation
+from kvstore.store.sessions.turn_log import TurnLog
+from kvstore.store.sessions.turn_log import whole as whole_log
 from kvstore.store.tiered.reads import Verify
 from kvstore.store.tiered.store import TieredStore
 from kvstore.tiers.base import Stored, WriteBatch
@@ -83,7 +89,7 @@ class SessionStore:
         #: Concurrent turn saves share one durable transaction (one fsync) per group; the clock is
         #: read through this store (tests set ``clock``).
         commit = TurnCommit(self._index, store, self._sharing, config.write_mode, lambda: self.clock(),
-                            self.admission)
+                            config.compact_turn_keys, self.admission)
         self._turns: GroupCommit[Turn, SavedTurn] = GroupCommit(self._index.write_lock, commit)
         self._reads = SessionReads(self._index, store, self._sharing, self.layouts, config.chunk_tokens, self.hits)
         self._load_manifests()
@@ -99,6 +105,16 @@ class SessionStore:
 
     # -- startup --------------------------------------------------------------------------------
     def _load_manifests(self) -> None:
+        """Index every session: its manifest and the turn records appended to it since it was last
+        written whole (``kvstore.format.turn_record``), in key order, each while it extends the version
+        read so far; a record that does not is damage (counted, and the next save writes it whole)."""
+        records: dict[SessionRef, list[tuple[int, bytes]]] = {}
+        for key in list(self.store.meta_keys(TURN_PREFIX)):
+            parsed = parse_turn_key(key)
+            if parsed is None:
+                log.error("meta key %r is no turn record's: ignored", key)
+                continue
+            records.setdefault((parsed[0], parsed[1]), []).append((parsed[2], key))
         for key in list(self.store.meta_keys(KEY_PREFIX)):
             blob = self.store.get_meta(key)
             try:
@@ -108,7 +124,36 @@ class SessionStore:
                 self.damage.manifests += 1
                 continue
             if m is not None:
+                ref = (m.namespace, m.session_id)
+                m = self._with_turns(m, sorted(records.pop(ref, [])))
                 self._index.add(m)
+        for ref, found in records.items():  # records of no manifest: deleted by the session's next save
+            self._index.logs[ref] = TurnLog(records=max(seq for seq, _ in found) + 1, chains=False)
+
+    def _with_turns(self, m: Manifest, found: list[tuple[int, bytes]]) -> Manifest:
+        """``m`` with the turn records ``found`` (seq, key) applied; its turn log noted in the index."""
+        ref = (m.namespace, m.session_id)
+        recs: list[TurnRecord] = []
+        for _, key in found:
+            blob = self.store.get_meta(key)
+            try:
+                recs.append(TurnRecord.decode(blob if blob is not None else b""))
+            except (ManifestError, ValueError) as e:
+                log.error("turn record %r is damaged (%s)", key, e)
+                break
+        try:
+            out, applied = apply_turns(m, recs)
+        except ManifestError as e:
+            log.error("the turn records of session %s/%s break its manifest's rules (%s)", *ref, e)
+            out, applied = m, 0
+        if applied < len(found):  # the session is read as the version its turns extend cleanly
+            log.error("session %s/%s: %d of its %d turn records extend its version, the rest are ignored",
+                      *ref, applied, len(found))
+            self.damage.manifests += 1
+        records = max((seq for seq, _ in found), default=-1) + 1
+        self._index.logs[ref] = TurnLog(records, len(m.chunk_keys), len(out.chunk_keys) - len(m.chunk_keys),
+                                        chains=applied == len(found) and [s for s, _ in found] == list(range(records)))
+        return out
 
     def collect_garbage(self) -> int:
         """Delete chunks (on the durable tier and faster ones) that no manifest references, e.g.
@@ -178,6 +223,27 @@ class SessionStore:
         at = kind.positions(manifest, first_index, keys)
         return self._turns.submit(Turn(namespace, layout_id, parent, first_index, keys, blobs, manifest, kind, at))
 
+    def append_session(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
+                       blobs: Sequence[bytes | memoryview], append: Append) -> tuple[Manifest, SaveResult]:
+        """Save a turn named by what it adds (``Append``): store ``blobs`` as ``save_session`` does and
+        append the keys, trailing span and last ids to the session's version ``append.base``, in one
+        durable transaction, in O(the turn): its record on disk is what it adds (a turn record), its
+        checks and the index's update are of the keys it adds. FailedPrecondition, nothing stored,
+        unless ``append.base`` is the session's current version; the keys it adds are checked as a
+        commit's (stored in the namespace, or brought by ``blobs``; in place). Returns the new version
+        and the chunks' keys with how many were new."""
+        check_namespace(namespace)
+        check_session_id(append.session_id)
+        if (append.namespace, append.layout_id) != (namespace, layout_id):
+            raise InvalidArgument("the append must name the save's namespace and layout")
+        if append.base <= 0:
+            raise InvalidArgument("an append names the version it extends (base > 0); a session is created by a "
+                                  "whole save")
+        kind = self.kinds.for_layout(namespace, layout_id)
+        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs) if blobs else []
+        return self._turns.submit(Turn(namespace, layout_id, parent, first_index, keys, blobs, None, kind, range(0),
+                                       append))
+
     # -- sessions -------------------------------------------------------------------------------
     def _catch_up(self, namespace: str | None) -> None:
         self._index.adopt(self._sharing.catch_up(namespace), self._sharing.advance)
@@ -202,9 +268,10 @@ class SessionStore:
             ref = (m.namespace, m.session_id)
             self._sharing.publish(m, deleted=True)
             freed = self._index.replaced_only({ref}, set())
-            # the manifest and the chunks only it used: one transaction (one fsync)
-            self.store.commit(WriteBatch(deletes=freed, meta_deletes=[m.key]))
+            # the manifest, its turn records and the chunks only it used: one transaction (one fsync)
+            self.store.commit(WriteBatch(deletes=freed, meta_deletes=[m.key, *self._index.log(ref).keys(ref)]))
             self._index.remove(ref)
+            self._index.logs.pop(ref, None)
             self._index.forget_chunks(freed)
         return len(freed)
 
@@ -214,8 +281,10 @@ class SessionStore:
             old, now = self.get(namespace, session_id), self.clock()
             m = replace(old.with_retention(retention, now), generation=next_generation(old, now))
             self._sharing.publish(m)
-            self.store.put_meta(m.key, m.encode())
+            ref = (m.namespace, m.session_id)  # written whole, its turn records deleted: one transaction
+            self.store.commit(WriteBatch(meta_puts=[(m.key, m.encode())], meta_deletes=self._index.log(ref).keys(ref)))
             self._index.replace(m)
+            self._index.logs[ref] = whole_log(len(m.chunk_keys))
         return m
 
     def expire(self) -> int:
@@ -229,7 +298,10 @@ class SessionStore:
                     freed.extend(self._index.remove(ref))
             # every expired manifest and the chunks only they used: one transaction
             try:
-                self.store.commit(WriteBatch(deletes=freed, meta_deletes=[manifest_key(*ref) for ref in gone]))
+                self.store.commit(WriteBatch(deletes=freed, meta_deletes=[
+                    k for ref in gone for k in (manifest_key(*ref), *self._index.log(ref).keys(ref))]))
+                for ref in gone:
+                    self._index.logs.pop(ref, None)
             except (Unavailable, ResourceExhausted) as e:  # the index forgot them: the next open retries
                 log.error("could not delete %d expired sessions from the durable tier: %s", len(gone), e)
             self._index.forget_chunks(freed)

@@ -49,6 +49,18 @@ class TokenChain:
                                   f"{end - 1}")
         return range(first_index, end)
 
+    def positions_added(self, m: Manifest, start: int, first_index: int, parent: bytes,
+                        keys: Sequence[bytes]) -> Positions:
+        if not keys:
+            return range(0)
+        if first_index < start:
+            raise InvalidArgument(f"an append's chunks follow the session's {start}: its first is chunk {first_index}")
+        want = m.chunk_keys[first_index - 1] if first_index else ROOT
+        if first_index > len(m.chunk_keys) or parent != want:
+            raise InvalidArgument(f"the saved chunks follow {parent.hex()}; the append's chunk {first_index - 1} is "
+                                  f"{want.hex() if first_index <= len(m.chunk_keys) else 'not there'}")
+        return self.positions(m, first_index, keys)
+
     def record(self, index: ChunkIndex, namespace: str, layout_id: bytes, keys: Sequence[bytes],
                first_index: int = 0, parent: bytes = ROOT) -> None:
         for n, key in enumerate(keys):

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from kvstore.errors import FailedPrecondition, InvalidArgument
 from kvstore.format.manifest import Manifest
+from kvstore.format.turn_record import TurnRecord, turn_key
 from kvstore.results import SaveResult
 from kvstore.store.sessions.admission import Admission
 from kvstore.store.sessions.group_commit import Pending
@@ -21,6 +22,7 @@ from kvstore.store.sessions.index import SessionIndex
 from kvstore.store.sessions.kind import Positions, SessionKind
 from kvstore.store.sessions.sharing import Accepted, SessionRef, Sharing
 from kvstore.store.sessions.turn import SavedTurn, Turn
+from kvstore.store.sessions.turn_log import whole as whole_log
 from kvstore.store.tiered.store import TieredStore
 from kvstore.tiers.base import WriteBatch
 
@@ -51,16 +53,21 @@ def new_chunks(store: TieredStore, keys: Sequence[bytes], blobs: Sequence[bytes 
 
 
 class TurnCommit:
-    """The ``CommitGroup`` of the session store's turn saves; called with ``index.write_lock`` held."""
+    """The ``CommitGroup`` of the session store's turn saves; called with ``index.write_lock`` held.
+
+    A turn is written as a turn record (``kvstore.format.turn_record``: O(what it adds)) when it is an
+    append to the version on disk and no compaction is due (``turn_log.py``), else as the whole
+    manifest, the session's turn records deleted in the same transaction."""
 
     def __init__(self, index: SessionIndex, store: TieredStore, sharing: Sharing, write_mode: str,
-                 clock: Callable[[], float], admission: Admission | None = None) -> None:
+                 clock: Callable[[], float], compact_keys: int = 256, admission: Admission | None = None) -> None:
         self.admission = admission  # per-namespace quotas: a turn past them fails alone (admission.py)
         self.index = index
         self.store = store
         self.sharing = sharing
         self.write_mode = write_mode
         self.clock = clock  # the store's clock stamps versions: TTLs never trust a caller's times
+        self.compact_keys = compact_keys
 
     def __call__(self, group: list[Pending[Turn, SavedTurn]]) -> list[Pending[Turn, SavedTurn]]:
         """Commit what it can of ``group``; the turns left for the next group (a second turn of one
@@ -71,34 +78,45 @@ class TurnCommit:
         refs: set[SessionRef] = set()
         pending_bytes: dict[str, int] = {}  # new bytes and sessions of the turns accepted so far, by namespace
         pending_sessions: dict[str, int] = {}
+        starts: dict[SessionRef, int] = {}  # an append's session: the chunk count of the version it extends
         for p in group:
             t = p.item
-            ref = (t.manifest.namespace, t.manifest.session_id)
+            ref = (t.namespace, t.session_id)
             if ref in refs:
                 later.append(p)
                 continue
-            batch = t.positions
             try:
-                self.check_chunks(t.manifest, t.kind, skip=batch)
-                self.check_base(t.manifest)
+                if t.append is not None:
+                    m, start = self.extend(t)
+                    check = range(start, len(m.chunk_keys))
+                else:
+                    m, start = t.manifest, -1  # type: ignore[assignment]
+                    self.check_chunks(m, t.kind, skip=t.positions)
+                    self.check_base(m)
+                    check = range(len(m.chunk_keys))
                 new = new_chunks(self.store, t.keys, t.blobs)
-                size, starts = 0, False
+                size, begins = 0, False
                 if self.admission is not None:  # the quotas, before anything of this turn is written
                     self.store.claim(t.keys, t.namespace)
-                    starts = self.admission.check_session(t.namespace, t.manifest.session_id,
+                    begins = self.admission.check_session(t.namespace, t.session_id,
                                                           pending_sessions.get(t.namespace, 0))
                     size = self.admission.check_bytes(t.namespace, new, pending_bytes.get(t.namespace, 0))
                 if self.write_mode == "back":
-                    self.store.flush([k for i, k in enumerate(t.manifest.chunk_keys) if i not in batch])
+                    batch = set(t.keys)
+                    self.store.flush([k for k in (m.chunk_keys[i] for i in check) if k not in batch])
             except Exception as e:  # this turn's own error, raised to its caller
                 p.fail(e)
                 continue
             pending_bytes[t.namespace] = pending_bytes.get(t.namespace, 0) + size
-            pending_sessions[t.namespace] = pending_sessions.get(t.namespace, 0) + starts
+            pending_sessions[t.namespace] = pending_sessions.get(t.namespace, 0) + begins
             refs.add(ref)
-            old, now = self.index.get(ref), self.clock()
-            m = replace(t.manifest, created_at=old.created_at if old is not None else now, updated_at=now,
-                        generation=next_generation(old, now))
+            now = self.clock()
+            if start >= 0:  # stamped by ``extend``
+                starts[ref] = start
+            else:
+                old = self.index.get(ref)
+                m = replace(m, created_at=old.created_at if old is not None else now, updated_at=now,
+                            generation=next_generation(old, now))
             accepted.append((p, m, new))
         # published first: a shared tier's compare-and-set decides races between daemons
         accepted = self.sharing.publish_turns(accepted, self.store)
@@ -106,10 +124,27 @@ class TurnCommit:
         if not accepted:
             return later
         puts = {k: blob for _, _, new in accepted for k, blob in new}
-        doomed = self.index.replaced_only(refs, {k for _, m, _ in accepted for k in m.chunk_keys})
+        whole = {ref for ref in refs if ref not in starts}
+        # an append frees nothing; the keys it adds are kept from a whole save's frees in the same group
+        kept = {k for _, m, _ in accepted for k in m.chunk_keys[starts.get((m.namespace, m.session_id), 0):]}
+        doomed = self.index.replaced_only(whole, kept)
+        meta_puts, meta_deletes, logs = [], [], {}
+        for _, m, _ in accepted:
+            ref = (m.namespace, m.session_id)
+            log, start = self.index.log(ref), starts.get(ref, -1)
+            old = self.index.get(ref)
+            if start >= 0 and old is not None and not log.due(len(m.chunk_keys) - start, self.compact_keys):
+                rec = TurnRecord(old.generation, m.generation, start, m.chunk_keys[start:], m.token_count, m.tail,
+                                 m.last_token_ids, m.updated_at)
+                meta_puts.append((turn_key(*ref, log.records), rec.encode()))
+                logs[ref] = log.appended(len(m.chunk_keys) - start)
+            else:  # the manifest whole, the session's turn records deleted: one transaction
+                meta_puts.append((m.key, m.encode()))
+                meta_deletes += log.keys(ref)
+                logs[ref] = whole_log(len(m.chunk_keys))
         try:
-            self.store.commit(WriteBatch(puts=list(puts.items()), deletes=doomed,
-                                         meta_puts=[(m.key, m.encode()) for _, m, _ in accepted]))
+            self.store.commit(WriteBatch(puts=list(puts.items()), deletes=doomed, meta_puts=meta_puts,
+                                         meta_deletes=meta_deletes))
         except Exception as e:  # nothing of the group is stored: every turn of it fails
             self.sharing.forget(list(refs))
             for p, _, _ in accepted:
@@ -117,13 +152,68 @@ class TurnCommit:
             return later
         with self.index.lock:
             for p, m, _ in accepted:
-                t = p.item
+                t, ref = p.item, (m.namespace, m.session_id)
                 t.kind.record(self.index.chunks, t.namespace, t.layout_id, t.keys, t.first_index, t.parent)
-                self.index.replace(m)
+                if ref in starts:
+                    self.index.append(m, starts[ref])
+                else:
+                    self.index.replace(m)
+                self.index.logs[ref] = logs[ref]
         self.index.forget_chunks(doomed)
         for p, m, new in accepted:
             p.succeed((m, SaveResult(p.item.keys, len(new))))
         return later
+
+    def extend(self, t: Turn) -> tuple[Manifest, int]:
+        """An append's new version (stamped) and the chunk count of the version it extends: its base
+        checked (``check_base``'s error), then the keys it adds (``check_added``), O(what it adds)."""
+        a = t.append
+        assert a is not None
+        ref = (t.namespace, a.session_id)
+        old = self.index.get(ref)
+        if old is None or old.generation != a.base:
+            self.index.adopt(self.sharing.catch_up_session(ref), self.sharing.advance)
+            old = self.index.get(ref)
+        if old is None or old.generation != a.base:
+            where = f"it is at version {old.generation}" if old is not None else "it does not exist (deleted since?)"
+            raise FailedPrecondition(f"session {a.session_id!r} in namespace {t.namespace!r} was changed through "
+                                     f"another client: this turn extends version {a.base}, {where}. This change was "
+                                     f"not applied; load the session again and retry")
+        if old.layout_id != t.layout_id:
+            raise InvalidArgument(f"session {a.session_id!r} holds layout {old.layout_id.hex()}; this turn is of "
+                                  f"{t.layout_id.hex()}: save it whole to replace the session")
+        start, now = len(old.chunk_keys), self.clock()
+        m = old.extended(a.chunk_keys, a.token_count, a.tail, a.last_token_ids, next_generation(old, now), now)
+        t.kind.check_manifest(m)
+        at = t.kind.positions_added(m, start, t.first_index, t.parent, t.keys)
+        self.check_added(m, t.kind, start, at)
+        return m, start
+
+    def check_added(self, m: Manifest, kind: SessionKind, start: int, skip: Positions) -> None:
+        """``check_chunks`` of the keys an append adds (chunks ``start``...), the others checked when
+        their versions were committed."""
+        added = m.chunk_keys[start:]
+        infos = self.index.owned(m.namespace, added)
+        held = self.store.holds_durably_many(added)
+        absent = [start + j for j, (info, h) in enumerate(zip(infos, held))
+                  if start + j not in skip and (info is None or not h)]
+        if absent:
+            unowned = {i for i in absent if infos[i - start] is None}
+            shared = self.sharing.held([m.chunk_keys[i] for i in absent if i not in unowned])
+            absent = [i for i in absent if m.chunk_keys[i] not in shared]
+        if absent:
+            raise FailedPrecondition(f"{len(absent)} referenced chunks are not stored in namespace "
+                                     f"{m.namespace!r} (first: {m.chunk_keys[absent[0]].hex()}); save them before "
+                                     f"committing")
+        for j, info in enumerate(infos):
+            i = start + j
+            if i in skip:
+                continue
+            assert info is not None
+            if info.layout_id != m.layout_id:
+                raise InvalidArgument(f"chunk {i} ({m.chunk_keys[i].hex()}) was saved under layout "
+                                      f"{info.layout_id.hex()}, the manifest's is {m.layout_id.hex()}")
+            kind.check_place(m, i, info)
 
     def check_base(self, m: Manifest) -> None:
         """A save based on version ``m.generation`` (0: no base, the save replaces whatever is stored)

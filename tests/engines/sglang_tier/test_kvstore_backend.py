@@ -73,19 +73,28 @@ def test_a_chain_is_one_page_session_of_every_pool_at_890_bytes_a_token(daemon: 
         assert s.chunks == 5 * len(V41_L3_POOLS)
 
 
-def test_with_prefix_keys_a_sessions_pages_know_their_positions(daemon: Daemon) -> None:
-    """With SGLang's ``hicache_storage_pass_prefix_keys`` the backend learns where a written node starts in its
-    chain: the next turn's pages (a child node) join the first turn's session, and the session knows its length."""
+def test_with_prefix_keys_a_conversation_is_one_session_and_a_branch_its_own(daemon: Daemon) -> None:
+    """With SGLang's ``hicache_storage_pass_prefix_keys`` the backend learns which page a written node follows:
+    the next turn's pages (a child node) join the session of the conversation they continue, which knows its
+    length; a second conversation branching off the same prompt is a session of its own (the prompt's pages
+    stay in the first one's), and both resume whole."""
     kv = kvstore_backend(daemon.address, NS, hicache_storage_pass_prefix_keys=True)
-    write(kv, tokens(2, seed=12))
-    with kv.engine() as engine:  # the next turn: the tree holds the first two pages, backs up the next three
-        turn = engine.write_through(tokens(5, seed=12), after=2)
-    assert turn.completed_tokens == 3 * PAGE_TOKENS
-    with Client(address=daemon.address) as c:
-        (s,) = c.list_sessions(NS)
-        assert (s.token_count, s.chunks) == (5 * PAGE_TOKENS, 5 * len(V41_L3_POOLS))
+    prompt = tokens(2, seed=12)
+    first = tokens(5, seed=12)  # the prompt, then three pages of one conversation
+    second = prompt[: 2 * PAGE_TOKENS] + tokens(2, seed=13)[: 2 * PAGE_TOKENS] + [7]  # the prompt, then another two
     with kv.engine() as engine:
-        assert engine.prefetch(tokens(5, seed=12)).hit_pages == 5
+        assert engine.write_through(prompt).completed_tokens == 2 * PAGE_TOKENS
+        assert engine.write_through(first, after=2).completed_tokens == 3 * PAGE_TOKENS
+        assert engine.write_through(second, after=2).completed_tokens == 2 * PAGE_TOKENS
+    with Client(address=daemon.address) as c:
+        sessions = sorted((s.token_count, s.chunks) for s in c.list_sessions(NS))
+    assert sessions == [(4 * PAGE_TOKENS, 2 * len(V41_L3_POOLS)), (5 * PAGE_TOKENS, 5 * len(V41_L3_POOLS))]
+    with kv.engine() as engine:
+        assert engine.prefetch(first).hit_pages == 5 and engine.prefetch(second).hit_pages == 4
+        # a restarted server knows no conversation's last page yet: its next turn starts a session
+        assert engine.write_through(tokens(6, seed=12), after=5).completed_tokens == PAGE_TOKENS
+    with Client(address=daemon.address) as c:
+        assert len(c.list_sessions(NS)) == 3
 
 
 def test_pages_of_a_layer_first_host_pool_are_the_same_pages(daemon: Daemon) -> None:
