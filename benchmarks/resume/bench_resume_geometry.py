@@ -318,8 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         results = run(cfg, Path(tmp))
     text = report(results, cfg, command.strip())
     print(text)
-    path = write_result("resume_geometry.md", "Resume at the real geometry (issue 21)", text)
-    (RESULTS / "resume_geometry.json").write_text(json.dumps(
+    # the turn saves alone (--saves-only) are their own result: resume_geometry.md keeps the loads
+    name = "turn_saves" if cfg.saves_only else "resume_geometry"
+    title = "Turn saves at the real geometry (issue 30)" if cfg.saves_only else "Resume at the real geometry (issue 21)"
+    path = write_result(f"{name}.md", title, text)
+    (RESULTS / f"{name}.json").write_text(json.dumps(
         {"command": command.strip(), "git": git_state(), "config": asdict(cfg),
          "sizes": [{**asdict(r), "medians": {k: r.median(k) for k in r.seconds}, "ratios": ratios(r)}
                    for r in results]}, indent=1) + "\n")
