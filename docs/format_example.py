@@ -1,43 +1,220 @@
-"""Writes the worked example of docs/FORMAT.md (between its ``example`` markers): one small chunk
-built by the real writer, dumped byte by byte with its fields decoded, so the doc's example is
-what the code writes. tests/format/test_format_reader.py fails when the doc and this output differ.
+"""FORMAT.md's worked examples, and an independent reader of a stored session.
 
-    python docs/format_example.py            # rewrite the example in docs/FORMAT.md
-    python docs/format_example.py --check    # exit 1 if it is stale
+The examples (between the ``example`` and ``turns-example`` markers of docs/FORMAT.md) are built by the
+real writer: one small chunk dumped byte by byte with its fields decoded, and a session kept as a base
+manifest plus turn records, written into an LMDB data directory and read back by the reader below, so
+the doc's examples are what the code writes and reads. tests/format/test_format_reader.py fails when
+the doc and this output differ.
+
+The reader (``read_manifest``, ``read_turn_record``, ``apply_turns``, ``read_session``, ``read_chunk``)
+is written from FORMAT.md alone and imports nothing of kvstore: ``--check`` compares what it reads of
+a session with turn records with what kvstore's own reader (``kvstore.format.turn_record.apply``) makes.
+
+    python docs/format_example.py            # rewrite the examples in docs/FORMAT.md
+    python docs/format_example.py --check    # exit 1 if they are stale or the reader disagrees
 """
 
 from __future__ import annotations
 
+import json
+import struct
 import sys
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-import torch
+import lmdb
+import xxhash
+import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvstore.format import chunk, quant
-from kvstore.format.keys import ROOT, chunk_key
-from kvstore.format.layout import EntryFormat, get_layout
 
 DOC = Path(__file__).resolve().parent / "FORMAT.md"
 BEGIN, END = "<!-- example:begin (docs/format_example.py) -->", "<!-- example:end -->"
-LAYOUT = get_layout("tiny-8")
+TURNS_BEGIN, TURNS_END = "<!-- turns-example:begin (docs/format_example.py) -->", "<!-- turns-example:end -->"
 IDS = [9906, 1917]  # two tokens: one entry of each m=2 cache, two of each m=1 cache
 NS = "demo"
 
+# ---- an independent reader of a stored session (FORMAT.md sections 3 and 5 alone) --------------
+# Nothing below imports kvstore: struct, json, xxhash, zstandard and lmdb only. tests/format checks
+# that reading a session loads no kvstore module.
 
-def example_chunk() -> bytes:
+META_DB, CHUNKS_DB = b"meta", b"chunks"
+MANIFEST_HEAD = struct.Struct("<4sHI")  # magic, version, meta_len
+TURN_HEAD = struct.Struct("<4sHQQQIQdII")  # magic ... tail_len: 58 bytes
+
+
+class FormatError(ValueError):
+    """A manifest, turn record or record that is not what FORMAT.md describes (damage)."""
+
+
+def read_manifest(blob: bytes) -> dict[str, Any]:
+    """A manifest (section 3): its meta object, with ``tail`` (the trailing span's chunk, bytes) added."""
+    if len(blob) < 22:
+        raise FormatError(f"manifest truncated ({len(blob)} bytes)")
+    magic, version, meta_len = MANIFEST_HEAD.unpack_from(blob, 0)
+    if magic != b"KVMF" or version != 1:
+        raise FormatError("not a version-1 manifest")
+    if xxhash.xxh3_64_intdigest(blob[:-8]) != struct.unpack_from("<Q", blob, len(blob) - 8)[0]:
+        raise FormatError("manifest checksum mismatch")
+    if 10 + meta_len + 4 > len(blob) - 8:
+        raise FormatError("meta_len runs past the checksum")
+    (tail_len,) = struct.unpack_from("<I", blob, 10 + meta_len)
+    if 10 + meta_len + 4 + tail_len + 8 != len(blob):
+        raise FormatError("tail_len does not end at the checksum")
+    meta = json.loads(blob[10 : 10 + meta_len].decode("utf-8"))
+    if not isinstance(meta, dict):
+        raise FormatError("meta is not a JSON object")
+    meta.setdefault("generation", 0)
+    meta["tail"] = bytes(blob[14 + meta_len : 14 + meta_len + tail_len])
+    return meta
+
+
+def read_turn_record(blob: bytes) -> dict[str, Any]:
+    """A turn record (section 3, "Turns"), checked as the section says: length, magic and version,
+    checksum (XXH3-64 of every byte before the last 8), then the lengths the header claims."""
+    if len(blob) < TURN_HEAD.size + 8:
+        raise FormatError(f"turn record truncated ({len(blob)} bytes)")
+    magic, version, base, gen, first, n_keys, tokens, updated, n_ids, tail_len = TURN_HEAD.unpack_from(blob, 0)
+    if magic != b"KVMT" or version != 1:
+        raise FormatError("not a version-1 turn record")
+    if xxhash.xxh3_64_intdigest(blob[:-8]) != struct.unpack_from("<Q", blob, len(blob) - 8)[0]:
+        raise FormatError("turn record checksum mismatch")
+    at = TURN_HEAD.size
+    if at + 16 * n_keys + 4 * n_ids + tail_len + 8 != len(blob):
+        raise FormatError("turn record lengths do not add up")
+    keys = [blob[at + 16 * i : at + 16 * (i + 1)].hex() for i in range(n_keys)]
+    at += 16 * n_keys
+    ids = list(struct.unpack_from(f"<{n_ids}I", blob, at))
+    at += 4 * n_ids
+    return {"base": base, "generation": gen, "first_chunk": first, "chunk_keys": keys, "token_count": tokens,
+            "updated_at": updated, "last_token_ids": ids, "tail": bytes(blob[at : at + tail_len])}
+
+
+def _well_formed(s: dict[str, Any]) -> bool:
+    """The counts a version must satisfy (section 3): a token chain's token_count is len(chunk_keys) x C + t
+    with 0 <= t < C; engine pages have C = 0, no tail and no last ids."""
+    c, n = s["chunk_tokens"], len(s["chunk_keys"])
+    if s.get("kind") == "engine-pages" or (c == 0 and "kind" not in s):
+        return c == 0 and not s["tail"] and not s["last_token_ids"]
+    return c > 0 and 0 <= s["token_count"] - n * c < c
+
+
+def apply_turns(base: dict[str, Any], records: Iterable[bytes]) -> tuple[dict[str, Any], int]:
+    """The version a manifest (``read_manifest``) and its turn records (raw, in key order) make, and how
+    many records it applied: each while it decodes and extends the version so far; the first that does
+    not ends it. If the version they make breaks the manifest's counts, the base alone (none applied)."""
+    s = dict(base, chunk_keys=list(base["chunk_keys"]))
+    n = 0
+    for blob in records:
+        try:
+            r = read_turn_record(blob)
+        except FormatError:
+            break
+        if r["base"] != s["generation"] or r["first_chunk"] != len(s["chunk_keys"]) or \
+                r["generation"] <= s["generation"]:
+            break
+        s["chunk_keys"] += r["chunk_keys"]
+        for name in ("token_count", "tail", "last_token_ids", "generation", "updated_at"):
+            s[name] = r[name]
+        n += 1
+    if n and not _well_formed(s):
+        return dict(base), 0
+    return s, n
+
+
+def chunk_token_ids(blob: bytes) -> list[int]:
+    """A chunk's token ids (section 2: token_count at offset 12, tokens_offset at 56)."""
+    count, at = struct.unpack_from("<I", blob, 12)[0], struct.unpack_from("<I", blob, 56)[0]
+    return list(struct.unpack_from(f"<{count}I", blob, at))
+
+
+def turn_prefix(namespace: str, session_id: str) -> bytes:
+    return f"t:{namespace}/{session_id}".encode("ascii") + b"\0"
+
+
+def read_session(data_dir: str | Path, namespace: str, session_id: str) -> dict[str, Any] | None:
+    """A session as a daemon's data directory holds it (section 5): ``m:<ns>/<sid>`` in the ``meta``
+    database, then its turn records in key order. None if it has no manifest (turn records without a
+    manifest are no session). The result's ``turn_records`` says how many records were applied."""
+    with _env(data_dir) as env, env.begin() as txn:
+        meta = env.open_db(META_DB, txn=txn, create=False)
+        blob = txn.get(f"m:{namespace}/{session_id}".encode("ascii"), db=meta)
+        if blob is None:
+            return None
+        prefix = turn_prefix(namespace, session_id)
+        cur = txn.cursor(db=meta)
+        records = []
+        if cur.set_range(prefix):
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    break
+                records.append(value)
+        s, n = apply_turns(read_manifest(blob), records)
+    s["turn_records"] = n
+    return s
+
+
+def read_chunk(data_dir: str | Path, key: bytes) -> bytes | None:
+    """The chunk stored under ``key`` in the ``chunks`` database (section 5, "Records"): flag 0 and 1
+    records (flag 2 is undone by tests/node/read_chunk.js's record-join). Check it as section 2 says."""
+    with _env(data_dir) as env, env.begin() as txn:
+        rec = txn.get(key, db=env.open_db(CHUNKS_DB, txn=txn, create=False))
+    if rec is None:
+        return None
+    flag, raw_len, prefix = struct.unpack_from("<BII", rec, 0)
+    if flag == 0 and prefix == raw_len == len(rec) - 9:
+        return bytes(rec[9:])
+    if flag == 1 and prefix < raw_len and prefix <= len(rec) - 9:
+        rest = zstandard.ZstdDecompressor().decompress(rec[9 + prefix :], max_output_size=raw_len - prefix)
+        if len(rest) == raw_len - prefix:
+            return bytes(rec[9 : 9 + prefix]) + rest
+    if flag == 2:
+        raise NotImplementedError("flag 2 records: see tests/node/read_chunk.js (record-join)")
+    raise FormatError(f"corrupt record (flag {flag})")
+
+
+def _env(data_dir: str | Path) -> lmdb.Environment:
+    # lock=True: a running daemon's directory is read consistently, beside its writers
+    return lmdb.open(str(Path(data_dir) / "ssd"), readonly=True, max_dbs=8, lock=True)
+
+
+# ---- the examples, built by kvstore's writer ---------------------------------------------------
+
+def _layout() -> Any:
+    from kvstore.format.layout import get_layout
+    return get_layout("tiny-8")
+
+
+def _chunk(ids: list[int], key: bytes, start: int) -> bytes:
+    """A tiny-8 chunk of ``ids`` (a ramp of values per entry), by kvstore's writer."""
+    import torch
+
+    from kvstore.format import chunk, quant
+    from kvstore.format.layout import EntryFormat
+    lay = _layout()
     ents = {}
-    for i, c in enumerate(LAYOUT.caches):
-        n = c.entries_for(len(IDS))
+    for i, c in enumerate(lay.caches):
+        n = c.entries_for(len(ids))
         j = torch.arange(c.channels, dtype=torch.float32)
-        x = torch.stack([((j % 13) - 6) * 0.25 * (e + 1) * (i + 1) for e in range(n)])  # a ramp per entry
+        x = torch.stack([((j % 13) - 6) * 0.25 * (e + 1) * (i + 1) for e in range(n)]) if n else \
+            torch.zeros(0, c.channels)  # a ramp per entry
         q = quant.quantize_main(x) if c.fmt is EntryFormat.FP4_E4M3_16 else quant.quantize_indexer(x)
         ents[c.name] = chunk.Entries.of(*q)
-    key = chunk_key(LAYOUT.layout_id, NS, ROOT, IDS)
-    return chunk.encode(LAYOUT, key=key, start=0, token_ids=IDS, entries=ents)
+    return chunk.encode(lay, key=key, start=start, token_ids=ids, entries=ents)
+
+
+def example_chunk() -> bytes:
+    from kvstore.format.keys import ROOT, chunk_key
+    return _chunk(IDS, chunk_key(_layout().layout_id, NS, ROOT, IDS), 0)
 
 
 def render() -> str:
+    import torch
+
+    from kvstore.format import chunk, quant
+    LAYOUT = _layout()
     blob = example_chunk()
     h = chunk.read_header(blob)
     regions: list[tuple[int, int, str]] = [(0, 72, "header"), (72, 72 + 16 * h.n_sections, "section table")]
@@ -84,10 +261,123 @@ def render() -> str:
     ])
 
 
+TURN_IDS = [9906, 1917, 1115, 374, 264, 1296, 13]  # a base of 3 tokens, then two turns of 2 tokens
+TURN_C = 2  # chunk_tokens (a store would use 256: 2 keep the example short)
+TURN_SID = "chat"
+GEN = 1_764_000_000_000_000  # the base's stamp; each turn's is larger
+TIME = 1_764_000_000.0
+
+
+def turn_example(data_dir: Path) -> tuple[Any, list[Any]]:
+    """A session written as a base manifest (3 tokens) plus turn records into ``data_dir``, as the store
+    lays it out (section 5): records 0 and 1 extend it (5, then 7 tokens); record 2 extends the base
+    again, so it is not an extension of the version read so far and is ignored. Returns the base and
+    the records."""
+    from kvstore.format.keys import ROOT, chunk_key
+    from kvstore.format.manifest import Manifest
+    from kvstore.format.turn_record import TurnRecord, turn_key
+    lay = _layout()
+    keys: list[bytes] = []
+    for j in range(len(TURN_IDS) // TURN_C):
+        keys.append(chunk_key(lay.layout_id, NS, keys[-1] if keys else ROOT, TURN_IDS[j * TURN_C : (j + 1) * TURN_C]))
+
+    def tail(n: int) -> bytes:
+        start = n // TURN_C * TURN_C
+        return _chunk(TURN_IDS[start:n], bytes(16), start)
+
+    base = Manifest(TURN_SID, NS, lay.layout_id, 3, TURN_C, tuple(keys[:1]), tail(3), tuple(TURN_IDS[:3]), TIME,
+                    TIME, generation=GEN)
+    recs = [TurnRecord(GEN, GEN + 1, 1, tuple(keys[1:2]), 5, tail(5), tuple(TURN_IDS[:5]), TIME + 1.5),
+            TurnRecord(GEN + 1, GEN + 2, 2, tuple(keys[2:3]), 7, tail(7), tuple(TURN_IDS[:7]), TIME + 3.0),
+            TurnRecord(GEN, GEN + 3, 1, tuple(keys[1:2]), 5, tail(5), tuple(TURN_IDS[:5]), TIME + 4.5)]
+    env = lmdb.open(str(data_dir / "ssd"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        env.open_db(CHUNKS_DB, txn=txn)
+        meta = env.open_db(META_DB, txn=txn)
+        txn.put(base.key, base.encode(), db=meta)
+        for seq, r in enumerate(recs):
+            txn.put(turn_key(NS, TURN_SID, seq), r.encode(), db=meta)
+    env.close()
+    return base, recs
+
+
+def check_turns(got: dict[str, Any] | None, base: Any, recs: list[Any]) -> None:
+    """What the independent reader read is what kvstore's reader makes of the same records."""
+    from kvstore.format.turn_record import apply
+    want, n = apply(base, recs)
+    assert n == 2, n
+    assert got is not None and got["turn_records"] == n, got
+    mine = {k: got[k] for k in ("chunk_keys", "token_count", "tail", "last_token_ids", "generation", "updated_at",
+                                "created_at", "chunk_tokens", "layout_id")}
+    theirs = {"chunk_keys": [k.hex() for k in want.chunk_keys], "token_count": want.token_count, "tail": want.tail,
+              "last_token_ids": list(want.last_token_ids), "generation": want.generation,
+              "updated_at": want.updated_at, "created_at": want.created_at, "chunk_tokens": want.chunk_tokens,
+              "layout_id": want.layout_id.hex()}
+    if mine != theirs:
+        raise AssertionError(f"the independent reader read {mine}, kvstore's reader {theirs}")
+
+
+def render_turns() -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        base, recs = turn_example(Path(tmp))
+        got = read_session(tmp, NS, TURN_SID)
+        check_turns(got, base, recs)
+    assert got is not None
+    blob = recs[0].encode()
+    r = read_turn_record(blob)
+    n_keys, n_ids, tail_len = len(r["chunk_keys"]), len(r["last_token_ids"]), len(r["tail"])
+    fields = [("magic", 4, "bytes", "`KVMT`"), ("version", 2, "u16", "1"), ("base", 8, "u64", str(r["base"])),
+              ("generation", 8, "u64", str(r["generation"])), ("first_chunk", 8, "u64", str(r["first_chunk"])),
+              ("n_keys", 4, "u32", str(n_keys)), ("token_count", 8, "u64", str(r["token_count"])),
+              ("updated_at", 8, "f64", repr(r["updated_at"])), ("n_ids", 4, "u32", str(n_ids)),
+              ("tail_len", 4, "u32", str(tail_len)),
+              ("chunk_keys", 16 * n_keys, "16 bytes each", ", ".join(f"`{k}`" for k in r["chunk_keys"])),
+              ("last_token_ids", 4 * n_ids, "u32 each", f"`{r['last_token_ids']}`"),
+              ("tail", tail_len, "a chunk", f"{tail_len} bytes: {r['token_count'] % TURN_C} token, start "
+                                            f"{r['token_count'] // TURN_C * TURN_C}, key all zeros"),
+              ("checksum", 8, "u64", f"`{blob[-8:].hex()}` = XXH3_64bits(bytes [0, {len(blob) - 8}))")]
+    rows, at = [], 0
+    for name, size, typ, value in fields:
+        rows.append(f"| {at} | {size} | {typ} | {name} | {value} |")
+        at += size
+    assert at == len(blob)
+    head = 58 + 16 * n_keys + 4 * n_ids
+    lines = [blob[a : min(a + 16, head)] for a in range(0, head, 16)]
+    dump = [f"{16 * i:04x}  {line[:8].hex(' '):<23}  {line[8:].hex(' ')}".rstrip() for i, line in enumerate(lines)]
+    key0 = turn_prefix(NS, TURN_SID) + (0).to_bytes(4, "big")
+    return "\n".join([
+        TURNS_BEGIN,
+        f"Session `{NS}/{TURN_SID}` of layout `tiny-8`, C = {TURN_C} (a store would use 256), tokens "
+        f"`{TURN_IDS}`. The base `m:{NS}/{TURN_SID}` holds the first 3 (1 chunk, a 1-token tail, generation "
+        f"{GEN}); turn record 0 (key `{key0.hex(' ')}`: `t:{NS}/{TURN_SID}`, 0x00, seq 0 big-endian) adds "
+        f"chunk 1 (5 tokens), record 1 adds chunk 2 (7 tokens), and record 2 names base {GEN} again, so it "
+        f"does not extend the version read so far (generation {GEN + 2}, 3 chunks) and is ignored. Record 0, "
+        f"{len(blob)} bytes:",
+        "",
+        "| offset | size | type | field | value |",
+        "|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Its first {head} bytes (head, key, ids; the tail and checksum follow):",
+        "",
+        "```",
+        *dump,
+        "```",
+        "",
+        f"What `read_session` reads (records applied: {got['turn_records']}): token_count "
+        f"{got['token_count']}, chunk_keys `{got['chunk_keys']}`, last_token_ids `{got['last_token_ids']}`, "
+        f"generation {got['generation']}, updated_at {got['updated_at']!r}, created_at {got['created_at']!r} "
+        f"(the base's), a tail of {len(got['tail'])} bytes holding token ids `{chunk_token_ids(got['tail'])}`.",
+        TURNS_END,
+    ])
+
+
 def main() -> None:
     doc = DOC.read_text()
-    start, end = doc.index(BEGIN), doc.index(END) + len(END)
-    new = doc[:start] + render() + doc[end:]
+    new = doc
+    for begin, end, text in ((BEGIN, END, render()), (TURNS_BEGIN, TURNS_END, render_turns())):
+        start, stop = new.index(begin), new.index(end) + len(end)
+        new = new[:start] + text + new[stop:]
     if "--check" in sys.argv:
         sys.exit(0 if new == doc else 1)
     DOC.write_text(new)
