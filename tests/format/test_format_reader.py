@@ -6,6 +6,7 @@ compared here with what the Python code wrote. Skipped without node, unless KVST
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -215,3 +216,47 @@ def test_ssd_record(node: str, tmp_path: Path, layout_name: str, tokens: int) ->
 def test_the_worked_example_in_format_md_is_what_the_writer_writes() -> None:
     done = subprocess.run([sys.executable, str(ROOT_DIR / "docs" / "format_example.py"), "--check"], timeout=120)
     assert done.returncode == 0, "docs/FORMAT.md's worked example is stale: run python docs/format_example.py"
+
+
+def test_turn_records(node: str, layouts: Path, tmp_path: Path) -> None:
+    """FORMAT.md section 3, "Turns": the JS reader applies a session's turn records as kvstore's ``apply``
+    does: while each extends the version so far, stopping at a stale one or a damaged one."""
+    from kvstore.format.turn_record import TurnRecord, apply
+
+    spec = importlib.util.spec_from_file_location("format_example", ROOT_DIR / "docs" / "format_example.py")
+    assert spec is not None and spec.loader is not None
+    fx = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fx)
+    base, recs = fx.turn_example(tmp_path)  # records 0 and 1 extend the base, record 2 does not
+    one = read(node, "turn-record", write(tmp_path, "t0.bin", recs[0].encode()))
+    assert (one["base"], one["generation"], one["first_chunk"], one["chunk_keys"], one["token_count"],
+            one["updated_at"], one["last_token_ids"], one["tail"]) == \
+        (str(recs[0].base), str(recs[0].generation), recs[0].first_chunk, [k.hex() for k in recs[0].chunk_keys],
+         recs[0].token_count, recs[0].updated_at, list(recs[0].last_token_ids), recs[0].tail.hex())
+    damaged = bytearray(recs[1].encode())
+    damaged[60] ^= 1  # a chunk key's byte: the checksum no longer matches
+    mismatched = recs[1].encode()[:-8] + b"\0" * 8
+    cases: dict[str, list[bytes]] = {
+        "base alone": [], "two turns": [r.encode() for r in recs[:2]],
+        "two turns, then a stale one": [r.encode() for r in recs],
+        "a damaged one stops it": [recs[0].encode(), bytes(damaged), recs[1].encode()],
+        "a bad checksum": [recs[0].encode(), mismatched]}
+    for name, blobs in cases.items():
+        files = [write(tmp_path, "m.bin", base.encode())] + [write(tmp_path, f"t{i}.bin", b)
+                                                              for i, b in enumerate(blobs)]
+        got = read(node, "session", layouts, *files)
+        decoded = []
+        for b in blobs:
+            try:
+                decoded.append(TurnRecord.decode(b))
+            except ValueError:
+                break
+        want, n = apply(base, decoded)
+        assert (name, got["turn_records"]) == (name, n)
+        assert got["meta"]["chunk_keys"] == [k.hex() for k in want.chunk_keys], name
+        assert (got["meta"]["token_count"], got["meta"]["generation"], got["meta"]["last_token_ids"],
+                got["meta"]["updated_at"]) == (want.token_count, want.generation, list(want.last_token_ids),
+                                               want.updated_at), name
+        check_chunk(got["tail"], want.tail, "tiny-8")
+    assert (fx.apply_turns(fx.read_manifest(base.encode()), cases["a damaged one stops it"])[1],
+            fx.apply_turns(fx.read_manifest(base.encode()), cases["two turns, then a stale one"])[1]) == (1, 2)

@@ -6,6 +6,11 @@
 //   node read_chunk.js layout-ids LAYOUTS.json           -> {name: layout id hex}
 //   node read_chunk.js chunk FILE LAYOUTS.json [NS PARENT_HEX]
 //   node read_chunk.js manifest FILE LAYOUTS.json
+//   node read_chunk.js turn-record FILE                   -> one turn record (FORMAT.md section 3, "Turns")
+//   node read_chunk.js session LAYOUTS.json MANIFEST [RECORD...]
+//                                                         -> the session a manifest and its turn records
+//                                                            (the values of m:<ns>/<sid> and of its
+//                                                            t:<ns>/<sid>\0<seq> keys, in key order) make
 //   node read_chunk.js record FILE                        -> the record's framing (where its frames are)
 //   node read_chunk.js record-join FILE FRAMES_DIR OUT    -> the chunk, from the record and its frames
 //                                                           decompressed by any zstd (frame-<i>.bin)
@@ -278,6 +283,52 @@ function readManifest(buf, layouts) {
   return { version: 1, meta, tail_len: tailLen, tail: readChunk(tail, layouts), checksum: stored.toString(16).padStart(16, '0') };
 }
 
+// ---- turn records (section 3, "Turns") ----------------------------------------------------------
+function readTurnRecord(buf) {
+  // The checks in the doc's order: length, magic and version, checksum, lengths.
+  if (buf.length < 66) throw new FormatError('ManifestError', 'turn record truncated');
+  if (buf.toString('latin1', 0, 4) !== 'KVMT' || buf.readUInt16LE(4) !== 1) throw new FormatError('ManifestError', 'turn record magic/version');
+  const stored = buf.readBigUInt64LE(buf.length - 8);
+  if (xxh3_64(buf.subarray(0, buf.length - 8)) !== stored) throw new FormatError('ManifestError', 'turn record checksum');
+  const r = { base: buf.readBigUInt64LE(6), generation: buf.readBigUInt64LE(14), first_chunk: Number(buf.readBigUInt64LE(22)),
+    token_count: Number(buf.readBigUInt64LE(34)), updated_at: buf.readDoubleLE(42) };
+  const nKeys = buf.readUInt32LE(30), nIds = buf.readUInt32LE(50), tailLen = buf.readUInt32LE(54);
+  if (58 + 16 * nKeys + 4 * nIds + tailLen + 8 !== buf.length) throw new FormatError('ManifestError', 'turn record lengths');
+  let at = 58;
+  r.chunk_keys = Array.from({ length: nKeys }, (_, i) => buf.toString('hex', at + 16 * i, at + 16 * (i + 1)));
+  at += 16 * nKeys;
+  r.last_token_ids = Array.from({ length: nIds }, (_, i) => buf.readUInt32LE(at + 4 * i));
+  at += 4 * nIds;
+  r.tail = buf.subarray(at, at + tailLen);
+  return r;
+}
+
+function readSession(manifestBuf, recordBufs, layouts) {
+  // The manifest, then each record while it decodes and extends the version so far; the first that does
+  // not ends it. A result that breaks the manifest's counts: the manifest alone.
+  const base = readManifest(manifestBuf, layouts);
+  const m = base.meta;
+  let gen = BigInt(m.generation || 0), keys = m.chunk_keys.slice(), last = null, applied = 0;
+  for (const b of recordBufs) {
+    let r;
+    try { r = readTurnRecord(b); } catch (e) { if (e instanceof FormatError) break; throw e; }
+    if (r.base !== gen || r.first_chunk !== keys.length || r.generation <= gen) break;
+    keys = keys.concat(r.chunk_keys);
+    gen = r.generation;
+    last = r;
+    applied += 1;
+  }
+  const pages = m.kind === 'engine-pages' || (m.chunk_tokens === 0 && m.kind === undefined);
+  const t = last && last.token_count - keys.length * m.chunk_tokens;
+  const ok = last && (pages ? m.chunk_tokens === 0 && last.tail.length === 0 && last.last_token_ids.length === 0
+    : m.chunk_tokens > 0 && t >= 0 && t < m.chunk_tokens);
+  if (!ok) return { meta: m, tail_len: base.tail_len, tail: base.tail, turn_records: 0 };
+  const meta = { ...m, chunk_keys: keys, token_count: last.token_count, last_token_ids: last.last_token_ids,
+    generation: Number(gen), updated_at: last.updated_at };
+  const tail = last.tail.length ? readChunk(last.tail, layouts) : null;
+  return { meta, tail_len: last.tail.length, tail, turn_records: applied };
+}
+
 // ---- ssd record --------------------------------------------------------------------------------
 function recordFraming(rec) {
   const flag = rec[0], raw_len = rec.readUInt32LE(1), prefix = rec.readUInt32LE(5);
@@ -367,7 +418,13 @@ function main(argv) {
     if (cmd === 'layout-ids') out = Object.fromEntries(JSON.parse(fs.readFileSync(file, 'utf8')).map((l) => [l.name, layoutId(l)]));
     else if (cmd === 'chunk') out = readChunk(fs.readFileSync(file), layouts(), arg3, arg4);
     else if (cmd === 'manifest') out = readManifest(fs.readFileSync(file), layouts());
-    else if (cmd === 'record') out = recordFraming(fs.readFileSync(file));
+    else if (cmd === 'turn-record') {
+      const r = readTurnRecord(fs.readFileSync(file));
+      out = { ...r, base: r.base.toString(), generation: r.generation.toString(), tail: r.tail.toString('hex') };
+    } else if (cmd === 'session') {
+      const lays = JSON.parse(fs.readFileSync(file, 'utf8'));
+      out = readSession(fs.readFileSync(arg2), argv.slice(3).map((f) => fs.readFileSync(f)), lays);
+    } else if (cmd === 'record') out = recordFraming(fs.readFileSync(file));
     else if (cmd === 'record-join') { const b = joinRecord(fs.readFileSync(file), arg2); fs.writeFileSync(arg3, b); out = { written: b.length }; }
     else throw new Error(`unknown command ${cmd}`);
   } catch (e) {
