@@ -86,8 +86,9 @@ from kvstore.format.manifest import Retention
 
 log = logging.getLogger(__name__)
 TESTED_SGLANG = ("0.5.23",)
-#: Page keys a backup lately stored, remembered so the anchor's write that follows needs no lookup.
-RECENT_STORED = 1 << 16
+#: Pages remembered: their kvstore keys, the ones every pool was seen to hold (stored here, or found by a
+#: query: the anchor's write and read that follow need no lookup), and conversations' last pages.
+RECENT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,9 @@ class KVStoreHiCache(HiCacheStorage):
         self.daemon: DaemonLink | None = None
         self.sessions: PageSessions | None = None
         self.stats = BackendStats()
-        self._stored: OrderedDict[bytes, None] = OrderedDict()
+        self._keys: dict[tuple[str, str], bytes] = {}
+        #: SGLang keys of pages every pool was seen to hold lately (the anchor's answer without a call)
+        self._known: OrderedDict[str, None] = OrderedDict()
         #: the last page key of each conversation this server wrote lately -> its session (``_session``)
         self._tails: OrderedDict[str, str] = OrderedDict()
         self._stored_lock = threading.Lock()
@@ -230,8 +233,16 @@ class KVStoreHiCache(HiCacheStorage):
 
     # -- keys -------------------------------------------------------------------------------------
     def _key(self, pool: str, key: str) -> bytes:
-        assert self.geometry is not None
-        return block_key(self.geometry.layout, self.tenant, self.geometry.groups[pool], page_hash(key))
+        """The kvstore key of ``pool``'s page of SGLang's ``key`` (the same page is asked for by the query,
+        the anchor and the load: computed once, kept for the last ``RECENT`` pages)."""
+        got = self._keys.get((pool, key))
+        if got is None:
+            assert self.geometry is not None
+            got = block_key(self.geometry.layout, self.tenant, self.geometry.groups[pool], page_hash(key))
+            if len(self._keys) >= RECENT:
+                self._keys.clear()
+            self._keys[(pool, key)] = got
+        return got
 
     def _ready(self) -> bool:
         return self.geometry is not None and self.daemon is not None and self.daemon.available()
@@ -273,6 +284,7 @@ class KVStoreHiCache(HiCacheStorage):
         names = list(self.geometry.groups)
         present = self._present(keys, names)
         kv_pages = next((i for i in range(len(keys)) if not all(present[p][i] for p in names)), len(keys))
+        self._saw(keys[:kv_pages])
         hits: dict[str, int] = {ANCHOR: kv_pages} if kv_pages else {}
         restorable = set(range(1, kv_pages + 1))
         for t in transfers:
@@ -413,34 +425,36 @@ class KVStoreHiCache(HiCacheStorage):
             blobs = [page.encode(layout, group, h, pk, hp.read(row)) for (hp, group, row, h), pk in zip(items, pkeys)]
             self.sessions.save(client, s, pkeys, blobs, ends)
         self.stats.pages_stored += len(items)
+        if {name for name, _, _, _ in work} == set(self.geometry.groups):  # every pool of these pages: anchored
+            self._saw(sorted(set.intersection(*(set(keys) for _, keys, _, _ in work))))
         with self._stored_lock:
-            for name, keys, _, _ in work:
-                for k in keys:
-                    self._stored[(name + k).encode()] = None
-            while len(self._stored) > RECENT_STORED:
-                self._stored.popitem(last=False)
             if prefix:
                 self._tails.pop(prefix[-1], None)
             self._tails[chain[-1]] = s.session_id
-            while len(self._tails) > RECENT_STORED:
+            while len(self._tails) > RECENT:
                 self._tails.popitem(last=False)
         return True
 
     # -- v1: the 0-byte kv anchor -----------------------------------------------------------------
-    def _stored_lately(self, key: str) -> bool:
-        if self.geometry is None:
-            return False
+    def _saw(self, keys: Sequence[str]) -> None:
+        """``keys``' pages are held by every pool (stored here just now, or found by a query)."""
         with self._stored_lock:
-            return all((n + key).encode() in self._stored for n in self.geometry.groups)
+            for k in keys:
+                self._known[k] = None
+                self._known.move_to_end(k)
+            while len(self._known) > RECENT:
+                self._known.popitem(last=False)
+
+    def _known_lately(self, keys: Sequence[str]) -> bool:
+        with self._stored_lock:
+            return all(k in self._known for k in keys)
 
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:
         """The anchor's pages hold no bytes: a write "succeeds" when every pool holds the pages (the
         pools' writes come first, in the same backup)."""
         try:
-            if all(self._stored_lately(k) for k in keys):
-                return True
-            return all(self._anchored(keys))
+            return self._known_lately(keys) or all(self._anchored(keys))
         except Exception:
             log.exception("kvstore HiCache backend: an anchor write failed")
             return False
@@ -452,8 +466,8 @@ class KVStoreHiCache(HiCacheStorage):
                   target_sizes: Any = None) -> list[torch.Tensor | None]:
         """The anchor's (0-byte) pages: each returned when every pool holds the page, else None."""
         targets = list(target_locations) if target_locations is not None else [None] * len(keys)
-        try:
-            anchored = self._anchored(keys)
+        try:  # a prefetch reads what its query just found: answered without a call (the pools' reads decide)
+            anchored = [True] * len(keys) if self._known_lately(keys) else self._anchored(keys)
         except Exception:
             log.exception("kvstore HiCache backend: an anchor read failed")
             anchored = [False] * len(keys)
@@ -494,6 +508,9 @@ class KVStoreHiCache(HiCacheStorage):
             log.info("kvstore HiCache backend: cleared %d sessions of namespace %r", gone, self.tenant.namespace)
             assert self.sessions is not None
             self.sessions = PageSessions(self.sessions.layout, self.tenant, self.retention)  # none is held now
+            with self._stored_lock:
+                self._known.clear()
+                self._tails.clear()
             return True
         except Exception as e:
             self.daemon.failed("clearing the storage", e)
