@@ -280,7 +280,11 @@ def scale_runs(group: GroupSpec, header_bytes: int) -> tuple[Run, ...]:
             first, n = at + p.data_bytes, p.scale_bytes
             page_runs = [(first, n, n, 1)] if first + n <= end else []
         for r in page_runs:
-            runs.append(_merge(runs.pop(), r) if runs and _merge(runs[-1], r) else r)
+            merged = _merge(runs[-1], r) if runs else None
+            if merged is not None:
+                runs[-1] = merged
+            else:
+                runs.append(r)
     return tuple(runs)
 
 

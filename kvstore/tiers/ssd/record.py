@@ -208,9 +208,9 @@ class RecordCodec:
             raise bad
         runs, at = got
         gathered = runs_record.check(runs, prefix)
-        raw = prefix - gathered if gathered is not None else -1
-        if raw < 0 or len(body) < at + raw:
+        if gathered is None or len(body) < at + prefix - gathered:
             raise bad
+        raw = prefix - gathered
         # every byte is written below: no zero fill
         out = memoryview(np.empty(raw_len, np.uint8).data) if dest is None else dest[:raw_len]
         dst = np.frombuffer(out, np.uint8)
