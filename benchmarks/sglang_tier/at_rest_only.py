@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-import bench_sglang_tier as b  # noqa: E402
+import bench_sglang_tier as b
 
 
 def main() -> int:

@@ -66,7 +66,7 @@ def _save_restart_load(data: Path, flags: tuple[str, ...], n: int = 6) -> int:
                 assert [i for i, _ in placed] == list(range(n))
                 for off, b in zip(offsets, blks):
                     assert out[off : off + len(b)].tobytes() == b
-                ssd = [t for t in c.stats().tiers if t.name == "ssd"][0]
+                ssd = next(t for t in c.stats().tiers if t.name == "ssd")
                 assert ssd.verify_failures == 0
                 used = used or ssd.used_bytes
         finally:
