@@ -7,6 +7,7 @@ written compact that reads back with compact off (and the other way)."""
 from __future__ import annotations
 
 import random
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,21 @@ def test_a_store_written_compact_reads_with_compact_off_and_back(tmp_path: Path)
 
 def _all(tier: SsdTier, blobs: dict[bytes, bytes]) -> dict[bytes, bytes]:
     return {k: bytes(v) for k, v in zip(blobs, tier.get_many(list(blobs))) if v is not None}  # type: ignore[arg-type]
+
+
+def test_the_independent_reader_reads_flag_3() -> None:
+    """docs/format_example.py (no kvstore import) decodes flag 3 records as FORMAT.md section 5 says."""
+    import importlib.util
+
+    where = Path(__file__).parents[2] / "docs" / "format_example.py"
+    spec = importlib.util.spec_from_file_location("format_example", where)
+    assert spec is not None and spec.loader is not None
+    ex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ex)
+    for lay in LAYOUTS.values():
+        for g in lay.groups:
+            blob = blob_of(lay, g.group, 3)
+            rec = compact(lay).encode(memoryview(blob))
+            if rec[0] == RUNS:
+                _, raw_len, prefix = struct.unpack_from("<BII", rec)
+                assert ex._runs_record(rec, raw_len, prefix) == blob
