@@ -157,7 +157,7 @@ def read_session(data_dir: str | Path, namespace: str, session_id: str) -> dict[
 
 
 def read_chunk(data_dir: str | Path, key: bytes) -> bytes | None:
-    """The chunk stored under ``key`` in the ``chunks`` database (section 5, "Records"): flag 0 and 1
+    """The chunk stored under ``key`` in the ``chunks`` database (section 5, "Records"): flag 0, 1 and 3
     records (flag 2 is undone by tests/node/read_chunk.js's record-join). Check it as section 2 says."""
     with _env(data_dir) as env, env.begin() as txn:
         rec = txn.get(key, db=env.open_db(CHUNKS_DB, txn=txn, create=False))
@@ -172,7 +172,48 @@ def read_chunk(data_dir: str | Path, key: bytes) -> bytes | None:
             return bytes(rec[9 : 9 + prefix]) + rest
     if flag == 2:
         raise NotImplementedError("flag 2 records: see tests/node/read_chunk.js (record-join)")
+    if flag == 3 and prefix <= raw_len:
+        value = _runs_record(rec, raw_len, prefix)
+        if value is not None:
+            return value
     raise FormatError(f"corrupt record (flag {flag})")
+
+
+def _runs_record(rec: bytes, raw_len: int, prefix: int) -> bytes | None:
+    """A flag 3 record's value (section 5: the runs gathered into the frame, the rest raw); None if invalid."""
+    if len(rec) < 11:
+        return None
+    (g,) = struct.unpack_from("<H", rec, 9)
+    at = 11 + 16 * g
+    if g == 0 or len(rec) < at:
+        return None
+    runs = [struct.unpack_from("<IIII", rec, 11 + 16 * i) for i in range(g)]
+    end = gathered = 0
+    for off, length, stride, count in runs:
+        if length < 1 or count < 1 or stride < length or off < end:
+            return None
+        end = off + (count - 1) * stride + length
+        gathered += length * count
+    if end > prefix or len(rec) < at + prefix - gathered:
+        return None
+    raw = rec[at : at + prefix - gathered]
+    want = gathered + raw_len - prefix
+    packed = zstandard.ZstdDecompressor().decompress(rec[at + prefix - gathered :], max_output_size=want)
+    if len(packed) != want:
+        return None
+    value = bytearray(raw_len)
+    pos = src = cut = 0  # cut: bytes of the raw part used; src: of the frame's runs
+    for off, length, stride, count in runs:
+        for i in range(count):
+            start = off + i * stride
+            value[pos:start] = raw[cut : cut + start - pos]
+            cut += start - pos
+            value[start : start + length] = packed[src : src + length]
+            src += length
+            pos = start + length
+    value[pos:prefix] = raw[cut:]
+    value[prefix:] = packed[gathered:]
+    return bytes(value)
 
 
 def _env(data_dir: str | Path) -> lmdb.Environment:

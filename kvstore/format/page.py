@@ -18,6 +18,7 @@ tier compresses only the tail after the last code byte (``compressible_offset``)
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -253,3 +254,87 @@ def compressible_offset(blob: bytes | bytearray | memoryview) -> int:
 
 def is_page(blob: bytes | bytearray | memoryview) -> bool:
     return bytes(memoryview(blob)[:4]) == MAGIC
+
+
+#: (offset, length, stride, count): ``count`` runs of ``length`` bytes, the i-th at ``offset + i * stride``
+Run = tuple[int, int, int, int]
+
+
+def scale_runs(group: GroupSpec, header_bytes: int) -> tuple[Run, ...]:
+    """The byte runs of a blob of ``group`` (header of ``header_bytes``) that hold scale rows before
+    its compressible offset (the ones after it are in the tail already), in offset order, strided
+    runs merged: a split page's scale rows are one run, an interleaved page's one strided run (each
+    record's scales), and equal pages side by side one run over all of them (SGLang's layers of a
+    pool: one run; vLLM's interleaved pages of a group: one)."""
+    end = header_bytes + codes_end(group)
+    runs: list[Run] = []
+    for p in sorted(group.pages, key=lambda p: p.offset):
+        if not p.scale:
+            continue
+        at = header_bytes + p.offset
+        if p.arrangement == INTERLEAVED:
+            stride, first = p.data + p.scale, at + p.data
+            count = min(p.states, max(0, (end - first - p.scale) // stride + 1)) if first + p.scale <= end else 0
+            page_runs: list[Run] = [(first, p.scale, stride, count)] if count else []
+        else:
+            first, n = at + p.data_bytes, p.scale_bytes
+            page_runs = [(first, n, n, 1)] if first + n <= end else []
+        for r in page_runs:
+            merged = _merge(runs[-1], r) if runs else None
+            if merged is not None:
+                runs[-1] = merged
+            else:
+                runs.append(r)
+    return tuple(runs)
+
+
+def _merge(a: Run, b: Run) -> Run | None:
+    """``a`` and ``b`` as one run, when ``b`` continues ``a``'s progression; else None."""
+    off, length, stride, count = a
+    if b[1] != length:
+        return None
+    if count == 1 and b[3] == 1:  # two single runs: the distance is the stride
+        step = b[0] - off
+        return (off, length, step, 2) if step >= length else None
+    if b[0] == off + count * stride and (b[3] == 1 or b[2] == stride):
+        return (off, length, stride, count + b[3])
+    if count == 1 and b[2] == b[0] - off and b[2] >= length:
+        return (off, length, b[2], b[3] + 1)
+    return None
+
+
+class ScaleRuns:
+    """``compressible_runs`` for the ssd tier's codec: a page blob's scale runs (``scale_runs``) by the
+    layout its header names, found through ``lookup`` (the daemon's registered page layouts, bound
+    once the store that keeps them is open: ``bind``); None for anything else (a chunk, a blob of a
+    layout not known, a header that does not match its layout's group). The checksum is not read:
+    the runs only say which bytes a record gathers, any runs give the value back bit-exact."""
+
+    def __init__(self, lookup: Callable[[bytes], PageLayout | None] | None = None) -> None:
+        self._lookup = lookup
+        self._cache: dict[tuple[bytes, int, int], tuple[Run, ...]] = {}
+
+    def bind(self, lookup: Callable[[bytes], PageLayout | None]) -> None:
+        self._lookup = lookup
+
+    def __call__(self, value: bytes | memoryview) -> tuple[Run, ...] | None:
+        if self._lookup is None or not is_page(value):
+            return None
+        try:
+            h = read_header(value)
+        except PageError:
+            return None
+        ck = (h.layout_id, h.group, h.header_bytes)
+        runs = self._cache.get(ck)
+        if runs is None:
+            layout = self._lookup(h.layout_id)
+            if layout is None:
+                return None
+            try:
+                g = _of_layout(h, layout)
+            except PageError:
+                return None
+            runs = scale_runs(g, h.header_bytes)
+            if len(self._cache) < 4096:
+                self._cache[ck] = runs
+        return runs  # a header that lies (its compressible offset) gets runs the codec refuses

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvstore.format.manifest import KEY_PREFIX, Manifest, Retention, is_legacy_manifest
+from kvstore.format.page import ScaleRuns
 from kvstore.format.stored import compressible_offset
 from kvstore.results import LookupResult, SaveResult
 from kvstore.store.config import StoreConfig
@@ -40,10 +41,13 @@ __all__ = [
 LEGACY_MANIFESTS = LegacyMeta(KEY_PREFIX, is_legacy_manifest)
 
 
-def _extra(tc: TierConfig) -> dict[str, Any]:
-    """What a tier is told of the records it stores, beside its config (it knows bytes only)."""
+def _extra(tc: TierConfig, runs: ScaleRuns) -> dict[str, Any]:
+    """What a tier is told of the records it stores, beside its config (it knows bytes only): where
+    a value's compressible tail starts, and a page blob's scale rows (by the registered page layouts,
+    bound to ``runs`` once they are open; compact records only)."""
     if isinstance(tc, SsdTierConfig):
-        return {"compressible_from": compressible_offset, "legacy_meta": LEGACY_MANIFESTS}
+        return {"compressible_from": compressible_offset, "legacy_meta": LEGACY_MANIFESTS,
+                "compressible_runs": runs}
     return {}
 
 
@@ -61,14 +65,16 @@ def open_store(config: StoreConfig) -> SessionStore:
     """Build every tier from ``config``, compose them, choose how sessions are shared, load the
     manifests, collect crash leftovers."""
     tiers = []
+    runs = ScaleRuns()
     try:
         for tc in config.tiers:
-            tiers.append(make_tier(tc, **_extra(tc)))
+            tiers.append(make_tier(tc, **_extra(tc, runs)))
     except Exception:
         for t in tiers:
             t.close()
         raise
     sessions = SessionStore(TieredStore(tiers, config), config, sharing_for(config, tiers))
+    runs.bind(sessions.layouts.page)
     sessions.collect_garbage()
     sessions.check_references()
     sessions.expire()

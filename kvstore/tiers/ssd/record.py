@@ -9,9 +9,10 @@ sizes are recorded and every record written under any setting reads back under a
                     codes' magnitudes | zstd frame of the transformed tail (tiers/ssd/chunk_record.py)
 
 Flag 2 is written for every value that is a chunk (magic ``KVCK``, a sane header and table)
-unless ``transform_chunks`` is off; flag 1 for other values (manifests of the first format,
-anything a test puts), compressed from ``compressible_from(value)`` on; flag 0 when compression
-is off or does not shrink the value.
+unless ``transform_chunks`` is off; flag 3, under the same setting, for values ``compressible_runs``
+gives runs of (a page blob's scale rows, spread through its block); flag 1 for other values
+(manifests of the first format, anything a test puts), compressed from ``compressible_from(value)``
+on; flag 0 when compression is off or does not shrink the value.
 docs/FORMAT.md has the byte-level description.
 """
 
@@ -27,11 +28,13 @@ import zstandard as zstd
 
 from kvstore.tiers.base import CorruptValue
 from kvstore.tiers.ssd import chunk_record as record_chunk
+from kvstore.tiers.ssd import runs_record
+from kvstore.tiers.ssd.runs_record import CompressibleRuns
 
 HEADER = struct.Struct("<BII")
 SCRATCH_BYTES = 8 << 20  # per thread: a record up to this size is encoded in one reused, warm buffer
 N_FRAMES, FRAME_LEN = struct.Struct("<H"), struct.Struct("<I")  # flag 2 only, right after HEADER
-RAW, ZSTD, CHUNK = 0, 1, 2
+RAW, ZSTD, CHUNK, RUNS = 0, 1, 2, 3
 _ONE_SHOT_BYTES = 1 << 20  # a frame up to this size is decompressed in one call, not through a stream reader
 
 #: Where a value's compressible part starts (the chunk format puts incompressible FP4 codes first).
@@ -41,10 +44,14 @@ CompressibleFrom = Callable[[bytes | memoryview], int]
 class RecordCodec:
     """Frames values into records and back. zstd contexts are not thread-safe: one per thread."""
 
-    def __init__(self, level: int, compressible_from: CompressibleFrom | None, transform_chunks: bool = True) -> None:
+    def __init__(self, level: int, compressible_from: CompressibleFrom | None, transform_chunks: bool = True,
+                 compressible_runs: CompressibleRuns | None = None) -> None:
+        """``compressible_runs``: the runs a value's flag 3 record gathers (with ``transform_chunks``
+        and compression on), before the tail from ``compressible_from``; None: flag 1 as before."""
         self._level = level
         self._from = compressible_from
         self._transform = transform_chunks
+        self._runs = compressible_runs if transform_chunks else None
         self._local = threading.local()
 
     def _ctx(self) -> Any:
@@ -90,6 +97,9 @@ class RecordCodec:
                 if len(record) < HEADER.size + raw_len:
                     dest[: len(record)] = record
                     return len(record)
+            elif self._runs is not None and (runs := self._runs(view)) and (
+                    n := _encode_runs(cctx, view, start, runs, dest)):
+                return n
             elif start < raw_len:
                 frame = cctx.compress(view[start:])
                 if start + len(frame) < raw_len:  # keep it only when it actually shrinks the value
@@ -146,6 +156,8 @@ class RecordCodec:
             return out[:raw_len]
         if flag == CHUNK:
             return self._decode_chunk(where, raw_len, prefix, body, out)
+        if flag == RUNS:
+            return self._decode_runs(where, raw_len, prefix, body, out)
         if flag != ZSTD:
             raise CorruptValue(f"{where}: unknown codec flag {flag}")
         if prefix >= raw_len or prefix > len(body):
@@ -187,6 +199,52 @@ class RecordCodec:
         _frame_into(dctx, where, body[at:], [memoryview(tail)])
         record_chunk.inverse(tail, p, out)
         return out.toreadonly() if dest is None else out
+
+    def _decode_runs(self, where: str, raw_len: int, prefix: int, body: memoryview,
+                     dest: memoryview | None) -> memoryview:
+        bad = CorruptValue(f"{where}: runs record's table or lengths are invalid")
+        got = runs_record.read_table(body) if prefix <= raw_len else None
+        if got is None:
+            raise bad
+        runs, at = got
+        gathered = runs_record.check(runs, prefix)
+        if gathered is None or len(body) < at + prefix - gathered:
+            raise bad
+        raw = prefix - gathered
+        # every byte is written below: no zero fill
+        out = memoryview(np.empty(raw_len, np.uint8).data) if dest is None else dest[:raw_len]
+        dst = np.frombuffer(out, np.uint8)
+        runs_record.scatter(np.frombuffer(body, np.uint8, raw, at), runs_record.gaps(runs, prefix), dst)
+        packed = np.empty(gathered + raw_len - prefix, np.uint8)
+        _frame_into(self._ctx().dctx, where, body[at + raw :], [memoryview(packed.data)])
+        runs_record.scatter(packed, runs, dst)
+        out[prefix:] = packed.data[gathered:]
+        return out.toreadonly() if dest is None else out
+
+
+def _encode_runs(cctx: Any, view: memoryview, start: int, runs: Any, dest: memoryview) -> int:
+    """The flag 3 record of ``view`` in ``dest``: its length, or 0 when ``runs`` are not valid
+    runs before ``start`` or the record would not be shorter than the value raw."""
+    raw_len = len(view)
+    gathered = runs_record.check(runs, start)
+    if gathered is None:
+        return 0
+    src = np.frombuffer(view, np.uint8)
+    packed = np.empty(gathered + raw_len - start, np.uint8)
+    runs_record.gather(src, runs, packed)
+    packed[gathered:] = src[start:]
+    frame = cctx.compress(packed.data)
+    tab = runs_record.table(runs)
+    at = HEADER.size + len(tab)
+    raw = start - gathered
+    total = at + raw + len(frame)
+    if total >= HEADER.size + raw_len:
+        return 0
+    HEADER.pack_into(dest, 0, RUNS, raw_len, start)
+    dest[HEADER.size : at] = tab
+    runs_record.gather(src, runs_record.gaps(runs, start), np.frombuffer(dest, np.uint8, raw, at))
+    dest[at + raw : total] = frame
+    return total
 
 
 def _compressor(level: int) -> zstd.ZstdCompressor:

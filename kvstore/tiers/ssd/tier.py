@@ -4,7 +4,8 @@ second one, so the two kinds never share a keyspace.
 
 A stored record is a 9-byte header and a payload (record.py; docs/FORMAT.md byte by byte)::
 
-    flag u8        0 = raw, 1 = zstd from ``prefix`` on, 2 = a chunk, transformed and compressed
+    flag u8        0 = raw, 1 = zstd from ``prefix`` on, 2 = a chunk, transformed and compressed,
+                   3 = runs gathered (a page blob's scale rows) and compressed with the tail
     raw_len u32    length of the original value
     prefix u32     leading bytes stored uncompressed
 
@@ -50,6 +51,7 @@ from kvstore.tiers.ssd.migrate import LegacyMeta, find_legacy_meta
 from kvstore.tiers.ssd.readahead import MapAdvice
 from kvstore.tiers.ssd.record import HEADER, CompressibleFrom, RecordCodec
 from kvstore.tiers.ssd.resize_gate import Gate
+from kvstore.tiers.ssd.runs_record import CompressibleRuns
 from kvstore.tiers.ssd.salvage import salvage
 from kvstore.tiers.ssd.space import DATA_FILE, as_out_of_space, check_data_file, grown_map_size
 
@@ -86,11 +88,13 @@ class SsdTier(Tier):
     persistent = True
 
     def __init__(self, config: SsdTierConfig, compressible_from: CompressibleFrom | None = None,
-                 legacy_meta: LegacyMeta | None = None) -> None:
-        """``legacy_meta``: what meta records of the first format look like among the values; given,
-        the open moves any it finds to the meta sub-database first (``tiers/ssd/migrate.py``)."""
+                 legacy_meta: LegacyMeta | None = None, compressible_runs: CompressibleRuns | None = None) -> None:
+        """``compressible_runs``: the byte runs of a value (a page blob's scale rows) that a compact
+        record (``compact_records``: flag 3) compresses with its tail. ``legacy_meta``: what meta
+        records of the first format look like among the values; given, the open moves any it finds
+        to the meta sub-database first (``tiers/ssd/migrate.py``)."""
         self._config = config
-        self._codec = RecordCodec(config.record_level, compressible_from, config.compact_records)
+        self._codec = RecordCodec(config.record_level, compressible_from, config.compact_records, compressible_runs)
         self._write_lock = threading.Lock()  # one LMDB writer at a time; also orders _sizes updates
         self._gate = Gate()  # no transaction may be open while the map is resized
         self._scratch = ssd_batch.scratch()  # decoded records of batch reads (read_views)
