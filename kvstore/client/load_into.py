@@ -89,7 +89,7 @@ def copy_into_slots(dests: Sequence[memoryview], region_of: Sequence[int], where
         except page.PageError:
             continue
         if len(body) > (limit := int(where.slot_bytes[i])):
-            raise InvalidArgument(f"key {i}'s block is {len(body)} bytes; the slots hold {limit}")
+            raise InvalidArgument(f"key {i}'s block is {len(body)} bytes; CallerMemory.slot_bytes is {limit}")
         got.append((i, body))
     out = []
     for i, body in got:
