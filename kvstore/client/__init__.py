@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 from kvstore.client.aio import AsyncClient
-from kvstore.client.calls import PageSlots, SavedSession
+from kvstore.client.calls import PageLoad, PageSlots, SavedSession
 from kvstore.client.config import ClientConfig, ClientTls, default_address
 from kvstore.client.sync import Client
 from kvstore.defaults import DEFAULT_ADDRESS
 from kvstore.errors import Unauthenticated
 
-__all__ = ["DEFAULT_ADDRESS", "AsyncClient", "Client", "ClientConfig", "ClientTls", "PageSlots", "SavedSession",
-           "Unauthenticated", "default_address"]
+__all__ = ["DEFAULT_ADDRESS", "AsyncClient", "Client", "ClientConfig", "ClientTls", "PageLoad", "PageSlots",
+           "SavedSession", "Unauthenticated", "default_address"]

@@ -20,7 +20,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from kvstore.client.calls import PageSlots, SavedSession
+from kvstore.client.calls import PageLoad, PageSlots, SavedSession
 from kvstore.client.config import ClientConfig
 from kvstore.client.device_load import DeviceLoader
 from kvstore.client.sync import Client
@@ -169,6 +169,10 @@ class AsyncClient:
     async def load_pages_into(self, namespace: str, keys: Sequence[bytes], out: Any, offsets: Sequence[int],
                               slot_bytes: int) -> list[tuple[int, memoryview]]:
         return await self._run(self.client.load_pages_into, namespace, keys, out, offsets, slot_bytes)
+
+    async def load_page_regions(self, namespace: str, regions: Sequence[PageLoad]
+                                ) -> list[list[tuple[int, memoryview]]]:
+        return await self._run(self.client.load_page_regions, namespace, regions)
 
     async def load_session_to_device(self, namespace: str, session_id: str, device: Any = None
                                      ) -> tuple[Manifest, list[tuple[int, Any]]]:

@@ -179,6 +179,17 @@ class PageSlots:
 
 
 @dataclass(frozen=True)
+class PageLoad:
+    """Engine pages to load into one region of the caller's memory (``Client.load_page_regions``): the
+    block bytes of ``keys[i]`` go to ``out[offsets[i]:]``, each slot ``slot_bytes`` long."""
+
+    out: Any
+    keys: Sequence[bytes]
+    offsets: Sequence[int]
+    slot_bytes: int
+
+
+@dataclass(frozen=True)
 class Connection:
     """What a client learned when it connected, and the arena it should offer (if any)."""
 

@@ -32,11 +32,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kvstore.errors import InvalidArgument, ResourceExhausted
 from kvstore.format import page
-from kvstore.transport import cma
+from kvstore.transport import cma, slots
 from kvstore.transport.framing import Blob
 
 _YAMA = Path("/proc/sys/kernel/yama/ptrace_scope")
@@ -77,25 +75,25 @@ def copy_into(dest: memoryview, pairs: Iterable[tuple[int, Blob]]) -> list[tuple
     return out
 
 
-def copy_into_slots(dest: memoryview, offsets: np.ndarray, slot_bytes: int, keys: Sequence[bytes],
+def copy_into_slots(dests: Sequence[memoryview], region_of: Sequence[int], where: slots.Scatter, keys: Sequence[bytes],
                     pairs: Iterable[tuple[int, Blob]]) -> list[tuple[int, memoryview]]:
     """The (index, page blob) pairs of a load (through the arena or the stream), each blob's payload
-    copied to its slot ``dest[offsets[index]:]``, as the daemon writes them on its host: (index, view
-    of the payload in ``dest``). A blob that is not the page ``keys[index]`` names (its header, its
-    checksum: checked again after the trip) is a miss, its slot untouched; a payload longer than
-    ``slot_bytes`` is InvalidArgument before any byte is copied."""
+    copied to its slot, ``dests[region_of[index]][where.offsets[index]:]``, as the daemon writes them on
+    its host: (index, view of the payload in its region). A blob that is not the page ``keys[index]``
+    names (its header, its checksum: checked again after the trip) is a miss, its slot untouched; a
+    payload longer than its slot is InvalidArgument before any byte is copied."""
     got: list[tuple[int, memoryview]] = []
     for i, blob in pairs:
         try:
             body = page.payload(blob, keys[i])
         except page.PageError:
             continue
-        if len(body) > slot_bytes:
-            raise InvalidArgument(f"key {i}'s block is {len(body)} bytes; the slots hold {slot_bytes}")
+        if len(body) > (limit := int(where.slot_bytes[i])):
+            raise InvalidArgument(f"key {i}'s block is {len(body)} bytes; CallerMemory.slot_bytes is {limit}")
         got.append((i, body))
     out = []
     for i, body in got:
-        at = int(offsets[i])
+        dest, at = dests[region_of[i]], int(where.offsets[i])
         dest[at : at + len(body)] = body
         out.append((i, dest[at : at + len(body)]))
     return out

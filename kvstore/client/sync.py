@@ -23,7 +23,7 @@ import numpy as np
 
 from kvstore.client import calls as rq
 from kvstore.client import load_into as into
-from kvstore.client.calls import PageSlots, SavedSession
+from kvstore.client.calls import PageLoad, PageSlots, SavedSession
 from kvstore.client.config import ClientConfig, client_config, metadata, target
 from kvstore.client.device_load import DeviceLoader, device_of
 from kvstore.client.link import Link
@@ -371,37 +371,66 @@ class Client:
         stream, as many at a time as the arena's first size holds (it does not grow for them), are
         checked again (key, checksum) and copied in. InvalidArgument, before any byte is written, for
         slots outside ``out`` or overlapping, or a block longer than its slot (where the client
-        copies: before any byte of that batch)."""
-        dest, keys = into.writable(out), list(keys)
-        offs = slots.check(offsets, slot_bytes, len(dest), len(keys))
+        copies: before any byte of that batch). The one-region case of :meth:`load_page_regions`."""
+        return self.load_page_regions(namespace, [PageLoad(out, keys, offsets, slot_bytes)])[0]
+
+    def load_page_regions(self, namespace: str, regions: Sequence[PageLoad]) -> list[list[tuple[int, memoryview]]]:
+        """:meth:`load_pages_into` into several regions of this process's memory in one call (an engine
+        keeping each pool of pages in a buffer of its own: SGLang's HiCache host pools): the block bytes of
+        ``regions[r].keys[i]`` at ``regions[r].out[regions[r].offsets[i]:]``. Per region, in order, its
+        (index into its ``keys``, view of the payload in its ``out``) per hit; a miss leaves its slot as it
+        was. On the daemon's host the daemon writes every region's pages itself, in one call
+        (``LoadChunksRequest.more_into``); elsewhere they come through the arena or the stream, as for
+        :meth:`load_pages_into`. InvalidArgument, before any byte is written, for slots outside their
+        region, two slots overlapping (in one region or across two), or a block longer than its slot."""
+        dests = [into.writable(r.out) for r in regions]
+        runs = [list(r.keys) for r in regions]
+        for i, (r, ks) in enumerate(zip(regions, runs)):
+            if len(r.offsets) != len(ks) and len(regions) > 1:  # one region: slots.scatter says so
+                raise InvalidArgument(f"regions[{i}]: CallerMemory.slot_offsets names {len(r.offsets)} slots for "
+                                      f"{len(ks)} keys: one per key")
+        keys = [k for ks in runs for k in ks]
+        mems = [pb.CallerMemory(address=into.address(d), size=len(d), slot_offsets=r.offsets, slot_bytes=r.slot_bytes)
+                for r, d in zip(regions, dests)]
+        where = slots.scatter(mems, len(keys), field=lambda i: f"regions[{i}]")
+        firsts = np.cumsum([0, *(len(ks) for ks in runs)]).tolist()
+        of = np.repeat(np.arange(len(runs)), [len(ks) for ks in runs]).tolist()  # each key's region
+        answer: list[list[tuple[int, memoryview]]] = [[] for _ in regions]
+        if not keys:
+            return answer
         self.connect()  # as in load_session_into: the stub is taken after the client chose its channel
-        first, placed = self._into(self._link.stubs.load_chunks, pb.LoadChunksRequest(namespace=namespace, keys=keys),
-                                   lambda m: m, lambda _: len(keys), dest, (offs, slot_bytes))
-        if first is not None:
-            return placed
-        blob = slot_bytes + page.header_bytes(page.MAX_HASH_BYTES) + page.CHECKSUM_BYTES  # at most
-        per = max(1, self.config.arena_bytes // blob)
-        for start in range(0, len(keys), per):
-            pairs = self.load_chunks(namespace, keys[start : start + per], zero_copy=True)
-            placed += into.copy_into_slots(dest, offs, slot_bytes, keys, ((start + j, b) for j, b in pairs))
-        return placed
+        request = pb.LoadChunksRequest(namespace=namespace, keys=keys)
+        first, placed = self._into(self._link.stubs.load_chunks, request, lambda m: m, lambda _: len(keys), dests[0],
+                                   mems, dests, of)
+        if first is None:  # the daemon cannot write here: through the arena or the stream, then copied
+            blob = int(where.slot_bytes.max()) + page.header_bytes(page.MAX_HASH_BYTES) + page.CHECKSUM_BYTES
+            per = max(1, self.config.arena_bytes // blob)
+            for start in range(0, len(keys), per):
+                pairs = self.load_chunks(namespace, keys[start : start + per], zero_copy=True)
+                placed += into.copy_into_slots(dests, of, where, keys, ((start + j, b) for j, b in pairs))
+        for i, view in placed:
+            answer[of[i]].append((i - firsts[of[i]], view))
+        return answer
 
     def _into(self, rpc: Callable[..., Any], request: Any, chunks_of: rq.ChunksOf, expected: Callable[[Any], int],
-              dest: memoryview, scatter: tuple[np.ndarray, int] | None = None
-              ) -> tuple[Any, list[tuple[int, memoryview]]]:
+              dest: memoryview, scatter: Sequence[pb.CallerMemory] = (), regions: Sequence[memoryview] = (),
+              region_of: Sequence[int] | None = None) -> tuple[Any, list[tuple[int, memoryview]]]:
         """A load the daemon writes into ``dest`` itself, over its local socket (``scatter``: engine pages
-        into slots of it, their offsets and size): (first message, placed pairs), or (None, []) where it
-        cannot (then the caller loads and copies)."""
+        into slots of regions of this process's memory, ``dest`` the first; with more than one, ``regions``
+        are their views and ``region_of`` each key's region): (first message, placed pairs), or (None, [])
+        where it cannot (then the caller loads and copies)."""
         self.connect()
         local = self._local
         if local is None or self._into_refused:
             return None, []
         self._allow_daemon(local)
-        request.into.CopyFrom(pb.CallerMemory(address=into.address(dest), size=len(dest)))
-        if scatter is not None:
-            request.into.slot_offsets.extend(scatter[0].tolist())
-            request.into.slot_bytes = scatter[1]
-        receiver = Receiver(None, copy=False, into=dest)
+        if scatter:
+            request.into.CopyFrom(scatter[0])
+            request.more_into.extend(scatter[1:])
+        else:
+            request.into.CopyFrom(pb.CallerMemory(address=into.address(dest), size=len(dest)))
+        receiver = Receiver(None, copy=False, into=dest, regions=regions,
+                            region_of=region_of if len(scatter) > 1 else None)
         try:
             stream = rpc(request, timeout=self.config.timeout_s, metadata=self._metadata)
             first = next(stream, None)

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,23 +62,30 @@ class Carriers:
         return [STREAM, ARENA] if self.shm_dir is not None else [STREAM]
 
     def for_call(self, owner: str, arena_id: str, into: pb.CallerMemory | None = None,
-                 sender: Sender | None = None, n_keys: int | None = None) -> Carrier:
+                 sender: Sender | None = None, n_keys: int | None = None,
+                 more_into: Sequence[pb.CallerMemory] = ()) -> Carrier:
         """The carrier a call asked for: the caller's own memory ``into`` (a load over the local
         socket, whose ``sender`` the kernel named: kvstore/transport/sender.py; with slots, a
-        LoadChunks of ``n_keys`` engine pages scattered into them), ``owner``'s arena ``arena_id``,
-        or the stream. Another identity's arena id is as unknown as a made-up one (below)."""
+        LoadChunks of ``n_keys`` engine pages scattered into them, and into the slots of the further
+        regions ``more_into``), ``owner``'s arena ``arena_id``, or the stream. Another identity's
+        arena id is as unknown as a made-up one (below)."""
+        if more_into and into is None:
+            raise InvalidArgument("LoadChunksRequest.more_into needs into: the first region of slots is that one")
         if into is not None:
             if sender is None:
                 raise InvalidArgument("CallerMemory names memory of the calling process: only a call over the "
                                       "daemon's local socket can (the kernel names its process)")
             if not into.address or not into.size:
                 raise InvalidArgument("CallerMemory needs an address and a size")
-            if not into.slot_offsets and not into.slot_bytes:
+            if not into.slot_offsets and not into.slot_bytes and not more_into:
                 return CallerMemoryCarrier(sender, into.address, into.size)
             if n_keys is None:
                 raise InvalidArgument("CallerMemory.slot_offsets: only LoadChunks scatters engine pages into slots")
-            offsets = slots.check(into.slot_offsets, into.slot_bytes, into.size, n_keys)
-            return CallerSlotsCarrier(sender, into.address, into.size, offsets, into.slot_bytes)
+            for i, more in enumerate(more_into):
+                if not more.address or not more.size:
+                    raise InvalidArgument(f"LoadChunksRequest.more_into[{i}]: CallerMemory needs an address and a size")
+            prefix = "LoadChunksRequest." if more_into else ""
+            return CallerSlotsCarrier(sender, slots.scatter([into, *more_into], n_keys, prefix))
         if not arena_id:
             return StreamCarrier(self.message_bytes)
         return ArenaCarrier(self.arenas.get(owner, arena_id), arena_id, self.message_bytes)

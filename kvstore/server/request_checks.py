@@ -127,6 +127,20 @@ def _load_chunks(r: pb.LoadChunksRequest) -> None:
     check_id("arena_id", r.arena_id)
     if r.HasField("into"):
         check_caller_memory("into", r.into)
+    if r.more_into:
+        if not r.HasField("into"):
+            raise InvalidArgument("more_into needs into: the first region of slots is that one")
+        for i, more in enumerate(r.more_into):
+            check_caller_memory(f"more_into[{i}]", more)
+        regions = [r.into, *r.more_into]
+        unscattered = next((i for i, m in enumerate(regions) if not m.slot_bytes), None)
+        if unscattered is not None:
+            at = "into" if unscattered == 0 else f"more_into[{unscattered - 1}]"
+            raise InvalidArgument(f"{at}.slot_bytes: with more_into every region is a region of slots "
+                                  f"(slot_offsets and slot_bytes)")
+        if (named := sum(len(m.slot_offsets) for m in regions)) != len(r.keys):
+            raise InvalidArgument(f"more_into: into and more_into name {named} slots for {len(r.keys)} keys: one "
+                                  f"per key, the keys split over the regions in order")
 
 
 def _load_session(r: pb.LoadSessionRequest) -> None:

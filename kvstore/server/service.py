@@ -12,7 +12,7 @@ its arena, or the stream.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -88,11 +88,11 @@ class KVStoreService:
         return namespace
 
     def _carrier(self, call: Call, arena_id: str, into: pb.CallerMemory | None = None,
-                 n_keys: int | None = None) -> Carrier:
-        """The caller's carrier: its own memory (``into``; slots of it for ``n_keys`` engine pages),
-        its arena, or the stream."""
+                 n_keys: int | None = None, more_into: Sequence[pb.CallerMemory] = ()) -> Carrier:
+        """The caller's carrier: its own memory (``into``; slots of it, and of the further regions
+        ``more_into``, for ``n_keys`` engine pages), its arena, or the stream."""
         owner = self.auth.identity(call.metadata) if arena_id else ""
-        return self.carriers.for_call(owner, arena_id, into, call.sender, n_keys)
+        return self.carriers.for_call(owner, arena_id, into, call.sender, n_keys, more_into)
 
     def _send(self, carrier: Carrier, namespace: str, keys: list[bytes], encode: Callable[[Piece], _M]
               ) -> Iterator[_M]:
@@ -282,7 +282,7 @@ class KVStoreService:
     def LoadChunks(self, request: pb.LoadChunksRequest, call: Call) -> Iterator[pb.ChunkData | fastpb.Encoded]:
         self._ns(call, request.namespace)  # the keys' count and lengths: request_checks.py, before this body
         carrier = self._carrier(call, request.arena_id, request.into if request.HasField("into") else None,
-                                len(request.keys))
+                                len(request.keys), request.more_into)
         yield from self._send(carrier, request.namespace, [bytes(k) for k in request.keys], _chunk_data)
 
     @quick_when(_quick_session)

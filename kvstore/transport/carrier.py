@@ -35,7 +35,7 @@ import numpy as np
 
 from kvstore.errors import FailedPrecondition, InvalidArgument, ResourceExhausted, Retry
 from kvstore.format import chunk_batch, page
-from kvstore.transport import cma, fastpb, framing, shm
+from kvstore.transport import cma, fastpb, framing, shm, slots
 from kvstore.transport.framing import Blob
 from kvstore.transport.sender import CALLER_MEMORY_REFUSED, Sender
 from kvstore.v1 import kvstore_pb2 as pb
@@ -209,14 +209,15 @@ def caller_memory_errors(address: int, size: int, access: str = "writable") -> I
 
 class CallerSlotsCarrier(CallerMemoryCarrier):
     """Daemon side of a scatter load of engine pages into the caller's slots (kvstore/transport/slots.py):
-    each verified page blob's payload, the engine's block bytes, written at its key's slot, all of a
-    batch's in ``cma.MAX_IOV`` iovecs a system call (large batches over threads: ``cma.write``). A blob
-    that is not a page blob of this version is a miss (its slot untouched); a payload longer than
-    its slot fails the call before any byte is written."""
+    each verified page blob's payload, the engine's block bytes, written at its key's slot, in its
+    key's region (one region, or several: ``LoadChunksRequest.more_into``), all of a batch's in
+    ``cma.MAX_IOV`` iovecs a system call (large batches over threads: ``cma.write``), whichever
+    regions they go to. A blob that is not a page blob of this version is a miss (its slot untouched);
+    a payload longer than its slot fails the call before any byte is written."""
 
-    def __init__(self, sender: Sender, address: int, size: int, slot_offsets: np.ndarray, slot_bytes: int) -> None:
-        super().__init__(sender, address, size)
-        self.slot_offsets, self.slot_bytes = slot_offsets, slot_bytes
+    def __init__(self, sender: Sender, where: slots.Scatter) -> None:
+        super().__init__(sender, *where.hull)
+        self.where = where
 
     def send(self, items: Iterable[tuple[int, Blob]]) -> Generator[Piece, None, None]:
         batch: list[tuple[int, Blob, int, int]] = []  # (index, blob, payload offset, payload length)
@@ -225,20 +226,28 @@ class CallerSlotsCarrier(CallerMemoryCarrier):
                 at, n = page.payload_span(blob)
             except page.PageError:
                 continue  # a chunk, or a page blob of another version: no payload to place
-            if n > self.slot_bytes:
-                raise InvalidArgument(f"key {i}'s block is {n} bytes; CallerMemory.slot_bytes is {self.slot_bytes}")
             batch.append((i, blob, at, n))
         if not batch:  # answered all the same: the call was served (every key a miss), not refused
             yield Piece(handle=pb.ShmHandle(caller_memory=True))
             return
+        which = np.fromiter((i for i, *_ in batch), np.intp, len(batch))
         sizes = np.fromiter((n for *_, n in batch), np.uint64, len(batch))
+        limits = self.where.slot_bytes[which]
+        if (long := sizes > limits).any():
+            k = int(np.argmax(long))
+            raise InvalidArgument(f"key {int(which[k])}'s block is {int(sizes[k])} bytes; CallerMemory.slot_bytes "
+                                  f"is {int(limits[k])}")
         starts = chunk_batch.addresses([b for _, b, _, _ in batch]) + np.fromiter((a for *_, a, _ in batch), np.uint64,
                                                                                   len(batch))
-        offsets = self.slot_offsets[[i for i, *_ in batch]]
-        self._write(np.stack([starts, sizes], axis=1), offsets)
+        self._write(np.stack([starts, sizes], axis=1), self.where.addresses[which])
+        offsets = self.where.offsets[which]
         yield Piece(handle=pb.ShmHandle(caller_memory=True, size=int((offsets + sizes).max()),
-                                        indices=[i for i, *_ in batch], offsets=offsets.tolist(),
-                                        sizes=sizes.tolist()))
+                                        indices=which.tolist(), offsets=offsets.tolist(), sizes=sizes.tolist()))
+
+    def _write(self, sources: np.ndarray, addresses: np.ndarray) -> None:
+        """Each source at its absolute address (every slot was checked inside its region: slots.scatter)."""
+        with caller_memory_errors(self.address, self.size), self.sender.reaching() as pid:
+            cma.write(pid, sources, 0, 1 << 64, addresses)
 
 
 def _private_copy(view: Blob, buffer_for: Callable[[int], memoryview | None] | None) -> Blob:
@@ -259,10 +268,14 @@ class Receiver:
     """Turns the ChunkData messages of one batch into (index, blob) pairs, whichever way each came."""
 
     def __init__(self, arena: ArenaCarrier | None, copy: bool, max_blob: int | None = None,
-                 into: memoryview | None = None) -> None:
+                 into: memoryview | None = None, regions: Sequence[memoryview] = (),
+                 region_of: Sequence[int] | None = None) -> None:
         self.arena = arena
         self.copy = copy
         self.into = into  # a load into the caller's memory: the blobs are views of it
+        # ... or into several regions of it (LoadChunksRequest.more_into): key i's blob is a view of
+        # regions[region_of[i]], at the offset the answer names within that region
+        self.regions, self.region_of = regions, region_of
         self.assembler = framing.BlobAssembler() if max_blob is None else framing.BlobAssembler(max_blob)
         self.pending: list[int] = []
 
@@ -290,12 +303,26 @@ class Receiver:
 
     def _placed(self, h: pb.ShmHandle) -> list[tuple[int, Blob]]:
         """The blobs the daemon wrote into the caller's memory, as views of it."""
+        if self.region_of is not None:
+            return self._placed_in_regions(h)
         into = self.into
         if into is None:
             raise InvalidArgument("the answer names the caller's memory, which this call did not")
         if any(o + n > len(into) for o, n in zip(h.offsets, h.sizes)):
             raise InvalidArgument("the answer names bytes beyond the destination")
         return [(i, into[o : o + n]) for i, o, n in zip(h.indices, h.offsets, h.sizes)]
+
+    def _placed_in_regions(self, h: pb.ShmHandle) -> list[tuple[int, Blob]]:
+        of, regions, out = self.region_of, self.regions, []
+        assert of is not None
+        for i, o, n in zip(h.indices, h.offsets, h.sizes):
+            if i >= len(of):
+                raise InvalidArgument("the answer names a key the call did not")
+            dest = regions[of[i]]
+            if o + n > len(dest):
+                raise InvalidArgument("the answer names bytes beyond the destination")
+            out.append((i, dest[o : o + n]))
+        return out
 
     def arena_prefix(self, size: int, buffer_for: Callable[[int], memoryview | None] | None = None) -> list[Blob]:
         """A save's arena part, the first ``size`` bytes of the arena: copied out before anything

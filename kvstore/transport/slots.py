@@ -16,6 +16,7 @@ page blob (header, key, checksum) around them itself.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,6 +48,63 @@ def check(offsets: Sequence[int] | np.ndarray, slot_bytes: int, size: int, n_key
         raise InvalidArgument(f"CallerMemory.slot_offsets[{j}] = {int(off[j])} overlaps another slot "
                               f"({slot_bytes} bytes each)")
     return off
+
+
+class Scatter(NamedTuple):
+    """Where each key of a scatter load goes: its slot's offset within its region, its slot's absolute
+    address in the caller's memory, and its slot's size (all uint64, one per key); ``hull``: the
+    (address, size) spanning every region (named by an error about the caller's memory)."""
+
+    offsets: np.ndarray
+    addresses: np.ndarray
+    slot_bytes: np.ndarray
+    hull: tuple[int, int]
+
+
+def region_field(i: int) -> str:
+    """The request field of region ``i`` of a load into several regions (0 = into)."""
+    return "into" if i == 0 else f"more_into[{i - 1}]"
+
+
+def scatter(regions: Sequence[pb.CallerMemory], n_keys: int, prefix: str = "",
+            field: Callable[[int], str] = region_field) -> Scatter:
+    """The slots of a load of ``n_keys`` engine pages into ``regions`` of the caller's memory: one region
+    (``check``: one slot per key), or several, the keys split over them in order, each taking as many as
+    its ``slot_offsets`` name. Every region's slots are checked as ``check`` does (the error prefixed
+    with ``prefix`` and the region's ``field``: into or more_into[i] on the wire), and no two slots of
+    different regions may overlap: InvalidArgument naming the field."""
+    if len(regions) == 1:
+        r = regions[0]
+        off = check(r.slot_offsets, r.slot_bytes, r.size, n_keys)
+        return Scatter(off, off + np.uint64(r.address), np.full(len(off), r.slot_bytes, np.uint64), (r.address, r.size))
+    counts = [len(r.slot_offsets) for r in regions]
+    if sum(counts) != n_keys:
+        raise InvalidArgument(f"{prefix}{field(0)}..{field(len(regions) - 1)}: the regions name {sum(counts)} slots "
+                              f"for {n_keys} keys: one per key, the keys split over the regions in order")
+    parts = []
+    for i, r in enumerate(regions):
+        try:
+            parts.append(check(r.slot_offsets, r.slot_bytes, r.size, counts[i]))
+        except InvalidArgument as e:
+            raise InvalidArgument(f"{prefix}{field(i)}: {e}") from None
+    off = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+    of = np.repeat(np.arange(len(regions)), counts)  # each key's region
+    bases = np.array([r.address for r in regions], np.uint64)
+    sizes = np.array([r.slot_bytes for r in regions], np.uint64)[of]
+    addresses = off + bases[of]
+    low = min(r.address for r in regions)
+    hull = (low, max(r.address + r.size for r in regions) - low)
+    if n_keys > 1:  # across regions: sorted by address, each slot ends before the next begins
+        order = np.argsort(addresses, kind="stable")
+        clash = addresses[order[1:]] < addresses[order[:-1]] + sizes[order[:-1]]
+        if clash.any():
+            k = int(np.argmax(clash))
+            j, other = int(order[k + 1]), int(order[k])
+            first = [0, *np.cumsum(counts).tolist()]
+            raise InvalidArgument(f"{prefix}{field(int(of[j]))}: CallerMemory.slot_offsets"
+                                  f"[{j - first[int(of[j])]}] = {int(off[j])} overlaps a slot of "
+                                  f"{field(int(of[other]))} (slot_offsets[{other - first[int(of[other])]}])")
+    return Scatter(off, addresses, sizes, hull)
 
 
 def gather(pid: int, pages: pb.CallerPages, layout: PageLayout, namespace: str,

@@ -255,16 +255,18 @@ class SaveChunksResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[bytes]] = ..., written: _Optional[int] = ..., session: _Optional[_Union[Session, _Mapping]] = ..., generation: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., chunk_count: _Optional[int] = ...) -> None: ...
 
 class LoadChunksRequest(_message.Message):
-    __slots__ = ("namespace", "keys", "arena_id", "into")
+    __slots__ = ("namespace", "keys", "arena_id", "into", "more_into")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     ARENA_ID_FIELD_NUMBER: _ClassVar[int]
     INTO_FIELD_NUMBER: _ClassVar[int]
+    MORE_INTO_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     arena_id: str
     into: CallerMemory
-    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., arena_id: _Optional[str] = ..., into: _Optional[_Union[CallerMemory, _Mapping]] = ...) -> None: ...
+    more_into: _containers.RepeatedCompositeFieldContainer[CallerMemory]
+    def __init__(self, namespace: _Optional[str] = ..., keys: _Optional[_Iterable[bytes]] = ..., arena_id: _Optional[str] = ..., into: _Optional[_Union[CallerMemory, _Mapping]] = ..., more_into: _Optional[_Iterable[_Union[CallerMemory, _Mapping]]] = ...) -> None: ...
 
 class CallerMemory(_message.Message):
     __slots__ = ("address", "size", "slot_offsets", "slot_bytes")

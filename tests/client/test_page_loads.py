@@ -15,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 
-from kvstore.client import AsyncClient, Client, PageSlots
+from kvstore.client import AsyncClient, Client, PageLoad, PageSlots
 from kvstore.errors import InvalidArgument
 from kvstore.format import page
 from kvstore.format.manifest import Kind, Manifest, Retention
@@ -449,3 +449,122 @@ def test_under_yama_1_the_client_names_the_daemon_its_ptracer_first(daemon: Daem
         c.save_pages(page_manifest(ns, keys), LAYOUT, out, [0, STRIDE], STRIDE, [0, 1],
                      [f"{ns}/{i}".encode() for i in range(2)])
         assert named == [daemon.pid]  # once per client
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_pages_into_several_regions_are_one_load(daemon: Daemon, ns: str, local: bool) -> None:
+    """An engine keeping each pool of pages in a buffer of its own (SGLang's HiCache host pools) loads them
+    all in one call: over the local socket the daemon writes every region's slots (``more_into``), else the
+    client copies them in; bit-exact, each hit a view of its own region, misses' slots untouched."""
+    with Client(address=daemon.address) as c:
+        keys, _, blocks = saved(c, ns, 5)
+    a, b, empty, d = region(3), region(4), region(1), region(2)
+    a_offs, b_offs, d_offs = [2 * STRIDE, 0], [STRIDE, 3 * STRIDE, 0], [STRIDE]
+    runs = [PageLoad(a, [keys[0], keys[1]], a_offs, STRIDE),
+            PageLoad(b, [keys[2], bytes(16), keys[3]], b_offs, STRIDE),
+            PageLoad(empty, [], [], STRIDE),
+            PageLoad(d, [keys[4]], d_offs, STRIDE)]
+    with Client(address=daemon.address, shared_memory=local) as c:
+        before = transport_stats(daemon).caller_memory_calls
+        placed = c.load_page_regions(ns, runs)
+        assert transport_stats(daemon).caller_memory_calls == before + local  # one call, written by the daemon
+    assert [[i for i, _ in p] for p in placed] == [[0, 1], [0, 2], [], [0]]
+    assert [[bytes(v) for _, v in p] for p in placed] == [blocks[:2], [blocks[2], blocks[3]], [], [blocks[4]]]
+    for p, out in zip(placed, (a, b, empty, d)):
+        assert all(np.shares_memory(np.frombuffer(v, np.uint8), out) for _, v in p)
+    assert_slots(a, a_offs, blocks[:2])
+    assert_slots(b, b_offs, [blocks[2], None, blocks[3]])
+    assert (empty == FILL).all()
+    assert_slots(d, d_offs, [blocks[4]])
+
+
+def test_the_async_face_loads_several_regions_the_same_way(daemon: Daemon, ns: str) -> None:
+    import asyncio
+
+    with Client(address=daemon.address) as c:
+        keys, _, blocks = saved(c, ns, 2)
+    a, b = region(1), region(2)
+
+    async def go() -> list[list[tuple[int, memoryview]]]:
+        async with AsyncClient(address=daemon.address) as ac:
+            return await ac.load_page_regions(ns, [PageLoad(a, keys[:1], [0], STRIDE),
+                                                   PageLoad(b, keys[1:], [STRIDE], STRIDE)])
+
+    assert [[i for i, _ in p] for p in asyncio.run(go())] == [[0], [0]]
+    assert_slots(a, [0], blocks[:1])
+    assert_slots(b, [STRIDE], blocks[1:])
+
+
+def _raw_load(info: pb.ServerInfo, request: pb.LoadChunksRequest) -> grpc.RpcError:
+    """``request`` sent as it is to the daemon's local socket: the error it is answered."""
+    local = local_channel.LocalChannel(info.local_socket)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            list(pb_grpc.KVStoreStub(local).LoadChunks(request))
+        return e.value
+    finally:
+        local.close()
+
+
+@pytest.mark.parametrize("case", ["past the end", "overlapping", "across regions", "counts", "no slot bytes",
+                                  "no address", "without into"])
+def test_bad_further_regions_are_invalid_argument_naming_them_before_any_write(daemon: Daemon, ns: str,
+                                                                              case: str) -> None:
+    """The daemon checks every region a load names before it reads or writes anything (the client checks
+    them too, the same way: here the raw request goes to the daemon's local socket)."""
+    with Client(address=daemon.address) as c:
+        keys, _, _ = saved(c, ns, 3)
+        info = c.info()
+    a, b = region(2), region(2)
+
+    def mem(out: np.ndarray, offs: list[int], slot_bytes: int = STRIDE, size: int | None = None) -> pb.CallerMemory:
+        return pb.CallerMemory(address=out.ctypes.data, size=len(out) if size is None else size, slot_offsets=offs,
+                               slot_bytes=slot_bytes)
+
+    first, field = mem(a, [0, STRIDE]), "more_into[0]"
+    more = {"past the end": [mem(b, [STRIDE + 1])], "overlapping": [mem(b, [0]), mem(b, [])],
+            "across regions": [mem(a, [STRIDE // 2])], "counts": [mem(b, [0, STRIDE])],
+            "no slot bytes": [mem(b, [0], 0)], "no address": [pb.CallerMemory(size=10, slot_offsets=[0],
+                                                                                slot_bytes=STRIDE)],
+            "without into": [mem(b, [0])]}[case]
+    if case == "overlapping":  # the further region's own slots overlap
+        more = [mem(b, [0, STRIDE - 1])]
+        first = mem(a, [0])
+        field = "more_into[0]: CallerMemory.slot_offsets[1]"
+    elif case == "across regions":  # inside its region, but over a slot of into's (the same buffer)
+        first, field = mem(a, [0, STRIDE]), "overlaps a slot of into"
+    elif case == "counts":
+        field = "more_into"
+    elif case == "no slot bytes":
+        field = "more_into[0].slot_bytes"
+    request = pb.LoadChunksRequest(namespace=ns, keys=keys, into=first, more_into=more)
+    if case == "without into":
+        request.ClearField("into")
+        field = "more_into needs into"
+    err = _raw_load(info, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT and field in err.details(), err.details()
+    assert (a == FILL).all() and (b == FILL).all()
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_bad_regions_are_invalid_argument_in_the_client_before_any_write(daemon: Daemon, ns: str,
+                                                                         local: bool) -> None:
+    with Client(address=daemon.address) as c:
+        keys, _, blocks = saved(c, ns, 3)
+    a, b = region(2), region(2)
+    small = len(blocks[1])  # group 1's block fits, group 0's does not
+    cases = {  # runs -> what the error names
+        "regions[1]: CallerMemory.slot_offsets[0]": [PageLoad(a, keys[:2], [0, STRIDE], STRIDE),
+                                                     PageLoad(b, keys[2:], [STRIDE + 1], STRIDE)],
+        r"regions[1]: CallerMemory.slot_offsets names 2 slots for 1 keys": [
+            PageLoad(a, keys[:2], [0, STRIDE], STRIDE), PageLoad(b, keys[2:], [0, STRIDE], STRIDE)],
+        "overlaps a slot of regions[0]": [PageLoad(a, keys[:1], [0], STRIDE),
+                                          PageLoad(a[STRIDE // 2 :], keys[1:2], [0], STRIDE)],
+        "slot_bytes": [PageLoad(a, keys[:1], [0], STRIDE), PageLoad(b, [keys[1], keys[0]], [0, small], small)],
+    }
+    with Client(address=daemon.address, shared_memory=local) as c:
+        for names, runs in cases.items():
+            with pytest.raises(InvalidArgument) as e:
+                c.load_page_regions(ns, runs)
+            assert names in str(e.value)
+    assert (a == FILL).all() and (b == FILL).all()  # not even the blocks that fit

@@ -19,9 +19,10 @@ refused at attach, with a message naming the flag. SGLang's ``kv`` anchor (a ``L
 
 - ``batch_exists_v2``: one ``LookupKeys`` call for every pool's key of every page; the consecutive
   prefix whose every pool holds the page;
-- ``batch_get_v2``: per pool one ``load_pages_into`` call: the daemon writes each verified page into
-  its host slot (``page_first`` host memory: one copy after the daemon's tier); a page missing,
-  damaged or refused is a ``False`` and its slot is left alone;
+- ``batch_get_v2``: every pool's pages in one ``load_page_regions`` call (one round trip): the daemon
+  writes each verified page into its host slot, in its pool's buffer (``page_first`` host memory: one
+  copy after the daemon's tier); a page missing, damaged or refused is a ``False`` and its slot is
+  left alone;
 - ``batch_set_v2``: per pool one turn save of the chain's page session (the daemon reads the pages
   from their host slots itself and commits them durably with the session's manifest);
 - it never raises into SGLang on the data path: a daemon that cannot be reached makes every call a
@@ -65,7 +66,7 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
-from kvstore.client.calls import PageSlots
+from kvstore.client.calls import PageLoad, PageSlots
 from kvstore.engines.pages.daemon import DaemonLink
 from kvstore.engines.pages.records import Record
 from kvstore.engines.pages.sessions import PageSession, PageSessions, Tenant, block_key, session_id
@@ -307,45 +308,71 @@ class KVStoreHiCache(HiCacheStorage):
 
     def batch_get_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
+        """Every pool's pages of the call in one load (``Client.load_page_regions``): one round trip, the
+        daemon writing each verified page into its host slot, whichever pool's buffer it is in."""
         out: dict[str, list[bool]] = {}
+        work: list[tuple[str, list[str], HostPages, list[int]]] = []
         for t in transfers:
             name, keys = _name(t.name), list(t.keys or ())
-            try:
-                out[name] = self._load(name, keys, t.host_indices)
-            except Exception as e:  # any failure is misses, never SGLang's exception
-                if self.daemon is not None:
-                    self.daemon.failed(f"loading {len(keys)} pages of {name}", e)
+            target = self._target(name, keys, t.host_indices)
+            if target is None:
                 out[name] = [False] * len(keys)
-            self.stats.pages_loaded += sum(out[name])
-            self.stats.pages_missed += len(keys) - sum(out[name])
+            else:
+                work.append((name, keys, *target))
+        try:
+            out.update(self._load(work))
+        except Exception as e:  # any failure is misses, never SGLang's exception
+            if self.daemon is not None:
+                self.daemon.failed(f"loading {sum(len(w[1]) for w in work)} pages of {[w[0] for w in work]}", e)
+            out.update({name: [False] * len(keys) for name, keys, _, _ in work})
+        for t in transfers:
+            got = out[_name(t.name)]
+            self.stats.pages_loaded += sum(got)
+            self.stats.pages_missed += len(got) - sum(got)
         return out
 
-    def _load(self, name: str, keys: list[str], host_indices: torch.Tensor | None) -> list[bool]:
+    def _target(self, name: str, keys: list[str], host_indices: torch.Tensor | None
+                ) -> tuple[HostPages, list[int]] | None:
+        """Where ``name``'s pages of a load go: its host pages and their rows, or None (nothing to load:
+        every page a miss)."""
         hp = self.host.get(name)
         if not keys or hp is None or not self._ready() or host_indices is None:
-            return [False] * len(keys)
+            return None
         rows = hp.rows(host_indices, len(keys))
         if rows is None:
             log.error("kvstore HiCache backend: %s: %d host indices for %d pages of %d tokens", name,
                       host_indices.numel(), len(keys), hp.pool.page_tokens)
-            return [False] * len(keys)
+            return None
+        return hp, rows
+
+    def _load(self, work: list[tuple[str, list[str], HostPages, list[int]]]) -> dict[str, list[bool]]:
+        """One ``load_page_regions`` call for every pool of ``work``: a page_first pool's pages straight into
+        their host slots, a layout without slots into a scratch buffer of its own, then set by the pool. A
+        page whose payload is not the pool's page size is a miss."""
+        if not work:
+            return {}
         assert self.daemon is not None
-        client = self.daemon.client(self.tenant, "load")
-        pkeys = [self._key(name, k) for k in keys]
-        size = hp.pool.page_bytes
-        region = hp.region
-        ok = [False] * len(keys)
-        if region is not None:  # the daemon writes each verified page into its host slot
-            for i, view in client.load_pages_into(self.tenant.namespace, pkeys, region, hp.offsets(rows), size):
-                ok[i] = len(view) == size
-            return ok
-        scratch = bytearray(size * len(keys))  # a layout without slots: loaded here, set by the pool
-        offsets = [i * size for i in range(len(keys))]
-        for i, view in client.load_pages_into(self.tenant.namespace, pkeys, scratch, offsets, size):
-            if len(view) == size:
-                hp.write(rows[i], view)
-                ok[i] = True
-        return ok
+        runs: list[PageLoad] = []
+        scratch: list[bool] = []  # per pool: loaded into a scratch buffer, then set by the pool
+        for name, keys, hp, rows in work:
+            pkeys = [self._key(name, k) for k in keys]
+            size, region = hp.pool.page_bytes, hp.region
+            scratch.append(region is None)
+            if region is not None:  # the daemon writes each verified page into its host slot
+                runs.append(PageLoad(region, pkeys, hp.offsets(rows), size))
+            else:  # a layout without slots: loaded here, set by the pool
+                runs.append(PageLoad(bytearray(size * len(keys)), pkeys, [i * size for i in range(len(keys))], size))
+        placed = self.daemon.client(self.tenant, "load").load_page_regions(self.tenant.namespace, runs)
+        out: dict[str, list[bool]] = {}
+        for (name, keys, hp, rows), got, set_by_pool in zip(work, placed, scratch):
+            ok = [False] * len(keys)
+            for i, view in got:
+                if len(view) == hp.pool.page_bytes:
+                    if set_by_pool:
+                        hp.write(rows[i], view)
+                    ok[i] = True
+            out[name] = ok
+        return out
 
     def batch_set_v2(self, transfers: list[PoolTransfer],
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -23,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo: tests.
 from kvstore.client import Client
 from kvstore.engines.sglang.backend import TESTED_SGLANG, KVStoreHiCache, SwaPoolRefused
 from tests.helpers.cluster import cluster_flags, running_cluster
-from tests.helpers.daemon import Daemon, free_port, start_daemon
+from tests.helpers.daemon import Daemon, free_port, start_daemon, transport_stats
 
 pytestmark = pytest.mark.timeout(180)
 NS = "team-a"
@@ -264,3 +265,27 @@ def test_clearing_the_storage_deletes_this_servers_sessions_only(daemon: Daemon)
     stored = write(mine, toks)  # and the server stores again after it
     with mine.engine() as engine:
         assert engine.prefetch(toks).pool_pages == stored.pool_pages
+
+
+def test_every_pool_of_a_load_is_one_call_into_the_host_slots(daemon: Daemon) -> None:
+    """``batch_get_v2`` loads the pages of all four pools (each in a host buffer of its own) in one
+    ``load_page_regions`` call: one LoadChunks the daemon writes into every pool's slots, bit-exact."""
+    kv = kvstore_backend(daemon.address, NS)
+    toks = tokens(3, seed=24)
+    stored = write(kv, toks)
+    with kv.engine() as engine:
+        b = backend_of(engine)
+        calls: list[int] = []
+        get = b.batch_get_v2
+
+        def counted(transfers: Any, extra_info: Any = None) -> dict[str, list[bool]]:
+            calls.append(len({str(t.name) for t in transfers if t.keys}))
+            return get(transfers, extra_info)
+
+        b.batch_get_v2 = counted  # type: ignore[method-assign]
+        before = transport_stats(daemon).caller_memory_calls
+        loaded = engine.prefetch(toks)
+        after = transport_stats(daemon).caller_memory_calls
+    assert loaded.hit_pages == 3 and loaded.pool_pages == stored.pool_pages
+    assert calls and all(n == len(V41_L3_POOLS) for n in calls if n)
+    assert after - before == sum(1 for n in calls if n)  # one call each, for all four pools
