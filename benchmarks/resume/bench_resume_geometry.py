@@ -288,6 +288,13 @@ def report(results: list[SizeResult], cfg: GeometryConfig, command: str) -> str:
         lines += [section_title(r.tokens, r.chunks, r.nbytes), "",
                   markdown_table(["", "ms", "GB/s"], rows), ""]
         lines.append(targets_table("target", ratios(r)))
+        over = [f"{what} {statistics.median(a - b for a, b in zip(r.seconds[m], r.seconds[f])) * 1e3:.1f} ms"
+                 for m, f, what in (("turn_save", "raw_put", "token session"),
+                                    ("page_save", "page_raw_put", "page session"))
+                 if r.seconds.get(m) and r.seconds.get(f)]
+        if over:  # each turn's save less the raw put of its bytes right after it: the disk's speed mostly cancels
+            lines += ["", "Turn save less the raw put of the same turn (paired per turn), p50: " + ", ".join(over)
+                      + "."]
         res = [f"{k} {statistics.median(v):.0%}" for k, v in r.resident.items()]
         if res:
             lines += ["", "Page cache after the drop (mincore): " + ", ".join(res) + " of the file resident."]
