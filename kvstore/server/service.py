@@ -168,12 +168,14 @@ class KVStoreService:
         blobs = [*caller, *prefix, *streamed]
         args = (header.namespace, bytes(header.layout_id), bytes(header.parent_key) or bytes(16), header.first_index,
                 blobs)
+        # the pages read from the caller were sealed here, over the private copy: checked, not hashed again
+        sealed = len(caller)
         if commit is None:
-            return self.sessions.save_chunks(*args), None
+            return self.sessions.save_chunks(*args, sealed=sealed), None
         if isinstance(commit, Append):
-            committed, res = self.sessions.append_session(*args, commit)
+            committed, res = self.sessions.append_session(*args, commit, sealed=sealed)
         else:
-            committed, res = self.sessions.save_session(*args, commit)
+            committed, res = self.sessions.save_session(*args, commit, sealed=sealed)
         return res, committed
 
     def _max_blob(self, namespace: str, layout_id: bytes) -> int:

@@ -43,8 +43,8 @@ class EnginePages:
         return lay
 
     def batch_keys(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                   blobs: Sequence[bytes | memoryview]) -> list[bytes]:
-        return page_batch_keys(namespace, self._usable(namespace, layout_id), blobs)
+                   blobs: Sequence[bytes | memoryview], sealed: int = 0) -> list[bytes]:
+        return page_batch_keys(namespace, self._usable(namespace, layout_id), blobs, sealed)
 
     def prefix_keys(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> list[bytes]:
         raise InvalidArgument("engine page blobs are looked up by key (LookupKeys), not by token ids")
@@ -109,13 +109,16 @@ class EnginePages:
         return 0  # no trailing span
 
 
-def page_batch_keys(namespace: str, lay: PageLayout, blobs: Sequence[bytes | memoryview]) -> list[bytes]:
+def page_batch_keys(namespace: str, lay: PageLayout, blobs: Sequence[bytes | memoryview], sealed: int = 0
+                    ) -> list[bytes]:
     """The keys of a batch of page blobs; InvalidArgument unless every blob is a sound block of
-    ``lay`` stored under the key its namespace, group and block hash give."""
+    ``lay`` stored under the key its namespace, group and block hash give. The first ``sealed`` were
+    sealed by this daemon over its own private copy (``SessionKind.batch_keys``): every check but a
+    second pass of their checksum."""
     keys: list[bytes] = []
     for n, blob in enumerate(blobs):
         try:
-            keys.append(page.check(blob, lay, namespace).key)
+            keys.append(page.check(blob, lay, namespace, verify=n >= sealed).key)
         except page.PageError as e:
             raise InvalidArgument(f"page blob {n}: {e}") from e
     return keys

@@ -58,9 +58,12 @@ class SessionKind(Protocol):
     kind: Kind
 
     def batch_keys(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                   blobs: Sequence[bytes | memoryview]) -> list[bytes]:
+                   blobs: Sequence[bytes | memoryview], sealed: int = 0) -> list[bytes]:
         """The keys of a save's blobs; InvalidArgument unless each is exactly what its key names
-        (``parent`` and ``first_index``: where a chain's first one goes; pages have no place)."""
+        (``parent`` and ``first_index``: where a chain's first one goes; pages have no place).
+        ``sealed``: the first ``sealed`` blobs were built and sealed by this daemon (engine pages it
+        read from the caller's memory, ``transport/slots.py``): their checksum is its own, computed
+        over its private copy, and is not computed again (their header and key still are checked)."""
         ...
 
     def prefix_keys(self, namespace: str, layout_id: bytes, token_ids: Sequence[int]) -> list[bytes]:

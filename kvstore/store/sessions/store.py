@@ -179,13 +179,14 @@ class SessionStore:
 
     # -- saving ---------------------------------------------------------------------------------
     def save_chunks(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                    blobs: Sequence[bytes | memoryview]) -> SaveResult:
+                    blobs: Sequence[bytes | memoryview], sealed: int = 0) -> SaveResult:
         """Validate and store consecutive complete chunks of one sequence, starting at chunk
         ``first_index`` whose parent key is ``parent``. Chunks the store already holds are not
-        written again. Returns their keys."""
+        written again. Returns their keys. ``sealed``: the first blobs this daemon built and sealed
+        itself (``SessionKind.batch_keys``)."""
         check_namespace(namespace)
         kind = self.kinds.for_layout(namespace, layout_id)
-        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs)
+        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs, sealed)
         # everything was validated first: bad input changes nothing stored; a failed write leaves
         # nothing behind either (put_many is all or nothing), and the index learns only of success
         self.store.claim(keys, namespace)
@@ -201,7 +202,8 @@ class SessionStore:
         return self.save_session(m.namespace, m.layout_id, ROOT, 0, (), m)[0]
 
     def save_session(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                     blobs: Sequence[bytes | memoryview], manifest: Manifest) -> tuple[Manifest, SaveResult]:
+                     blobs: Sequence[bytes | memoryview], manifest: Manifest, sealed: int = 0
+                     ) -> tuple[Manifest, SaveResult]:
         """Save a turn: store ``blobs`` (consecutive complete chunks from chunk ``first_index``,
         whose parent key is ``parent``) and publish ``manifest``, in one durable transaction: one
         fsync, and a crash at any point leaves the previous version or this one, complete.
@@ -219,12 +221,13 @@ class SessionStore:
         check_retention(manifest.retention)
         kind = self.kinds.for_layout(namespace, layout_id)
         kind.check_manifest(manifest)
-        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs) if blobs else []
+        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs, sealed) if blobs else []
         at = kind.positions(manifest, first_index, keys)
         return self._turns.submit(Turn(namespace, layout_id, parent, first_index, keys, blobs, manifest, kind, at))
 
     def append_session(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                       blobs: Sequence[bytes | memoryview], append: Append) -> tuple[Manifest, SaveResult]:
+                       blobs: Sequence[bytes | memoryview], append: Append, sealed: int = 0
+                       ) -> tuple[Manifest, SaveResult]:
         """Save a turn named by what it adds (``Append``): store ``blobs`` as ``save_session`` does and
         append the keys, trailing span and last ids to the session's version ``append.base``, in one
         durable transaction, in O(the turn): its record on disk is what it adds (a turn record), its
@@ -240,7 +243,7 @@ class SessionStore:
             raise InvalidArgument("an append names the version it extends (base > 0); a session is created by a "
                                   "whole save")
         kind = self.kinds.for_layout(namespace, layout_id)
-        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs) if blobs else []
+        keys = kind.batch_keys(namespace, layout_id, parent, first_index, blobs, sealed) if blobs else []
         return self._turns.submit(Turn(namespace, layout_id, parent, first_index, keys, blobs, None, kind, range(0),
                                        append))
 

@@ -32,7 +32,9 @@ class TokenChain:
         self.chunk_tokens = chunk_tokens
 
     def batch_keys(self, namespace: str, layout_id: bytes, parent: bytes, first_index: int,
-                   blobs: Sequence[bytes | memoryview]) -> list[bytes]:
+                   blobs: Sequence[bytes | memoryview], sealed: int = 0) -> list[bytes]:
+        if sealed:
+            raise InvalidArgument("token chunks are sealed by their client, never by the daemon")
         lay = chunk_layout(layout_id, self.chunk_tokens)
         return chunk_batch_keys(namespace, lay, self.chunk_tokens, parent, first_index, blobs)
 
