@@ -17,6 +17,7 @@ from kvstore.format.manifest import Manifest
 from kvstore.format.turn_record import TurnRecord, turn_key
 from kvstore.results import SaveResult
 from kvstore.store.sessions.admission import Admission
+from kvstore.store.sessions.chunk_index import ChunkInfo
 from kvstore.store.sessions.group_commit import Pending
 from kvstore.store.sessions.index import SessionIndex
 from kvstore.store.sessions.kind import Positions, SessionKind
@@ -205,15 +206,7 @@ class TurnCommit:
             raise FailedPrecondition(f"{len(absent)} referenced chunks are not stored in namespace "
                                      f"{m.namespace!r} (first: {m.chunk_keys[absent[0]].hex()}); save them before "
                                      f"committing")
-        for j, info in enumerate(infos):
-            i = start + j
-            if i in skip:
-                continue
-            assert info is not None
-            if info.layout_id != m.layout_id:
-                raise InvalidArgument(f"chunk {i} ({m.chunk_keys[i].hex()}) was saved under layout "
-                                      f"{info.layout_id.hex()}, the manifest's is {m.layout_id.hex()}")
-            kind.check_place(m, i, info)
+        _check_places(m, kind, start, infos, skip)
 
     def check_base(self, m: Manifest) -> None:
         """A save based on version ``m.generation`` (0: no base, the save replaces whatever is stored)
@@ -257,12 +250,19 @@ class TurnCommit:
         if missing:
             raise FailedPrecondition(f"{len(missing)} referenced chunks are not stored in namespace "
                                      f"{m.namespace!r} (first: {missing[0]}); save them before committing")
-        for i in range(same, len(m.chunk_keys)):
-            k, info = m.chunk_keys[i], infos[i - same]
-            if i in skip:
-                continue
-            assert info is not None
-            if info.layout_id != m.layout_id:
-                raise InvalidArgument(f"chunk {i} ({k.hex()}) was saved under layout {info.layout_id.hex()}, "
-                                      f"the manifest's is {m.layout_id.hex()}")
-            kind.check_place(m, i, info)
+        _check_places(m, kind, same, infos, skip)
+
+
+def _check_places(m: Manifest, kind: SessionKind, first: int, infos: Sequence[ChunkInfo | None],
+                  skip: Positions) -> None:
+    """Each chunk ``first + j`` of ``m`` (owner ``infos[j]``, known to be owned) saved under ``m``'s layout
+    and in its place as its ``kind`` places chunks; the positions in ``skip`` (this save's own) aside."""
+    for j, info in enumerate(infos):
+        i = first + j
+        if i in skip:
+            continue
+        assert info is not None
+        if info.layout_id != m.layout_id:
+            raise InvalidArgument(f"chunk {i} ({m.chunk_keys[i].hex()}) was saved under layout "
+                                  f"{info.layout_id.hex()}, the manifest's is {m.layout_id.hex()}")
+        kind.check_place(m, i, info)
