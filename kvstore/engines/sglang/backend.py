@@ -23,15 +23,17 @@ refused at attach, with a message naming the flag. SGLang's ``kv`` anchor (a ``L
   writes each verified page into its host slot, in its pool's buffer (``page_first`` host memory: one
   copy after the daemon's tier); a page missing, damaged or refused is a ``False`` and its slot is
   left alone;
-- ``batch_set_v2``: per pool one turn save of the chain's page session (the daemon reads the pages
-  from their host slots itself and commits them durably with the session's manifest);
+- ``batch_set_v2``: every pool's pages in one turn save (an append) of their conversation's page
+  session (``save_page_regions``: the daemon reads the pages from their host slots itself and commits
+  them durably with the session's new version, one transaction);
 - it never raises into SGLang on the data path: a daemon that cannot be reached makes every call a
   miss or a ``False`` for ``down_s`` seconds (no call is tried meanwhile), and SGLang recomputes.
 
-Sessions: the pages of one key chain (a conversation: SGLang's keys are a SHA-256 chain from the
-sequence start, seeded by ``cache_salt``) are one page session, ``sglang-<layout>-<the chain's first
-key>``, so
-``kvstore sessions ls``, ``evict``, ``prefetch``, retention and ``bytes-per-token`` see them. SGLang
+Sessions: the pages of one conversation (SGLang's keys are a SHA-256 chain from the sequence start,
+seeded by ``cache_salt``) are one page session, ``sglang-<layout>-<its first page's key>``, so
+``kvstore sessions ls``, ``evict``, ``prefetch``, retention and ``bytes-per-token`` see them: a write
+whose first page follows the last page of a conversation this server wrote joins its session, any
+other starts one (a branch off a shared prompt, or the first turn after a restart). SGLang
 hands a backend the chain's earlier keys only with ``"hicache_storage_pass_prefix_keys": true``;
 without it each write is its own session.
 
