@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import numpy as np
 import xxhash
 import zstandard
 
@@ -37,7 +38,7 @@ IDS = [9906, 1917]  # two tokens: one entry of each m=2 cache, two of each m=1 c
 NS = "demo"
 
 # ---- an independent reader of a stored session (FORMAT.md sections 3 and 5 alone) --------------
-# Nothing below imports kvstore: struct, json, xxhash, zstandard and lmdb only. tests/format checks
+# Nothing below imports kvstore: struct, json, xxhash, zstandard, lmdb and numpy only. tests/format checks
 # that reading a session loads no kvstore module.
 
 META_DB, CHUNKS_DB = b"meta", b"chunks"
@@ -157,8 +158,8 @@ def read_session(data_dir: str | Path, namespace: str, session_id: str) -> dict[
 
 
 def read_chunk(data_dir: str | Path, key: bytes) -> bytes | None:
-    """The chunk stored under ``key`` in the ``chunks`` database (section 5, "Records"): flag 0, 1 and 3
-    records (flag 2 is undone by tests/node/read_chunk.js's record-join). Check it as section 2 says."""
+    """The chunk stored under ``key`` in the ``chunks`` database (section 5, "Records"): flag 0, 1, 2 and
+    3 records. Check it as section 2 says."""
     with _env(data_dir) as env, env.begin() as txn:
         rec = txn.get(key, db=env.open_db(CHUNKS_DB, txn=txn, create=False))
     if rec is None:
@@ -171,12 +172,98 @@ def read_chunk(data_dir: str | Path, key: bytes) -> bytes | None:
         if len(rest) == raw_len - prefix:
             return bytes(rec[9 : 9 + prefix]) + rest
     if flag == 2:
-        raise NotImplementedError("flag 2 records: see tests/node/read_chunk.js (record-join)")
+        value = _chunk_record(rec, raw_len, prefix)
+        if value is not None:
+            return value
     if flag == 3 and prefix <= raw_len:
         value = _runs_record(rec, raw_len, prefix)
         if value is not None:
             return value
     raise FormatError(f"corrupt record (flag {flag})")
+
+
+def _frame(data: bytes, size: int) -> bytes | None:
+    """One zstd frame that must decompress to exactly ``size`` bytes (None: it does not)."""
+    try:
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=max(size, 1))
+    except zstandard.ZstdError:
+        return None
+    return out if len(out) == size else None
+
+
+def _chunk_record(rec: bytes, raw_len: int, h: int) -> bytes | None:
+    """A flag 2 record's chunk (section 5, "Flag 2": the header and table raw, the codes' sign plane
+    and magnitude stream, the transformed tail); None if invalid. The table says everything."""
+    if len(rec) < 11:
+        return None
+    (f,) = struct.unpack_from("<H", rec, 9)
+    at = 11 + 4 * f
+    if len(rec) < at + h or h < 72:
+        return None
+    lens = struct.unpack_from(f"<{f}I", rec, 11)
+    head = rec[at : at + h]
+    at += h
+    (header_bytes,) = struct.unpack_from("<H", head, 6)
+    (t_ids,) = struct.unpack_from("<I", head, 12)
+    ids_off, n_sec, s_off = struct.unpack_from("<I", head, 56)[0], struct.unpack_from("<H", head, 60)[0], \
+        struct.unpack_from("<I", head, 64)[0]
+    if head[:4] != b"KVCK" or header_bytes != h or not h <= s_off <= raw_len or len(head) < 72 + 16 * n_sec:
+        return None
+    secs = [dict(zip(("cache", "kind", "entries", "offset", "length"),
+                     (*struct.unpack_from("<HB", head, 72 + 16 * i), *struct.unpack_from("<III", head, 76 + 16 * i))))
+            for i in range(n_sec)]
+    scale_len = {c["cache"]: c["length"] for c in secs if c["kind"] == 1}
+    groups: dict[int, list[dict[str, int]]] = {}
+    for c in secs:  # codes sections with entries, grouped by codes length / their cache's scales length
+        if c["kind"] == 0 and c["entries"]:
+            sl = scale_len.get(c["cache"], 0)
+            groups.setdefault(c["length"] // sl if sl else 0, []).append(c)
+    n_codes = s_off - h
+    if f != (len(groups) or (1 if n_codes else 0)) or len(rec) < at + (n_codes + 3) // 4 + sum(lens):
+        return None
+    signs = np.frombuffer(rec, np.uint8, (n_codes + 3) // 4, at)
+    at += len(signs)
+    frames = []
+    for n in lens:
+        frames.append(rec[at : at + n])
+        at += n
+    # the magnitude stream: each group's codes sections in table order, then every byte in none
+    order_parts = [np.arange(c["offset"] - h, c["offset"] - h + c["length"]) for g in groups.values() for c in g]
+    covered = np.zeros(n_codes, bool)
+    for part in order_parts:
+        covered[part] = True
+    order = np.concatenate([*order_parts, np.flatnonzero(~covered)]) if n_codes else np.zeros(0, np.int64)
+    sizes = [sum(c["length"] for c in g) for g in groups.values()] or [0] * f
+    if sizes:
+        sizes[-1] += int((~covered).sum())
+    stream = []
+    for frame, size in zip(frames, sizes):
+        got = _frame(frame, size)
+        if got is None:
+            return None
+        stream.append(got)
+    mags = np.empty(n_codes, np.uint8)
+    mags[order] = np.frombuffer(b"".join(stream), np.uint8)
+    bits = np.unpackbits(signs, bitorder="little")[: 2 * n_codes].reshape(-1, 2) if n_codes else np.zeros((0, 2))
+    codes = (mags & 7) | ((mags & 0x38) << 1) | (bits[:, 0].astype(np.uint8) << 3) | (bits[:, 1].astype(np.uint8) << 7)
+    # the tail: copied, then each scales section's residuals and bases undone, the ids' byte planes joined
+    scales = [c for c in secs if c["kind"] == 1 and c["entries"]]
+    widths = [c["length"] // c["entries"] for c in scales]
+    tail_len = raw_len - s_off
+    tail = _frame(rec[at:], tail_len + sum(widths))
+    if tail is None:
+        return None
+    t = np.frombuffer(tail, np.uint8)
+    out = np.frombuffer(bytes(head) + codes.tobytes() + tail[:tail_len], np.uint8).copy()
+    base = tail_len
+    for c, w in zip(scales, widths):
+        n, o = c["entries"], c["offset"] - s_off
+        res = t[o : o + w * n].reshape(w, n).T
+        out[c["offset"] : c["offset"] + w * n] = ((res.astype(np.uint16) + t[base : base + w]) & 0xFF).ravel()
+        base += w
+    o = ids_off - s_off
+    out[ids_off : ids_off + 4 * t_ids] = t[o : o + 4 * t_ids].reshape(4, t_ids).T.ravel()
+    return out.tobytes()
 
 
 def _runs_record(rec: bytes, raw_len: int, prefix: int) -> bytes | None:

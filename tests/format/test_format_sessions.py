@@ -168,6 +168,26 @@ def test_a_session_of_turn_records_and_then_compacted_reads_whole(layouts: Path,
         d.stop()
 
 
+def record_flags(data_dir: Path) -> set[int]:
+    with lmdb.open(str(data_dir / "ssd"), readonly=True, max_dbs=8) as env, env.begin() as txn:
+        return {bytes(v)[0] for _, v in txn.cursor(db=env.open_db(b"chunks", txn=txn, create=False))}
+
+
+def test_compact_chunk_records_read_whole(tmp_path: Path) -> None:
+    """A daemon with ``--ssd-compact-records`` keeps every chunk as a flag 2 record (the codes' sign plane and
+    magnitude stream, the transformed tail): the independent reader rebuilds each chunk, byte for byte what
+    kvstore's client loads."""
+    data_dir = tmp_path / "data"
+    d = DaemonProcess(data_dir, ["--store-chunk-tokens", str(CHUNK_TOKENS), "--ssd-compact-records"]).start()
+    try:
+        save_turns(d.address, grown(2), 0)
+        want, chunks = loaded(d.address)
+        assert record_flags(data_dir) == {2}
+        check_python_reader(data_dir, want, chunks, records=1)
+    finally:
+        d.stop()
+
+
 def test_the_reader_imports_nothing_of_kvstore(tmp_path: Path) -> None:
     """format_example's reader is independent: reading a session (turn records and all) loads no kvstore module."""
     fx.turn_example(tmp_path)
