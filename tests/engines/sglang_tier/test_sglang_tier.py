@@ -256,7 +256,9 @@ def test_the_failure_injector_raises_nothing_and_what_loads_is_bit_exact(backend
         assert type(engine.storage_backend).__name__ != "HiCacheStorageFailureInjector"
         clean = engine.prefetch(toks)
     assert all(w in (0, 3 * PAGE_TOKENS) for w in writes)
-    assert clean.pool_pages == {pool: pages[: clean.hit_pages] for pool, pages in stored_pages.items()}
+    # nothing stored (every write failed: p = 0.3 a call, two calls a write) is a miss: no pool's pages at all
+    assert clean.pool_pages == ({pool: pages[: clean.hit_pages] for pool, pages in stored_pages.items()}
+                                if clean.hit_pages else {})
     assert len(hits) == 6 and os.environ.get("SGLANG_TEST_HICACHE_BACKEND_RANDOM_FAILURE") is None
 
 
