@@ -175,9 +175,7 @@ class Client:
             m = self._versions.saw(manifest.stamped(r.generation, r.created_at, r.updated_at))
             return SavedSession(list(r.keys), r.written, m, r.generation)
         m = self._versions.based(manifest, base)
-        r = self._save(rq.turn_header(m, len(new_blobs)), new_blobs)
-        m = self._versions.saw(convert.session_from_pb(r.session))
-        return SavedSession(list(r.keys), r.written, m, m.generation)
+        return self._saved(m, self._save(rq.turn_header(m, len(new_blobs)), new_blobs))
 
     def append_session(self, append: Append, new_blobs: Sequence[Blob], first_index: int = 0,
                        parent: bytes = ROOT) -> SavedSession:
@@ -186,9 +184,16 @@ class Client:
         ``first_index`` of the session after ``parent`` first) and appends the turn in one durable
         transaction, O(the turn) on the wire and on disk. FailedPrecondition, nothing stored, unless
         ``append.base`` is the session's current version. The answer names the new version (no manifest)."""
-        r = self._save(rq.append_header(append, len(new_blobs), first_index, parent), new_blobs)
-        self._versions.saw_version(append.namespace, append.session_id, r.generation)
-        return SavedSession(list(r.keys), r.written, None, r.generation)
+        return self._saved(append, self._save(rq.append_header(append, len(new_blobs), first_index, parent), new_blobs))
+
+    def _saved(self, turn: Manifest | Append, r: pb.SaveChunksResponse) -> SavedSession:
+        """A turn save's answer, its version remembered as the next one's base: a whole save's names the
+        committed manifest, an append's only the new version."""
+        if isinstance(turn, Append):
+            self._versions.saw_version(turn.namespace, turn.session_id, r.generation)
+            return SavedSession(list(r.keys), r.written, None, r.generation)
+        m = self._versions.saw(convert.session_from_pb(r.session))
+        return SavedSession(list(r.keys), r.written, m, m.generation)
 
     def save_pages(self, manifest: Manifest | Append, layout: PageLayout, out: Any, offsets: Sequence[int],
                    slot_bytes: int, groups: Sequence[int], block_hashes: Sequence[bytes], base: int | None = None
@@ -217,11 +222,8 @@ class Client:
         local = self._local
         if local is not None and not self._into_refused and regions:
             self._allow_daemon(local)
-            appended = isinstance(manifest, Append)
-            if isinstance(manifest, Append):
-                h = rq.append_header(manifest, n, 0, ROOT)
-            else:
-                h = rq.turn_header(self._versions.based(manifest, base), n)
+            turn = manifest if isinstance(manifest, Append) else self._versions.based(manifest, base)
+            h = rq.append_header(turn, n, 0, ROOT) if isinstance(turn, Append) else rq.turn_header(turn, n)
             pages = [pb.CallerPages(region=pb.CallerMemory(address=into.address(src), size=len(src),
                                                            slot_offsets=o.tolist(), slot_bytes=r.slot_bytes),
                                     groups=list(r.groups), block_hashes=hs)
@@ -229,13 +231,8 @@ class Client:
             h.from_caller.CopyFrom(pages[0])
             h.more_from_caller.extend(pages[1:])
             try:
-                r = self._stub.SaveChunks(iter([pb.SaveChunksRequest(header=h)]), timeout=self.config.timeout_s,
-                                          metadata=self._metadata)
-                if appended:
-                    self._versions.saw_version(manifest.namespace, manifest.session_id, r.generation)
-                    return SavedSession(list(r.keys), r.written, None, r.generation)
-                m = self._versions.saw(convert.session_from_pb(r.session))
-                return SavedSession(list(r.keys), r.written, m, m.generation)
+                return self._saved(turn, self._stub.SaveChunks(iter([pb.SaveChunksRequest(header=h)]),
+                                                               timeout=self.config.timeout_s, metadata=self._metadata))
             except grpc.RpcError as e:
                 err = rq.domain_error(e)
                 if not rq.caller_memory_refused(err):

@@ -68,9 +68,9 @@ class Carriers:
         socket, whose ``sender`` the kernel named: kvstore/transport/sender.py; with slots, a
         LoadChunks of ``n_keys`` engine pages scattered into them, and into the slots of the further
         regions ``more_into``), ``owner``'s arena ``arena_id``, or the stream. Another identity's
-        arena id is as unknown as a made-up one (below)."""
-        if more_into and into is None:
-            raise InvalidArgument("LoadChunksRequest.more_into needs into: the first region of slots is that one")
+        arena id is as unknown as a made-up one (below). ``more_into``'s shape (each region's address,
+        size and slot size, into named first, a slot per key) was checked with the request
+        (request_checks.py)."""
         if into is not None:
             if sender is None:
                 raise InvalidArgument("CallerMemory names memory of the calling process: only a call over the "
@@ -81,9 +81,6 @@ class Carriers:
                 return CallerMemoryCarrier(sender, into.address, into.size)
             if n_keys is None:
                 raise InvalidArgument("CallerMemory.slot_offsets: only LoadChunks scatters engine pages into slots")
-            for i, more in enumerate(more_into):
-                if not more.address or not more.size:
-                    raise InvalidArgument(f"LoadChunksRequest.more_into[{i}]: CallerMemory needs an address and a size")
             prefix = "LoadChunksRequest." if more_into else ""
             return CallerSlotsCarrier(sender, slots.scatter([into, *more_into], n_keys, prefix))
         if not arena_id:

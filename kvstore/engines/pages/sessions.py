@@ -1,7 +1,7 @@
 """Tenants and page sessions, for every engine: the namespace an engine's pages live in, and the page
 session (a manifest naming the pages) each batch of stored pages is saved under, in one durable
 transaction per turn. vLLM's tier maps its requests onto them (``kvstore/engines/vllm/sessions.py``),
-SGLang's HiCache backend its key chains (``kvstore/engines/sglang/chains.py``)."""
+SGLang's HiCache backend its conversations (``kvstore/engines/sglang/backend.py``)."""
 
 from __future__ import annotations
 

@@ -118,20 +118,8 @@ class BackendConfig:
                     values[name] = cast(extra[name])
                 except (TypeError, ValueError):
                     raise ValueError(f"kvstore HiCache backend: {name}={extra[name]!r} is not a {kind}") from None
-        cfg = cls(**values)
-        if not cfg.address:
-            cfg = cls(**{**values, "address": os.environ.get("KVSTORE_ADDRESS", "127.0.0.1:50151")})
-        return cfg
-
-
-@dataclass
-class BackendStats:
-    """What the backend did, for its user (SGLang's metrics see SGLang's own counters)."""
-
-    pages_stored: int = 0
-    pages_loaded: int = 0
-    pages_missed: int = 0  # asked to load and not loaded (absent, damaged, refused, daemon down)
-    lookups: int = 0
+        values["address"] = values.get("address") or os.environ.get("KVSTORE_ADDRESS", "127.0.0.1:50151")
+        return cls(**values)
 
 
 def page_hash(key: str) -> bytes:
@@ -159,6 +147,10 @@ def _records() -> tuple[list[Record], list[Record]]:
     return mains, [] if is_hip() else indexer_records()
 
 
+#: One pool's pages of a call: its name, SGLang's keys, its host pages and the host page of each key.
+Work = tuple[str, list[str], HostPages, list[int]]
+
+
 def _name(pool_name: Any) -> str:
     return str(getattr(pool_name, "value", pool_name))
 
@@ -173,27 +165,22 @@ class KVStoreHiCache(HiCacheStorage):
         self.tenant = Tenant(self.config.namespace, self.config.token)
         self.retention = Retention(ttl_s=self.config.session_ttl_s if self.config.session_ttl_s > 0 else None)
         self.registered_pools: dict[str, Any] = {}
-        self.mem_pool_host: Any = None
         self.geometry: Geometry | None = None
         self.host: dict[str, HostPages] = {}
         self.daemon: DaemonLink | None = None
         self.sessions: PageSessions | None = None
-        self.stats = BackendStats()
         self._keys: dict[tuple[str, str], bytes] = {}
         #: SGLang keys of pages every pool was seen to hold lately (the anchor's answer without a call)
         self._known: OrderedDict[str, None] = OrderedDict()
         #: the last page key of each conversation this server wrote lately -> its session (``_session``)
         self._tails: OrderedDict[str, str] = OrderedDict()
-        self._stored_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _known and _tails (SGLang's I/O threads share them)
 
     # -- attach -----------------------------------------------------------------------------------
-    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
-        self.mem_pool_host = mem_pool_host
-
     def register_mem_host_pool_v2(self, host_pool: Any, host_pool_name: Any) -> None:
         name = _name(host_pool_name)
         if name in SWA_POOLS:  # refused where it is registered, not found out as a 0% hit rate later
-            derive(self.storage_config.model_name or "", [self._pool(name, host_pool)], {})
+            derive(self.storage_config.model_name or "", [self._pool(name, host_pool, *_records())], {})
         self.registered_pools[name] = host_pool
         if self.geometry is not None and name != ANCHOR:  # a pool after the attach: the layout changes with it
             self.on_host_pools_registered()
@@ -201,12 +188,13 @@ class KVStoreHiCache(HiCacheStorage):
     def on_host_pools_registered(self) -> None:
         """Every pool known: the page layout derived (SwaPoolRefused for an ``swa`` pool, which fails
         SGLang's attach) and registered with the daemon, the I/O threads' clients made lazily."""
-        pools = {n: self._pool(n, p) for n, p in self.registered_pools.items() if n != ANCHOR}
+        records = _records()
+        pools = {n: self._pool(n, p, *records) for n, p in self.registered_pools.items() if n != ANCHOR}
         self.geometry = derive(self.storage_config.model_name or "unknown", list(pools.values()), self._fingerprint())
         self.host = {n: HostPages(pools[n], self.registered_pools[n]) for n in self.geometry.groups}
         if self.geometry.opaque:
-            log.warning("kvstore HiCache backend: the records of pool(s) %s could not be read from SGLang's device "
-                        "pools: their pages are stored whole (verified, bit-exact, no scale compression)",
+            log.warning("kvstore HiCache backend: no record SGLang can pick fills the pages of pool(s) %s as their "
+                        "size says: they are stored whole (verified, bit-exact, no scale compression)",
                         list(self.geometry.opaque))
         if self.daemon is not None:
             self.daemon.close()
@@ -218,8 +206,8 @@ class KVStoreHiCache(HiCacheStorage):
                  len(self.host), self.geometry.bytes_per_token, self.geometry.layout.layout_hex[:12],
                  self.tenant.namespace, self.config.address)
 
-    def _pool(self, name: str, host_pool: Any) -> Pool:
-        mains, indexers = _records()
+    @staticmethod
+    def _pool(name: str, host_pool: Any, mains: list[Record], indexers: list[Record]) -> Pool:
         return fit(name, int(getattr(host_pool, "layer_num", 0)), int(getattr(host_pool, "item_bytes", 0)),
                    int(getattr(host_pool, "page_size", 0)), mains, indexers)
 
@@ -228,11 +216,10 @@ class KVStoreHiCache(HiCacheStorage):
         the storage writer stores it, every rank loads it), so the TP rank is left out for it, as
         SGLang's own file backend leaves it out of its file names."""
         c = self.storage_config
-        fp = {"engine_version": sglang.__version__, "tp_size": str(c.tp_size), "pp_rank": str(c.pp_rank),
+        return {"engine_version": sglang.__version__, "tp_size": str(c.tp_size), "pp_rank": str(c.pp_rank),
               "pp_size": str(c.pp_size), "attn_cp_rank": str(c.attn_cp_rank), "attn_cp_size": str(c.attn_cp_size),
               "dcp_rank": str(c.dcp_rank), "dcp_size": str(c.dcp_size),
               "tp_rank": "replicated" if c.is_mla_model else str(c.tp_rank)}
-        return fp
 
     # -- keys -------------------------------------------------------------------------------------
     def _key(self, pool: str, key: str) -> bytes:
@@ -261,7 +248,6 @@ class KVStoreHiCache(HiCacheStorage):
         except Exception as e:  # a miss, never SGLang's exception
             self.daemon.failed("a lookup", e)
             return {p: [False] * len(keys) for p in pools}
-        self.stats.lookups += 1
         n = len(keys)
         return {p: [w is not None for w in where[i * n:(i + 1) * n]] for i, p in enumerate(pools)}
 
@@ -312,42 +298,38 @@ class KVStoreHiCache(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> dict[str, list[bool]]:
         """Every pool's pages of the call in one load (``Client.load_page_regions``): one round trip, the
         daemon writing each verified page into its host slot, whichever pool's buffer it is in."""
-        out: dict[str, list[bool]] = {}
-        work: list[tuple[str, list[str], HostPages, list[int]]] = []
-        for t in transfers:
-            name, keys = _name(t.name), list(t.keys or ())
-            target = self._target(name, keys, t.host_indices)
-            if target is None:
-                out[name] = [False] * len(keys)
-            else:
-                work.append((name, keys, *target))
+        out, work = self._work(transfers)
         try:
             out.update(self._load(work))
         except Exception as e:  # any failure is misses, never SGLang's exception
             if self.daemon is not None:
                 self.daemon.failed(f"loading {sum(len(w[1]) for w in work)} pages of {[w[0] for w in work]}", e)
             out.update({name: [False] * len(keys) for name, keys, _, _ in work})
-        for t in transfers:
-            got = out[_name(t.name)]
-            self.stats.pages_loaded += sum(got)
-            self.stats.pages_missed += len(got) - sum(got)
         return out
 
-    def _target(self, name: str, keys: list[str], host_indices: torch.Tensor | None
-                ) -> tuple[HostPages, list[int]] | None:
-        """Where ``name``'s pages of a load go: its host pages and their rows, or None (nothing to load:
-        every page a miss)."""
-        hp = self.host.get(name)
-        if not keys or hp is None or not self._ready() or host_indices is None:
-            return None
-        rows = hp.rows(host_indices, len(keys))
-        if rows is None:
-            log.error("kvstore HiCache backend: %s: %d host indices for %d pages of %d tokens", name,
-                      host_indices.numel(), len(keys), hp.pool.page_tokens)
-            return None
-        return hp, rows
+    def _work(self, transfers: list[PoolTransfer]) -> tuple[dict[str, list[bool]], list[Work]]:
+        """The pages of a load or a store, pool by pool, where they lie in host memory (each pool's host
+        pages and their rows); the pools with nothing to move answered at once (every page a ``False``: not a
+        pool of this layout, not whole pages, the daemon down)."""
+        out: dict[str, list[bool]] = {}
+        work: list[Work] = []
+        ready = self._ready()
+        for t in transfers:
+            name, keys = _name(t.name), list(t.keys or ())
+            hp = self.host.get(name)
+            rows = None
+            if keys and hp is not None and ready and t.host_indices is not None:
+                rows = hp.rows(t.host_indices, len(keys))
+                if rows is None:
+                    log.error("kvstore HiCache backend: %s: %d host indices for %d pages of %d tokens", name,
+                              t.host_indices.numel(), len(keys), hp.pool.page_tokens)
+            if hp is not None and rows is not None:
+                work.append((name, keys, hp, rows))
+            else:
+                out[name] = [False] * len(keys)
+        return out, work
 
-    def _load(self, work: list[tuple[str, list[str], HostPages, list[int]]]) -> dict[str, list[bool]]:
+    def _load(self, work: list[Work]) -> dict[str, list[bool]]:
         """One ``load_page_regions`` call for every pool of ``work``: a page_first pool's pages straight into
         their host slots, a layout without slots into a scratch buffer of its own, then set by the pool. A
         page whose payload is not the pool's page size is a miss."""
@@ -381,19 +363,7 @@ class KVStoreHiCache(HiCacheStorage):
         """Every pool's pages of the call in one turn save of their conversation's session: one call, one
         durable commit (the daemon reads the pages from each pool's host slots)."""
         prefix = list(extra_info.prefix_keys) if extra_info is not None and extra_info.prefix_keys is not None else None
-        out: dict[str, list[bool]] = {}
-        work: list[tuple[str, list[str], HostPages, list[int]]] = []
-        for t in transfers:
-            name, keys = _name(t.name), list(t.keys or ())
-            hp = self.host.get(name)
-            rows = hp.rows(t.host_indices, len(keys)) if hp is not None and t.host_indices is not None else None
-            if keys and (hp is None or rows is None):  # not a pool of this layout, or not whole pages
-                out[name] = [False] * len(keys)
-            elif keys:
-                assert hp is not None and rows is not None
-                work.append((name, keys, hp, rows))
-            else:
-                out[name] = []
+        out, work = self._work(transfers)
         try:
             done = self._store(work, prefix)
         except Exception as e:  # a store that fails is False: SGLang keeps the pages in host memory
@@ -415,11 +385,11 @@ class KVStoreHiCache(HiCacheStorage):
         ``prefix_keys``), else a new one named by its first page. A branch (a page followed by another
         conversation's already) starts its own session; its prefix stays in the session that wrote it."""
         assert self.sessions is not None
-        with self._stored_lock:
+        with self._lock:
             sid = self._tails.get(prefix[-1]) if prefix else None
         return self.sessions.session(self.tenant, sid or session_id(f"{self._session_prefix()}{keys[0][:32]}"))
 
-    def _store(self, work: list[tuple[str, list[str], HostPages, list[int]]], prefix: list[str] | None) -> bool:
+    def _store(self, work: list[Work], prefix: list[str] | None) -> bool:
         if not work:
             return True
         if not self._ready() or self.sessions is None:
@@ -453,10 +423,9 @@ class KVStoreHiCache(HiCacheStorage):
         else:  # a layout without slots: the pages gathered by the pool and sealed here
             blobs = [page.encode(layout, group, h, pk, hp.read(row)) for (hp, group, row, h), pk in zip(items, pkeys)]
             self.sessions.save(client, s, pkeys, blobs, ends)
-        self.stats.pages_stored += len(items)
         if {name for name, _, _, _ in work} == set(self.geometry.groups):  # every pool of these pages: anchored
-            self._saw(sorted(set.intersection(*(set(keys) for _, keys, _, _ in work))))
-        with self._stored_lock:
+            self._saw(list(set.intersection(*(set(keys) for _, keys, _, _ in work))))
+        with self._lock:
             if prefix:
                 self._tails.pop(prefix[-1], None)
             self._tails[chain[-1]] = s.session_id
@@ -467,7 +436,7 @@ class KVStoreHiCache(HiCacheStorage):
     # -- v1: the 0-byte kv anchor -----------------------------------------------------------------
     def _saw(self, keys: Sequence[str]) -> None:
         """``keys``' pages are held by every pool (stored here just now, or found by a query)."""
-        with self._stored_lock:
+        with self._lock:
             for k in keys:
                 self._known[k] = None
                 self._known.move_to_end(k)
@@ -475,7 +444,7 @@ class KVStoreHiCache(HiCacheStorage):
                 self._known.popitem(last=False)
 
     def _known_lately(self, keys: Sequence[str]) -> bool:
-        with self._stored_lock:
+        with self._lock:
             return all(k in self._known for k in keys)
 
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
@@ -537,7 +506,7 @@ class KVStoreHiCache(HiCacheStorage):
             log.info("kvstore HiCache backend: cleared %d sessions of namespace %r", gone, self.tenant.namespace)
             assert self.sessions is not None
             self.sessions = PageSessions(self.sessions.layout, self.tenant, self.retention)  # none is held now
-            with self._stored_lock:
+            with self._lock:
                 self._known.clear()
                 self._tails.clear()
             return True
@@ -550,4 +519,4 @@ class KVStoreHiCache(HiCacheStorage):
             self.daemon.close()
 
 
-__all__ = ["TESTED_SGLANG", "BackendConfig", "BackendStats", "KVStoreHiCache", "SwaPoolRefused", "page_hash"]
+__all__ = ["TESTED_SGLANG", "BackendConfig", "KVStoreHiCache", "SwaPoolRefused", "page_hash"]
