@@ -16,7 +16,7 @@ from kvstore.format import page
 from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.transport import shm
 from tests.helpers.daemon import start_daemon
-from tests.helpers.pages import v41_layout
+from tests.helpers.pages import scaled_block, v41_layout
 
 pytestmark = pytest.mark.skipif(shm.default_shm_dir() is None, reason="no writable /dev/shm on this host")
 
@@ -26,20 +26,7 @@ STRIDE = 140000
 
 def blocks(n: int) -> list[bytes]:
     """Random codes, scale bytes in a narrow range (as E4M3 scales of one tensor are)."""
-    out = []
-    for i in range(n):
-        g = LAYOUT.group(i % 2)
-        assert g is not None
-        rng = np.random.default_rng(i)
-        blk = rng.integers(0, 256, g.block_bytes, dtype=np.uint8)
-        for p in g.pages:
-            if p.arrangement == "split":
-                blk[p.offset + p.data_bytes : p.offset + p.record_bytes] = rng.integers(0x30, 0x38, p.scale_bytes)
-            else:
-                rec = blk[p.offset : p.offset + p.record_bytes].reshape(p.states, p.data + p.scale)
-                rec[:, p.data :] = rng.integers(0x30, 0x38, (p.states, p.scale))
-        out.append(blk.tobytes())
-    return out
+    return [scaled_block(LAYOUT, i % 2, i) for i in range(n)]
 
 
 def _save_restart_load(data: Path, flags: tuple[str, ...], n: int = 6) -> int:

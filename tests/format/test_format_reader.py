@@ -14,7 +14,6 @@ import shutil
 import struct
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from kvstore.format.keys import ROOT, chunk_key
 from kvstore.format.layout import PRESETS, EntryFormat, get_layout
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.tiers.ssd.record import CHUNK, RecordCodec
+from tests.helpers.store import preset_definitions
 from tests.tiers.test_record_codec import ODD, make_chunk
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
@@ -49,15 +49,7 @@ def node() -> str:
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The presets' definitions, as FORMAT.md section 1 lists them (what the hashed JSON holds, plus the name)."""
-    out = []
-    for lay in PRESETS.values():
-        d = asdict(lay)
-        for c in d["caches"]:
-            c["fmt"] = c["fmt"].value
-        out.append(d)
-    path = tmp_path_factory.mktemp("layouts") / "layouts.json"
-    path.write_text(json.dumps(out))
-    return path
+    return preset_definitions(tmp_path_factory.mktemp("layouts") / "layouts.json")
 
 
 def read(node: str, *args: object) -> Any:

@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from types import ModuleType
 
@@ -20,10 +19,9 @@ import lmdb
 import pytest
 
 from kvstore.client import Client
-from kvstore.format.layout import PRESETS
 from kvstore.format.manifest import Manifest
 from kvstore.server.process import DaemonProcess
-from tests.helpers.store import CHUNK_TOKENS, Session, build_session, token_stream
+from tests.helpers.store import CHUNK_TOKENS, Session, build_session, preset_definitions, token_stream
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT_DIR / "docs" / "format_example.py"
@@ -96,15 +94,8 @@ def check_python_reader(data_dir: Path, want: Manifest, chunks: dict[int, bytes]
 
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = []
-    for lay in PRESETS.values():
-        d = asdict(lay)
-        for c in d["caches"]:
-            c["fmt"] = c["fmt"].value
-        out.append(d)
-    path = tmp_path_factory.mktemp("layouts") / "layouts.json"
-    path.write_text(json.dumps(out))
-    return path
+    """The presets' definitions, as FORMAT.md section 1 lists them (what the hashed JSON holds, plus the name)."""
+    return preset_definitions(tmp_path_factory.mktemp("layouts") / "layouts.json")
 
 
 def node() -> str | None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvstore.format.page_layout import GroupSpec, PageLayout, PageSpec
 
 #: (data, scale, arrangement) per record: main KV, indexer K
@@ -34,3 +36,19 @@ def opaque_layout(name: str, block_bytes: int = 4096, fingerprint: dict[str, str
     opaque = (PageSpec("opaque", 0, 1, block_bytes, 0, "split", block_bytes),)
     return PageLayout(name, "vllm", tuple(sorted((fingerprint or {}).items())),
                       tuple(GroupSpec(g, 256, block_bytes, opaque) for g in (0, 1)))
+
+
+def scaled_block(layout: PageLayout, group: int, seed: int) -> bytes:
+    """A block of ``group``: random codes, its scale bytes in a narrow range (as E4M3/UE8M0 scales of one
+    tensor are), wherever its pages keep them (``split``: the scale rows; ``interleaved``: each record's)."""
+    rng = np.random.default_rng(seed)
+    g = layout.group(group)
+    assert g is not None
+    blk = rng.integers(0, 256, g.block_bytes, dtype=np.uint8)
+    for p in g.pages:
+        if p.arrangement == "split":
+            blk[p.offset + p.data_bytes : p.offset + p.record_bytes] = rng.integers(0x30, 0x38, p.scale_bytes)
+        else:
+            rec = blk[p.offset : p.offset + p.record_bytes].reshape(p.states, p.data + p.scale)
+            rec[:, p.data :] = rng.integers(0x30, 0x38, (p.states, p.scale))
+    return blk.tobytes()

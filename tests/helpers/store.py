@@ -7,9 +7,10 @@ chunk must hold without passing data around, and equal keys always carry equal b
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ import zstandard
 
 from kvstore.format import chunk
 from kvstore.format.keys import ROOT, chain_keys, chunk_key, chunk_key_raw
-from kvstore.format.layout import EntryFormat, Layout, get_layout
+from kvstore.format.layout import PRESETS, EntryFormat, Layout, get_layout
 from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.quant import quantize_indexer, quantize_main
 from kvstore.store import SessionStore, StoreConfig, TieredStore
@@ -236,3 +237,16 @@ def chunk_matches(key: bytes, info: ChunkInfo, chunk_tokens: int, blob: bytes | 
         return False
     ids = memoryview(blob)[h.tokens_offset : h.tokens_offset + 4 * h.token_count]
     return chunk_key_raw(info.layout_id, info.namespace, info.parent, ids) == key
+
+
+def preset_definitions(path: Path) -> Path:
+    """The presets' definitions as FORMAT.md section 1 lists them (what the hashed JSON holds, plus the
+    name), written to ``path`` as one JSON list: what the Node reader takes as its layouts."""
+    out = []
+    for lay in PRESETS.values():
+        d = asdict(lay)
+        for c in d["caches"]:
+            c["fmt"] = c["fmt"].value
+        out.append(d)
+    path.write_text(json.dumps(out))
+    return path

@@ -10,7 +10,6 @@ import random
 import struct
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from kvstore.engines.sglang.geometry import derive
@@ -22,7 +21,7 @@ from kvstore.tiers.ssd import runs_record
 from kvstore.tiers.ssd.record import RUNS, ZSTD, RecordCodec
 from kvstore.tiers.ssd.tier import SsdTier
 from tests.engines.test_sglang_geometry import FP, V41, V41_FP4, V41_FP4_NEW, pools
-from tests.helpers.pages import v41_layout
+from tests.helpers.pages import scaled_block, v41_layout
 
 LAYOUTS = {"sglang-v41_fp4": derive("m", pools(V41_FP4), FP).layout,
            "sglang-v41": derive("m", pools(V41), FP).layout,
@@ -32,19 +31,10 @@ LAYOUTS = {"sglang-v41_fp4": derive("m", pools(V41_FP4), FP).layout,
 
 
 def blob_of(layout: PageLayout, group: int, seed: int = 0) -> bytes:
-    """A blob of random codes whose scale bytes are in a narrow range (as E4M3/UE8M0 scales are)."""
-    rng = np.random.default_rng(seed)
-    g = layout.group(group)
-    assert g is not None
-    blk = rng.integers(0, 256, g.block_bytes, dtype=np.uint8)
-    for p in g.pages:
-        if p.arrangement == "split":
-            blk[p.offset + p.data_bytes : p.offset + p.record_bytes] = rng.integers(0x30, 0x38, p.scale_bytes)
-        else:
-            rec = blk[p.offset : p.offset + p.record_bytes].reshape(p.states, p.data + p.scale)
-            rec[:, p.data :] = rng.integers(0x30, 0x38, (p.states, p.scale))
+    """A page blob of a block whose scale bytes are in a narrow range (``scaled_block``)."""
     h = f"block-{seed}".encode()
-    return page.encode(layout, group, h, page.page_key(layout.layout_id, "ns", group, h), blk)
+    return page.encode(layout, group, h, page.page_key(layout.layout_id, "ns", group, h),
+                       scaled_block(layout, group, seed))
 
 
 def runs_of(*layouts: PageLayout) -> page.ScaleRuns:
