@@ -6,8 +6,9 @@ turn by turn, then loaded whole by a default ``Client``, beside the floors of th
 
 Per session size (128K and 1M tokens: 512 and 4,096 chunks of 256 tokens, 117 and 939 MB), with a daemon of
 default settings on a temp data dir (the benchmark's own file system, not tmpfs):
-- turn saves: the session grown by 2,048-token turns (8 new chunks + the manifest per ``save_session``),
-  p50 beside a raw LMDB put of the same 8 chunks with an fsync'd commit (geometry_raw.RawLmdb);
+- turn saves: the session grown by 2,048-token turns (8 new chunks per ``save_session``, an append),
+  p50 beside a raw LMDB put of the same 8 chunks with an fsync'd commit (geometry_raw.RawLmdb), shown
+  for reference: what a turn costs at a length, and the targets, are bench_turn_saves.py's;
 - host tier: the whole session loaded (every chunk in the daemon's host tier) beside a memcpy of the same
   bytes into a reused buffer;
 - ssd tier, page cache warm: loaded after ``evict(.., "ssd")`` (before every repeat: a load promotes),
@@ -42,7 +43,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks.common import RESULTS, drop_page_cache, git_state, machine, markdown_table, targets_table, write_result
-from benchmarks.resume.geometry_pages import BLOCK_TOKENS, block_bytes_per_token_block, run_pages
 from benchmarks.resume.geometry_raw import RawLmdb, memcpy, resident_fraction
 from benchmarks.resume.geometry_session import LAYOUT, TURN_TOKENS, Session, label, make_session, section_title
 from kvstore.client import Client
@@ -55,8 +55,7 @@ TARGETS: dict[str, tuple[str, str, float | None]] = {
            "host / memcpy": ("host", "memcpy", 2.0), "ssd warm / raw LMDB reads": ("ssd_warm", "raw_reads", 3.0),
            "ssd dropped / raw LMDB reads dropped (readahead on)": ("ssd_cold", "raw_reads_cold_readahead", 3.0),
            "ssd warm / raw LMDB reads + copy out": ("ssd_warm", "raw_reads_copy", None),
-           "turn save p50 / raw put+fsync p50": ("turn_save", "raw_put", 1.5),
-           "page session turn save p50 / raw put+fsync p50": ("page_save", "page_raw_put", 1.5)}
+           "turn save p50 / raw put+fsync p50 (bench_turn_saves.py has the targets)": ("turn_save", "raw_put", None)}
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,6 @@ class GeometryConfig:
     repeats: int = 5
     cold_repeats: int = 2
     api: str = "auto"  # auto | load_session | load_session_into
-    saves_only: bool = False  # only the turn saves (and their raw floor): no loads
 
     @classmethod
     def quick(cls, api: str = "auto") -> GeometryConfig:
@@ -160,11 +158,6 @@ def run_size(tokens: int, cfg: GeometryConfig, work: Path) -> SizeResult:
             saves.append(time.perf_counter() - t)
             puts.append(raw.put_turn(list(zip(s.keys[i * per : (i + 1) * per], new))))
         r.seconds["turn_save"], r.seconds["raw_put"] = saves, puts
-        # an engine page session grown to the same length, beside its own raw floor (geometry_pages.py)
-        r.seconds["page_save"], r.seconds["page_raw_put"] = run_pages(tokens, work)
-        if cfg.saves_only:
-            client.close()
-            return r
         load = session_loader(client, api, s)
         _check_bytes(client, s)
         load()  # warm-up: connections, arena, the daemon's code paths
@@ -183,8 +176,6 @@ def run_size(tokens: int, cfg: GeometryConfig, work: Path) -> SizeResult:
         client.close()
     finally:
         d.stop()
-        if cfg.saves_only:
-            raw.close()
     for _ in range(cfg.cold_repeats):
         _cold_round(r, s, raw, data)
     raw.close()
@@ -258,8 +249,6 @@ def ratios(r: SizeResult) -> dict[str, dict[str, Any]]:
 
 ROWS = [("turn_save", "turn save (8 chunks, an append: new keys + tail + last ids), p50"),
         ("raw_put", "raw LMDB put + fsync'd commit, p50"),
-        ("page_save", "engine page session turn save (16 pages: 8 blocks x 2 groups, vLLM's save_pages), p50"),
-        ("page_raw_put", "raw LMDB put + fsync'd commit of those pages, p50"),
         ("host", "load, host tier"), ("memcpy", "memcpy into a reused buffer"),
         ("ssd_warm", "load, ssd tier, cache warm"),
         ("raw_reads", "raw LMDB reads, one txn (views)"), ("raw_reads_copy", "raw LMDB reads + copy out"),
@@ -282,31 +271,14 @@ def report(results: list[SizeResult], cfg: GeometryConfig, command: str) -> str:
                 continue
             per_turn = metric in ("turn_save", "raw_put")
             nbytes = r.nbytes * TURN_TOKENS // r.tokens if per_turn else r.nbytes
-            if metric in ("page_save", "page_raw_put"):
-                nbytes = block_bytes_per_token_block() * TURN_TOKENS // BLOCK_TOKENS
             rows.append([what, f"{m * 1e3:.1f}", f"{nbytes / m / 1e9:.2f}"])
         lines += [section_title(r.tokens, r.chunks, r.nbytes), "",
                   markdown_table(["", "ms", "GB/s"], rows), ""]
         lines.append(targets_table("target", ratios(r)))
-        over = [f"{what} {statistics.median(a - b for a, b in zip(r.seconds[m], r.seconds[f])) * 1e3:.1f} ms"
-                 for m, f, what in (("turn_save", "raw_put", "token session"),
-                                    ("page_save", "page_raw_put", "page session"))
-                 if r.seconds.get(m) and r.seconds.get(f)]
-        if over:  # each turn's save less the raw put of its bytes right after it: the disk's speed mostly cancels
-            lines += ["", "Turn save less the raw put of the same turn (paired per turn), p50: " + ", ".join(over)
-                      + "."]
         res = [f"{k} {statistics.median(v):.0%}" for k, v in r.resident.items()]
         if res:
             lines += ["", "Page cache after the drop (mincore): " + ", ".join(res) + " of the file resident."]
         lines += [f"- {n}" for n in r.notes] + [""]
-    for metric, what in (("turn_save", "Turn save"), ("page_save", "Page session turn save"),
-                         ("raw_put", "Raw put + fsync (no target: the disk's own growth)")):
-        saves = {r.tokens: r.median(metric) for r in results}
-        if saves.get(131_072) and saves.get(1_048_576):
-            grow = saves[1_048_576] / saves[131_072]  # type: ignore[operator]
-            met = "" if metric == "raw_put" else f" (target: within 10%, at most 1.10x): " \
-                f"{'met' if grow <= 1.10 else '**not met**'}"
-            lines.append(f"{what} p50 at 1M / at 128K: {grow:.2f}x{met}.")
     return "\n".join(lines)
 
 
@@ -326,21 +298,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cold-repeats", type=int, default=GeometryConfig.cold_repeats)
     p.add_argument("--api", choices=["auto", "load_session", "load_session_into"], default="auto")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--saves-only", action="store_true", help="only the turn saves beside their raw floor")
     p.add_argument("--work", type=Path, default=None, help="where the data dirs go (default: a temp dir)")
     args = p.parse_args(argv)
     cfg = (GeometryConfig.quick(args.api) if args.quick
-           else GeometryConfig(tuple(args.tokens), args.repeats, args.cold_repeats, args.api, args.saves_only))
+           else GeometryConfig(tuple(args.tokens), args.repeats, args.cold_repeats, args.api))
     command = "python benchmarks/resume/bench_resume_geometry.py " + " ".join(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="resume-geometry-", dir=args.work) as tmp:
         results = run(cfg, Path(tmp))
     text = report(results, cfg, command.strip())
     print(text)
-    # the turn saves alone (--saves-only) are their own result: resume_geometry.md keeps the loads
-    name = "turn_saves" if cfg.saves_only else "resume_geometry"
-    title = "Turn saves at the real geometry (issue 30)" if cfg.saves_only else "Resume at the real geometry (issue 21)"
-    path = write_result(f"{name}.md", title, text)
-    (RESULTS / f"{name}.json").write_text(json.dumps(
+    path = write_result("resume_geometry.md", "Resume at the real geometry (issue 21)", text)
+    (RESULTS / "resume_geometry.json").write_text(json.dumps(
         {"command": command.strip(), "git": git_state(), "config": asdict(cfg),
          "sizes": [{**asdict(r), "medians": {k: r.median(k) for k in r.seconds}, "ratios": ratios(r)}
                    for r in results]}, indent=1) + "\n")

@@ -19,8 +19,6 @@ def test_quick_mode_measures_every_path(tmp_path: Path) -> None:
     for r in results:
         assert r.chunks == r.tokens // 256 and r.nbytes == r.chunks * 229_208
         assert len(r.seconds["turn_save"]) == len(r.seconds["raw_put"]) == r.tokens // 2048
-        # the engine page session grown to the same length, turn by turn, beside its raw floor
-        assert len(r.seconds["page_save"]) == len(r.seconds["page_raw_put"]) == r.tokens // 2048
         for metric in ("host", "memcpy", "raw_reads", "raw_reads_copy", "ssd_warm"):
             assert len(r.seconds[metric]) == cfg.repeats and min(r.seconds[metric]) > 0, metric
         assert len(r.seconds["raw_reads_cold"]) == cfg.cold_repeats
