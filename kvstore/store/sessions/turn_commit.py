@@ -77,7 +77,7 @@ class TurnCommit:
         accepted: list[Accepted] = []
         later: list[Pending[Turn, SavedTurn]] = []
         refs: set[SessionRef] = set()
-        pending_bytes: dict[str, int] = {}  # new bytes and sessions of the turns accepted so far, by namespace
+        pending_bytes: dict[str, int] = {}  # net new bytes and sessions of the turns accepted so far, by namespace
         pending_sessions: dict[str, int] = {}
         starts: dict[SessionRef, int] = {}  # an append's session: the chunk count of the version it extends
         named = self.admission.named(p.item for p in group) if self.admission is not None else set()
