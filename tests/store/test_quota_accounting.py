@@ -16,6 +16,7 @@ from kvstore.store import SessionStore
 from kvstore.store.config import StoreConfig
 from kvstore.store.quotas import Quota, Quotas
 from kvstore.store.sessions.prefetch import PrefetchConfig, Prefetcher
+from kvstore.store.tiered.ledger import UNOWNED, Ledger
 from kvstore.tiers.config import InvalidSetting
 from tests.helpers.store import CHUNK_TOKENS, Session, build_session, make_tiered, store_config, token_stream
 
@@ -77,6 +78,22 @@ def test_write_back_chunks_count_toward_the_ssd_quota_before_they_are_flushed(tm
         check_counted_once(ss, a)
     finally:
         ss.close()
+
+
+def test_the_ledger_counts_a_pending_chunk_once_whoever_claims_it_and_wherever_it_goes() -> None:
+    ledger = Ledger(["host", "ssd"])
+    ledger.pend([(b"k1", 100), (b"k2", 50)])  # not claimed yet: the unowned namespace's
+    assert ledger.pending(UNOWNED) == 150 and ledger.pending(NS) == 0
+    ledger.claim([b"k1", b"k2"], NS)
+    assert ledger.pending(UNOWNED) == 0 and ledger.used_durably(NS) == 150
+    ledger.put("host", [(b"k1", 100)])  # a faster tier: still pending
+    assert ledger.used_durably(NS) == 150
+    ledger.put("ssd", iter([(b"k1", 90)]))  # flushed (compressed): counted as the ssd tier holds it
+    assert ledger.pending(NS) == 50 and ledger.used_durably(NS) == 140 and ledger.durable_bytes([b"k1", b"k2"]) == 140
+    ledger.pend([(b"k1", 100)])  # already durable: not pending again
+    assert ledger.used_durably(NS) == 140
+    ledger.forget([b"k2"])  # deleted before it was flushed
+    assert ledger.pending(NS) == 0 and ledger.used_durably(NS) == 90
 
 
 def test_write_back_chunks_demoted_or_collected_stop_being_pending(tmp_path: Path) -> None:

@@ -76,17 +76,17 @@ class Dirty:
 
     def add(self, items: Sequence[tuple[bytes, Value]]) -> None:
         """``items`` (key, blob) were put in the fast tier only."""
-        with self._lock:
+        with self._lock:  # with the ledger's count: a discard in between would leave it pending
             self._keys.update(k for k, _ in items)
-        if self._ledger is not None:
-            self._ledger.pend((k, len(b)) for k, b in items)
+            if self._ledger is not None:
+                self._ledger.pend((k, memoryview(b).nbytes) for k, b in items)
 
     def discard(self, keys: Sequence[bytes]) -> None:
         """``keys`` are durable now, or deleted."""
         with self._lock:
             self._keys.difference_update(keys)
-        if self._ledger is not None:
-            self._ledger.settle(keys)
+            if self._ledger is not None:
+                self._ledger.settle(keys)
 
     def among(self, keys: Sequence[bytes] | None = None) -> list[bytes]:
         """The dirty ones of ``keys`` (None: every dirty chunk)."""

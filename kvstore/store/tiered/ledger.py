@@ -69,6 +69,7 @@ class Ledger:
 
     def put(self, tier: str, items: Iterable[tuple[bytes, int]]) -> None:
         """``tier`` now holds each key, in that many bytes."""
+        items = list(items)
         with self._lock:
             sizes, used = self._sizes[tier], self._used[tier]
             for k, n in items:
