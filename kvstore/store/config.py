@@ -43,6 +43,10 @@ class StoreConfig:
     compact_turn_keys: int = field(default=256, metadata=option(
         "a session's turn records are compacted into its manifest once they name as many keys as it, and at "
         "least this many"))
+    #: Sessions of one namespace waiting in the prefetch queue (``sessions/prefetch.py``; of its 64 in all):
+    #: more of its requests are answered dropped, so one tenant cannot fill the queue (docs/SECURITY.md).
+    max_prefetch_per_namespace: int = field(default=16, metadata=option(
+        "sessions of one namespace waiting to be prefetched (of 64 in all); more of its requests are dropped"))
 
     #: Per-namespace quotas (``store/quotas.py``): the daemon's come from its tokens file.
     quotas: Quotas = field(default_factory=Quotas)
@@ -56,6 +60,9 @@ class StoreConfig:
             raise InvalidSetting("store", "chunk_tokens", f"must be a positive even number, got {self.chunk_tokens}")
         if self.compact_turn_keys < 1:
             raise InvalidSetting("store", "compact_turn_keys", f"must be at least 1, got {self.compact_turn_keys}")
+        if self.max_prefetch_per_namespace < 1:
+            raise InvalidSetting("store", "max_prefetch_per_namespace",
+                                 f"must be at least 1, got {self.max_prefetch_per_namespace}")
         if self.max_layouts_per_namespace < 1:
             raise InvalidSetting("store", "max_layouts_per_namespace",
                                  f"must be at least 1, got {self.max_layouts_per_namespace}")

@@ -107,10 +107,13 @@ class NamespaceUsage:
     quota: Quota
 
 
-def refuse_ssd(namespace: str, quota: int, used: int, incoming: int) -> ResourceExhausted:
-    return ResourceExhausted(f"namespace {namespace!r} is over its ssd quota: this save needs {incoming} more bytes, "
-                             f"it holds {used} of its {quota} (quotas.{namespace}.ssd_bytes); nothing was stored. "
-                             f"Delete sessions of {namespace!r} or raise its quota")
+def refuse_ssd(namespace: str, quota: int, used: int, incoming: int, freed: int = 0) -> ResourceExhausted:
+    """The answer to a save that would take ``namespace`` past its ssd quota: ``incoming`` net bytes
+    (its new bytes less the ``freed`` bytes of the version it replaces) on top of ``used``."""
+    net = f" ({incoming + freed} new, {freed} freed by the version it replaces)" if freed else ""
+    return ResourceExhausted(f"namespace {namespace!r} is over its ssd quota: this save needs {incoming} more "
+                             f"bytes{net}, it holds {used} of its {quota} (quotas.{namespace}.ssd_bytes); nothing "
+                             f"was stored. Delete sessions of {namespace!r} or raise its quota")
 
 
 def refuse_sessions(namespace: str, quota: int, used: int) -> ResourceExhausted:

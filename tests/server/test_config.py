@@ -102,6 +102,18 @@ def test_sections_in_toml_environment_and_flags(tmp_path: Path) -> None:
     assert (redis.url, redis.ttl_s, c.store.chunk_tokens) == ("redis://r:1/0", 9, 128)
 
 
+def test_the_prefetch_cap_per_namespace_is_a_store_setting(tmp_path: Path) -> None:
+    """`[store] max_prefetch_per_namespace` (16 unless set) from the file, the variable and the flag, in
+    `kvstore serve --help`; the daemon's prefetcher takes it from the store (test_quota_accounting.py)."""
+    assert serve().store.max_prefetch_per_namespace == 16
+    toml = _toml(tmp_path / "c.toml", "[store]\nmax_prefetch_per_namespace = 4\n")
+    assert serve("--config", toml).store.max_prefetch_per_namespace == 4
+    env = {"KVSTORE_STORE_MAX_PREFETCH_PER_NAMESPACE": "5"}
+    assert serve("--config", toml, env=env).store.max_prefetch_per_namespace == 5
+    assert serve("--store-max-prefetch-per-namespace", "6", env=env).store.max_prefetch_per_namespace == 6
+    assert "--store-max-prefetch-per-namespace" in _serve_help(build_parser())
+
+
 def test_redis_and_hbm_tiers_are_added_by_their_url_and_capacity() -> None:
     assert [t.capacity_bytes for t in serve("--hbm-capacity-bytes", "4096").store.tiers[:1]] == [4096]
     assert tier(serve("--hbm-capacity-bytes", "0"), HbmTierConfig) is None
@@ -138,6 +150,9 @@ def test_one_source_may_not_name_a_setting_twice(tmp_path: Path) -> None:
      "--store-chunk-tokens must be a positive even number, got 3"),
     (("--ssd-max-map-bytes", "-1"), {}, "--ssd-max-map-bytes must be >= 0 (0 = no limit), got -1"),
     (("--host-capacity-bytes", "-1"), {}, "--host-capacity-bytes must be >= 0 (0 = unlimited), got -1"),
+    (("--store-max-prefetch-per-namespace", "0"), {}, "--store-max-prefetch-per-namespace must be at least 1, got 0"),
+    ((), {"KVSTORE_STORE_MAX_PREFETCH_PER_NAMESPACE": "-2"},
+     "--store-max-prefetch-per-namespace must be at least 1, got -2 (from $KVSTORE_STORE_MAX_PREFETCH_PER_NAMESPACE)"),
     ((), {"KVSTORE_REDIS_URL": "redis://x:1/0", "KVSTORE_REDIS_NAMESPACE": "a b"},
      "--redis-namespace must match [A-Za-z0-9_.-]+, got 'a b' (from $KVSTORE_REDIS_NAMESPACE)"),
 ])

@@ -211,3 +211,66 @@ def test_the_prefetch_queue_is_served_round_robin_with_a_cap_per_namespace(tmp_p
     sessions.store.settle()
     assert order == ["n0", "q", "n1", "n2"], order
     sessions.close()
+
+
+WB_SSD, RE_SSD = 2 << 20, 1 << 20
+WB_TOKENS = f"""
+[tokens]
+"tok-admin" = ["*"]
+"tok-wb" = ["wb"]
+"tok-re" = ["re"]
+
+[quotas.wb]
+ssd_bytes = {WB_SSD}
+
+[quotas.re]
+ssd_bytes = {RE_SSD}
+"""
+
+
+@pytest.fixture(scope="module")
+def write_back(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A daemon in write-back mode: saved chunks stay in the (large) host tier until a commit names them."""
+    tmp = tmp_path_factory.mktemp("quotas-wb")
+    (tmp / "tokens.toml").write_text(WB_TOKENS)
+    with running_daemon(tmp / "data", "--tokens-file", str(tmp / "tokens.toml"), "--store-write-mode", "back") as d:
+        yield d
+
+
+def test_write_back_chunks_not_yet_flushed_count_toward_the_ssd_quota(write_back: Daemon) -> None:
+    """Chunks saved (SaveChunks) in write-back mode and never committed are in the host tier only: they
+    count toward the ssd quota all the same, so a backlog of them cannot take a tenant past it."""
+    with client(write_back, "tok-wb") as wb:
+        sent, refused = 0, ""
+        for i in range(40):  # ~17 MiB, far past the quota
+            s = make_session(namespace="wb", session_id=f"w{i}", tokens=2000, seed=300 + i)
+            try:
+                wb.save_chunks("wb", s.layout.layout_id, b"\0" * 16, 0, s.blobs)
+            except ResourceExhausted as e:
+                refused = str(e)
+                break
+            sent += sum(len(b) for b in s.blobs)
+        assert refused, "the write-back backlog was never refused: it is not counted toward the ssd quota"
+        assert "'wb'" in refused and "ssd" in refused and str(WB_SSD) in refused, refused
+        u = usage(wb, "wb")
+        assert sent == u.ssd_bytes <= WB_SSD, (sent, u)
+        assert u.sessions == 0
+
+
+def test_a_whole_save_at_the_ssd_quota_is_checked_by_what_it_frees(write_back: Daemon) -> None:
+    """A tenant at its ssd quota re-saves its session shorter, every chunk new: the chunks only the old
+    version used go in the same commit, so it fits; a version that grows past the quota does not."""
+    first = make_session(namespace="re", session_id="r", tokens=4000, seed=400)  # 15 chunks
+    shorter = make_session(namespace="re", session_id="r", tokens=3000, seed=401)
+    longer = make_session(namespace="re", session_id="r", tokens=8000, seed=402)
+    with client(write_back, "tok-re") as re:
+        save_session(re, first)
+        held = usage(re, "re").ssd_bytes
+        assert held <= RE_SSD < held + sum(len(b) for b in shorter.blobs)  # the gross check would refuse it
+        save_session(re, shorter)
+        assert re.get_session("re", "r")[0].chunk_keys == tuple(shorter.keys)
+        assert usage(re, "re").ssd_bytes < held
+        code, message = status_of(lambda: save_session(re, longer))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "'re'" in message and str(RE_SSD) in message, message
+        assert "freed by the version it replaces" in message
+        assert re.get_session("re", "r")[0].chunk_keys == tuple(shorter.keys)

@@ -20,7 +20,8 @@ namespace's is NOT_FOUND, like an absent one), and only chunks that namespace ow
 
 Fairness between namespaces: each namespace has its own queue, and the worker serves them in
 turn (round robin: one session of each namespace waiting, then the next), and one namespace may
-have at most ``max_pending_per_namespace`` sessions waiting (more are dropped), so a tenant
+have at most ``max_pending_per_namespace`` sessions waiting (more are dropped; the daemon's is
+``[store] max_prefetch_per_namespace``, 16 by default), so a tenant
 prefetching in a loop neither fills the queue nor makes another's prefetch wait behind all of its
 own. What a prefetch copies into the host tier counts against its namespace's host share
 (``store/tiered/demotion.py``): past it, its own chunks move down, never another's within its share.
@@ -47,8 +48,15 @@ WINDOW_CHUNKS = 64
 @dataclass(frozen=True)
 class PrefetchConfig:
     max_pending: int = 64  # sessions waiting (the one being promoted included); more are dropped
-    max_pending_per_namespace: int = 16  # of those, one namespace's; more of its requests are dropped
+    #: Of those, one namespace's; more of its requests are dropped. The daemon's is the store's
+    #: ``max_prefetch_per_namespace`` (``[store]``, ``--store-max-prefetch-per-namespace``).
+    max_pending_per_namespace: int = 16
     stop_timeout_s: float = 10.0  # how long stop() waits for the window being copied
+
+    def __post_init__(self) -> None:
+        for name in ("max_pending", "max_pending_per_namespace"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"prefetch {name} must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -76,9 +84,11 @@ class Prefetcher:
     """A bounded FIFO of sessions, each promoted by a job on the store's promotion worker; ``start``
     and ``stop`` with the daemon (before ``start``, and after ``stop``, a request is dropped)."""
 
-    def __init__(self, sessions: SessionStore, config: PrefetchConfig = PrefetchConfig()) -> None:
+    def __init__(self, sessions: SessionStore, config: PrefetchConfig | None = None) -> None:
+        """``config`` None: the defaults, with the store's ``max_prefetch_per_namespace`` (the daemon's)."""
         self.sessions = sessions
-        self.config = config
+        self.config = config if config is not None else PrefetchConfig(
+            max_pending_per_namespace=sessions.config.max_prefetch_per_namespace)
         self._cond = threading.Condition()
         #: namespace -> its sessions waiting, oldest first; namespaces in the order they are served
         self._waiting: OrderedDict[str, OrderedDict[SessionRef, None]] = OrderedDict()

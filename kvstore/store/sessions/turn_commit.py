@@ -77,9 +77,10 @@ class TurnCommit:
         accepted: list[Accepted] = []
         later: list[Pending[Turn, SavedTurn]] = []
         refs: set[SessionRef] = set()
-        pending_bytes: dict[str, int] = {}  # new bytes and sessions of the turns accepted so far, by namespace
+        pending_bytes: dict[str, int] = {}  # net new bytes and sessions of the turns accepted so far, by namespace
         pending_sessions: dict[str, int] = {}
         starts: dict[SessionRef, int] = {}  # an append's session: the chunk count of the version it extends
+        named = self.admission.named(p.item for p in group) if self.admission is not None else set()
         for p in group:
             t = p.item
             ref = (t.namespace, t.session_id)
@@ -101,7 +102,8 @@ class TurnCommit:
                     self.store.claim(t.keys, t.namespace)
                     begins = self.admission.check_session(t.namespace, t.session_id,
                                                           pending_sessions.get(t.namespace, 0))
-                    size = self.admission.check_bytes(t.namespace, new, pending_bytes.get(t.namespace, 0))
+                    size = self.admission.check_bytes(t.namespace, new, pending_bytes.get(t.namespace, 0),
+                                                      ref if start < 0 else None, named)  # net of what it frees
                 if self.write_mode == "back":
                     batch = set(t.keys)
                     self.store.flush([k for k in (m.chunk_keys[i] for i in check) if k not in batch])

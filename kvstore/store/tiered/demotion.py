@@ -26,7 +26,7 @@ from kvstore.errors import InvalidArgument
 from kvstore.store.quotas import Quotas
 from kvstore.store.tiered.ledger import Ledger
 from kvstore.store.tiered.slot import TierSlot
-from kvstore.tiers.base import TierError
+from kvstore.tiers.base import TierError, Value
 
 
 class Pins:
@@ -59,11 +59,14 @@ class Pins:
 
 
 class Dirty:
-    """Write-back mode: chunks in the fast tier not yet on the durable one (their only copy)."""
+    """Write-back mode: chunks in the fast tier not yet on the durable one (their only copy); each
+    counted in ``ledger`` as pending (``Ledger.pend``) toward its namespace's ssd quota until it is
+    durable or deleted."""
 
-    def __init__(self) -> None:
+    def __init__(self, ledger: Ledger | None = None) -> None:
         self._keys: set[bytes] = set()
         self._lock = threading.Lock()
+        self._ledger = ledger
 
     def __contains__(self, key: bytes) -> bool:
         return key in self._keys  # one set lookup: atomic, no lock on the read path
@@ -71,13 +74,19 @@ class Dirty:
     def __len__(self) -> int:
         return len(self._keys)
 
-    def add(self, keys: Iterable[bytes]) -> None:
-        with self._lock:
-            self._keys.update(keys)
+    def add(self, items: Sequence[tuple[bytes, Value]]) -> None:
+        """``items`` (key, blob) were put in the fast tier only."""
+        with self._lock:  # with the ledger's count: a discard in between would leave it pending
+            self._keys.update(k for k, _ in items)
+            if self._ledger is not None:
+                self._ledger.pend((k, memoryview(b).nbytes) for k, b in items)
 
-    def discard(self, keys: Iterable[bytes]) -> None:
+    def discard(self, keys: Sequence[bytes]) -> None:
+        """``keys`` are durable now, or deleted."""
         with self._lock:
             self._keys.difference_update(keys)
+            if self._ledger is not None:
+                self._ledger.settle(keys)
 
     def among(self, keys: Sequence[bytes] | None = None) -> list[bytes]:
         """The dirty ones of ``keys`` (None: every dirty chunk)."""

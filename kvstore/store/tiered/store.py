@@ -64,7 +64,7 @@ class TieredStore:
         self._slots = [TierSlot(t, self.ledger) for t in self.tiers]
         self.counters = {s.name: s.counters for s in self._slots}
         self._pins = Pins()
-        self._dirty = Dirty()  # write-back: in the fast tier, not yet on the durable one
+        self._dirty = Dirty(self.ledger)  # write-back: in the fast tier, not yet on the durable one
         self._down = Demotion(self._slots, self.durable, self._pins, self._dirty, self.ledger, config.quotas)
         self._slots[self.durable].count_held()  # what earlier runs left (owned once the manifests are read)
         for s in self._slots[: self.durable]:
@@ -97,7 +97,7 @@ class TieredStore:
                 try:
                     if self._room_in_fastest(items):
                         fast.put_many(items)
-                        self._dirty.add(k for k, _ in items)
+                        self._dirty.add(items)
                         return
                 except TierError:
                     pass  # the fast tier cannot take them: write them through instead
