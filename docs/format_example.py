@@ -168,8 +168,8 @@ def read_chunk(data_dir: str | Path, key: bytes) -> bytes | None:
     if flag == 0 and prefix == raw_len == len(rec) - 9:
         return bytes(rec[9:])
     if flag == 1 and prefix < raw_len and prefix <= len(rec) - 9:
-        rest = zstandard.ZstdDecompressor().decompress(rec[9 + prefix :], max_output_size=raw_len - prefix)
-        if len(rest) == raw_len - prefix:
+        rest = _frame(rec[9 + prefix :], raw_len - prefix)
+        if rest is not None:
             return bytes(rec[9 : 9 + prefix]) + rest
     if flag == 2:
         value = _chunk_record(rec, raw_len, prefix)
@@ -183,8 +183,10 @@ def read_chunk(data_dir: str | Path, key: bytes) -> bytes | None:
 
 
 def _frame(data: bytes, size: int) -> bytes | None:
-    """One zstd frame that must decompress to exactly ``size`` bytes (None: it does not)."""
+    """One zstd frame that must declare and decompress to exactly ``size`` bytes (None: it does not)."""
     try:
+        if zstandard.frame_content_size(data) != size:  # checked before decompressing (section 5)
+            return None
         out = zstandard.ZstdDecompressor().decompress(data, max_output_size=max(size, 1))
     except zstandard.ZstdError:
         return None
@@ -285,8 +287,8 @@ def _runs_record(rec: bytes, raw_len: int, prefix: int) -> bytes | None:
         return None
     raw = rec[at : at + prefix - gathered]
     want = gathered + raw_len - prefix
-    packed = zstandard.ZstdDecompressor().decompress(rec[at + prefix - gathered :], max_output_size=want)
-    if len(packed) != want:
+    packed = _frame(rec[at + prefix - gathered :], want)
+    if packed is None:
         return None
     value = bytearray(raw_len)
     pos = src = cut = 0  # cut: bytes of the raw part used; src: of the frame's runs

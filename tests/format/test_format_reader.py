@@ -17,18 +17,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import numpy as np
 import pytest
 import torch
 import xxhash
 import zstandard
 
-from kvstore.format import chunk, quant
+from kvstore.client import Client
+from kvstore.format import chunk, page, quant
 from kvstore.format.keys import ROOT, chunk_key
 from kvstore.format.layout import PRESETS, EntryFormat, get_layout
-from kvstore.format.manifest import Manifest, Retention
-from kvstore.tiers.ssd.record import CHUNK, RecordCodec
+from kvstore.format.manifest import Kind, Manifest, Retention
+from kvstore.tiers.base import CorruptValue
+from kvstore.tiers.ssd.record import CHUNK, RUNS, ZSTD, RecordCodec
+from tests.helpers.daemon import start_daemon
+from tests.helpers.pages import scaled_block, v41_layout
 from tests.helpers.store import preset_definitions
+from tests.tiers.test_page_records import LAYOUTS as PAGE_LAYOUTS
+from tests.tiers.test_page_records import blob_of as page_blob
+from tests.tiers.test_page_records import compact as compact_codec
 from tests.tiers.test_record_codec import ODD, make_chunk
 
 ROOT_DIR = Path(__file__).resolve().parents[2]
@@ -252,3 +260,113 @@ def test_turn_records(node: str, layouts: Path, tmp_path: Path) -> None:
         check_chunk(got["tail"], want.tail, "tiny-8")
     assert (fx.apply_turns(fx.read_manifest(base.encode()), cases["a damaged one stops it"])[1],
             fx.apply_turns(fx.read_manifest(base.encode()), cases["two turns, then a stale one"])[1]) == (1, 2)
+
+
+# ---- ssd records of page blobs: flag 3 (FORMAT.md section 5, "Flag 3") ---------------------------
+
+def node_join(node: str, tmp_path: Path, record: bytes) -> bytes:
+    """The value the Node reader makes of ``record``: its framing (the frames' declared sizes checked against
+    Python's zstandard), the frames decompressed here (Node 20 has no zstd), then ``record-join``."""
+    rec_path = write(tmp_path, "r.bin", record)
+    framing = read(node, "record", rec_path)
+    assert "error" not in framing, framing
+    assert (framing["flag"], framing["raw_len"], framing["prefix"]) == struct.unpack_from("<BII", record)
+    frames = tmp_path / "frames"
+    shutil.rmtree(frames, ignore_errors=True)
+    frames.mkdir()
+    for i, (at, n) in enumerate(framing.get("frames", [])):
+        assert framing["declared"][i] == zstandard.frame_content_size(record[at : at + n])
+        (frames / f"frame-{i}.bin").write_bytes(zstandard.ZstdDecompressor().decompress(record[at : at + n]))
+    if framing["frames"]:
+        assert framing["frames"][-1][0] + framing["frames"][-1][1] == len(record)  # the last frame ends the record
+    out = tmp_path / "joined.bin"
+    got = read(node, "record-join", rec_path, frames, out)
+    assert got == {"written": framing["raw_len"]}, got
+    return out.read_bytes()
+
+
+@pytest.mark.parametrize("name", sorted(PAGE_LAYOUTS))
+def test_flag_3_records_of_every_page_layout(node: str, tmp_path: Path, name: str) -> None:
+    """SGLang's split pages (a pool's layers merged into one run) and vLLM's interleaved ones (one run of a
+    record's scales per record), every group, through the ssd tier's codec with compact records."""
+    lay = PAGE_LAYOUTS[name]
+    flags = []
+    for g in lay.groups:
+        blob = page_blob(lay, g.group, 7)
+        record = compact_codec(lay).encode(memoryview(blob))
+        runs = page.scale_runs(g, page.read_header(blob).header_bytes)  # none: a group of one split page
+        flags.append(record[0])
+        assert record[0] == (RUNS if runs else ZSTD)
+        framing = read(node, "record", write(tmp_path, "r.bin", record))
+        if runs:
+            assert [tuple(r) for r in framing["runs"]] == [tuple(r) for r in runs]
+        assert node_join(node, tmp_path, record) == blob
+    assert RUNS in flags
+
+
+def test_flag_3_records_a_compact_daemon_wrote(node: str, tmp_path: Path) -> None:
+    """A real daemon (``--ssd-compact-records``) saves a page session; the Node reader reads each blob's
+    record straight from the LMDB data directory, byte-identical to what was saved."""
+    lay, ns, n = v41_layout(), "pages", 4
+    hashes = [f"{ns}/{i}".encode() for i in range(n)]
+    keys = [page.page_key(lay.layout_id, ns, i % 2, h) for i, h in enumerate(hashes)]
+    blobs = [page.encode(lay, i % 2, h, k, scaled_block(lay, i % 2, i)) for i, (h, k) in enumerate(zip(hashes, keys))]
+    d = start_daemon(tmp_path / "data", "--ssd-compact-records")
+    try:
+        with Client(address=d.address) as c:
+            c.register_layout(lay.definition())
+            c.save_session(Manifest("s", ns, lay.layout_id, 256 * n, 0, tuple(keys), b"", (),
+                                    retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), blobs)
+    finally:
+        assert d.stop() == 0
+    with lmdb.open(str(tmp_path / "data" / "ssd"), readonly=True, max_dbs=8, lock=False) as env, \
+            env.begin() as txn:
+        db = env.open_db(b"chunks", txn=txn, create=False)
+        records = [txn.get(k, db=db) for k in keys]
+    assert all(r is not None and r[0] == RUNS for r in records)
+    for rec, blob in zip(records, blobs):
+        assert node_join(node, tmp_path, bytes(rec)) == blob
+
+
+def test_damaged_flag_3_records_are_refused_as_the_codec_refuses_them(node: str, tmp_path: Path) -> None:
+    """FORMAT.md's "Reading a flag 3 record", case by case: the Node reader refuses (CorruptValue) exactly
+    the records kvstore's codec refuses, before any byte is decompressed."""
+    lay = PAGE_LAYOUTS["vllm-nvfp4"]
+    blob = page_blob(lay, 0, 1)  # two runs: the interleaved main pages' scales, the first split index pages'
+    record = compact_codec(lay).encode(memoryview(blob))
+    assert record[0] == RUNS
+    _, raw_len, prefix = struct.unpack_from("<BII", record)
+    (g,) = struct.unpack_from("<H", record, 9)
+    runs = [struct.unpack_from("<IIII", record, 11 + 16 * i) for i in range(g)]
+    gathered = sum(r[1] * r[3] for r in runs)
+    assert g >= 2
+
+    def edit(fmt: str, at: int, *values: int) -> bytes:
+        b = bytearray(record)
+        struct.pack_into(fmt, b, at, *values)
+        return bytes(b)
+
+    o0, o1 = 11, 11 + 16
+    cases = {
+        "as written": record,
+        "no runs": edit("<H", 9, 0),
+        "a run of length 0": edit("<I", o0 + 4, 0),
+        "a run of count 0": edit("<I", o0 + 12, 0),
+        "stride under length": edit("<I", o0 + 8, runs[0][1] - 1),
+        "runs out of order": edit("<I", o1, runs[0][0]),
+        "a run past the prefix": edit("<I", 5, runs[-1][0] + (runs[-1][3] - 1) * runs[-1][2] + runs[-1][1] - 1),
+        "prefix past raw_len": edit("<I", 5, raw_len + 1),
+        "runs table cut": record[: 11 + 16 * g - 1],
+        "raw part cut": record[: 11 + 16 * g + prefix - gathered - 1],
+        "raw_len off by one": edit("<I", 1, raw_len + 1),  # the frame's declared size no longer matches
+        "frame damaged": record[: 11 + 16 * g + prefix - gathered] + b"\0" * 8,
+        "flag 7": edit("<B", 0, 7),
+    }
+    codec = RecordCodec(0, None, False)
+    for name, rec in cases.items():
+        try:
+            py = "ok" if bytes(codec.decode(b"k", rec)) == blob else "wrong"
+        except CorruptValue:
+            py = "CorruptValue"
+        js = read(node, "record", write(tmp_path, "r.bin", rec)).get("error", "ok")
+        assert (name, js) == (name, py) == (name, "ok" if name == "as written" else "CorruptValue")

@@ -11,13 +11,15 @@
 //                                                         -> the session a manifest and its turn records
 //                                                            (the values of m:<ns>/<sid> and of its
 //                                                            t:<ns>/<sid>\0<seq> keys, in key order) make
-//   node read_chunk.js record FILE                        -> the record's framing (where its frames are)
-//   node read_chunk.js record-join FILE FRAMES_DIR OUT    -> the chunk, from the record and its frames
-//                                                           decompressed by any zstd (frame-<i>.bin)
+//   node read_chunk.js record FILE                        -> the record's framing (where its frames are, the
+//                                                           size each frame declares), any flag (0 to 3)
+//   node read_chunk.js record-join FILE FRAMES_DIR OUT    -> the value (a chunk, a page blob), from the record
+//                                                           and its frames decompressed by any zstd (frame-<i>.bin)
 // LAYOUTS.json: a list of layout definitions {name, caches: [{name, layer, m, channels, fmt}],
 // n_layers, window, swa_entry_bytes, persists_swa}.
 // Node 20 has no zstd, so record-join takes the frames' contents from files; everything else
-// (framing, sign plane, magnitude streams, residuals, byte planes) is done here.
+// (framing, the frames' declared sizes, sign plane, magnitude streams, residuals, byte planes, flag 3's
+// runs and gaps) is done here.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -330,10 +332,65 @@ function readSession(manifestBuf, recordBufs, layouts) {
 }
 
 // ---- ssd record --------------------------------------------------------------------------------
+function declaredSize(rec, at, n) {
+  // A zstd frame's Frame_Content_Size (RFC 8878 3.1.1.1): null when the frame does not declare it;
+  // CorruptValue when no frame header is there.
+  const bad = () => new FormatError('CorruptValue', 'not a zstd frame header');
+  if (n < 5 || rec.readUInt32LE(at) !== 0xFD2FB528) throw bad();
+  const fhd = rec[at + 4], fcsFlag = fhd >> 6, single = (fhd >> 5) & 1;
+  if (fhd & 8) throw bad();  // the reserved bit
+  const fcsBytes = [single ? 1 : 0, 2, 4, 8][fcsFlag];
+  const o = at + 5 + (single ? 0 : 1) + [0, 1, 2, 4][fhd & 3];
+  if (o + fcsBytes > at + n) throw bad();
+  if (fcsBytes === 0) return null;
+  if (fcsBytes === 1) return rec[o];
+  if (fcsBytes === 2) return rec.readUInt16LE(o) + 256;
+  if (fcsBytes === 4) return rec.readUInt32LE(o);
+  return Number(rec.readBigUInt64LE(o));
+}
+
+function runsFraming(rec, raw_len, prefix) {
+  // Flag 3 (FORMAT.md section 5, "Flag 3" and "Reading a flag 3 record"): the runs table, the raw part
+  // (V[0 : P] less the runs), then one frame of the runs' bytes and V[P : raw_len], to the end.
+  const bad = (why) => new FormatError('CorruptValue', `flag 3: ${why}`);
+  if (rec.length < 11) throw bad('no run count');
+  const G = rec.readUInt16LE(9), at = 11 + 16 * G;
+  if (G < 1) throw bad('no runs');
+  if (rec.length < at) throw bad('runs table past the record');
+  if (prefix > raw_len) throw bad('prefix past raw_len');
+  const runs = [];
+  let end = 0, R = 0;
+  for (let i = 0; i < G; i++) {
+    const o = 11 + 16 * i, r = [rec.readUInt32LE(o), rec.readUInt32LE(o + 4), rec.readUInt32LE(o + 8), rec.readUInt32LE(o + 12)];
+    const [off, length, stride, count] = r;
+    if (length < 1 || count < 1 || stride < length || off < end) throw bad(`run ${i} invalid or out of order`);
+    end = off + (count - 1) * stride + length;
+    R += length * count;
+    runs.push(r);
+  }
+  if (end > prefix) throw bad('runs past the prefix');
+  const rawN = prefix - R;
+  if (at + rawN > rec.length) throw bad('raw part past the record');
+  const frameAt = at + rawN, size = R + raw_len - prefix, declared = declaredSize(rec, frameAt, rec.length - frameAt);
+  if (declared !== size) throw bad(`frame declares ${declared} bytes, not ${size}`);
+  return { flag: 3, raw_len, prefix, runs, gathered: R, raw: [at, rawN], frames: [[frameAt, rec.length - frameAt]],
+    frame_sizes: [size], declared: [declared] };
+}
+
 function recordFraming(rec) {
+  if (rec.length < 9) throw new FormatError('CorruptValue', 'shorter than the record header');
   const flag = rec[0], raw_len = rec.readUInt32LE(1), prefix = rec.readUInt32LE(5);
-  if (flag === 0) return { flag, raw_len, prefix, value: [9, raw_len] };
-  if (flag === 1) return { flag, raw_len, prefix, raw: [9, prefix], frames: [[9 + prefix, rec.length - 9 - prefix]] };
+  if (flag === 0) {
+    if (rec.length - 9 !== raw_len || prefix !== raw_len) throw new FormatError('CorruptValue', 'flag 0: lengths');
+    return { flag, raw_len, prefix, value: [9, raw_len] };
+  }
+  if (flag === 1) {
+    if (prefix >= raw_len || prefix > rec.length - 9) throw new FormatError('CorruptValue', 'flag 1: prefix');
+    const f = [9 + prefix, rec.length - 9 - prefix], declared = declaredSize(rec, f[0], f[1]);
+    if (declared !== raw_len - prefix) throw new FormatError('CorruptValue', `flag 1: frame declares ${declared} bytes`);
+    return { flag, raw_len, prefix, raw: [9, prefix], frames: [f], frame_sizes: [raw_len - prefix], declared: [declared] };
+  }
+  if (flag === 3) return runsFraming(rec, raw_len, prefix);
   if (flag !== 2) throw new FormatError('CorruptValue', `flag ${flag}`);
   const F = rec.readUInt16LE(9);
   let at = 11 + 4 * F;
@@ -345,7 +402,32 @@ function recordFraming(rec) {
   at += signs[1];
   const frames = lens.map((n) => { const f = [at, n]; at += n; return f; });
   frames.push([at, rec.length - at]);  // the tail frame
-  return { flag, raw_len, prefix, raw: [11 + 4 * F, prefix], signs, frames };
+  return { flag, raw_len, prefix, raw: [11 + 4 * F, prefix], signs, frames,
+    declared: frames.map(([a, n]) => declaredSize(rec, a, n)) };
+}
+
+function joinRuns(rec, fr, framesDir) {
+  // Flag 3's inverse: the raw part into the gaps the runs leave in [0, P), in offset order; the frame's
+  // first R bytes into the runs (run by run, instance by instance); the rest to V[P:].
+  const packed = fs.readFileSync(path.join(framesDir, 'frame-0.bin'));
+  if (packed.length !== fr.frame_sizes[0]) {
+    throw new FormatError('CorruptValue', `flag 3: frame holds ${packed.length} bytes, not ${fr.frame_sizes[0]}`);
+  }
+  const out = Buffer.alloc(fr.raw_len), raw = rec.subarray(fr.raw[0], fr.raw[0] + fr.raw[1]);
+  let pos = 0, cut = 0, src = 0;  // pos: bytes of V[0 : P] placed; cut: of the raw part used; src: of the frame
+  for (const [off, length, stride, count] of fr.runs) {
+    for (let i = 0; i < count; i++) {
+      const start = off + i * stride;
+      raw.copy(out, pos, cut, cut + start - pos);
+      cut += start - pos;
+      packed.copy(out, start, src, src + length);
+      src += length;
+      pos = start + length;
+    }
+  }
+  raw.copy(out, pos, cut, cut + fr.prefix - pos);
+  packed.copy(out, fr.prefix, fr.gathered);
+  return out;
 }
 
 function plan(head, rawLen) {  // what the doc's flag-2 section derives from the chunk header + table
@@ -371,7 +453,13 @@ function plan(head, rawLen) {  // what the doc's flag-2 section derives from the
 
 function joinRecord(rec, framesDir) {
   const fr = recordFraming(rec);
-  if (fr.flag !== 2) throw new Error('record-join handles flag 2 records');
+  if (fr.flag === 0) return rec.subarray(9, 9 + fr.raw_len);
+  if (fr.flag === 1) {
+    const rest = fs.readFileSync(path.join(framesDir, 'frame-0.bin'));
+    if (rest.length !== fr.raw_len - fr.prefix) throw new FormatError('CorruptValue', 'flag 1: frame size');
+    return Buffer.concat([rec.subarray(9, 9 + fr.prefix), rest]);
+  }
+  if (fr.flag === 3) return joinRuns(rec, fr, framesDir);
   const head = rec.subarray(fr.raw[0], fr.raw[0] + fr.raw[1]);
   const p = plan(head, fr.raw_len);
   const frame = (i) => fs.readFileSync(path.join(framesDir, `frame-${i}.bin`));
