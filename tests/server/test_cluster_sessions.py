@@ -4,6 +4,7 @@ apart per tenant, and resumed after A is SIGKILLed right after acknowledging a s
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Iterator
@@ -162,7 +163,7 @@ def test_turns_appended_through_a_are_read_by_b_turn_by_turn(cluster: RedisClust
     lengths = []
     try:
         a.save_session(turns[0].manifest, turns[0].blobs)
-        for prev, s in zip(turns, turns[1:]):
+        for prev, s in itertools.pairwise(turns):
             a.save_session(s.manifest, s.blobs[len(prev.keys):])
             lengths.append(raw.llen(keys.turns(ns, "grown")))
             assert b.get_session(ns, "grown")[0] == a.get_session(ns, "grown")[0]

@@ -6,6 +6,7 @@ back and keys checked, from turn 10 to turn 200. Real redis-server processes, re
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import statistics
 import uuid
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from conftest import RedisServer
 
 C = 16
+ROOT_DIR = Path(__file__).resolve().parents[2]
 PER = 2  # chunks a turn adds
 EXTRA = 5  # tokens of every version's trailing span
 
@@ -317,3 +319,29 @@ def _slot(key: bytes) -> bytes:
     start = key.index(b"{")
     return key[start + 1 : key.index(b"}", start)]
 
+
+
+def test_an_independent_reader_of_format_md_decodes_the_shared_session(
+        two: tuple[SessionStore, SessionStore, str], redis_url: str) -> None:
+    """docs/format_example.py's ``read_shared_session`` (FORMAT.md alone, no kvstore import) reads the raw
+    Redis keys as the daemons do: the base, then every turn, whether the list is long or just compacted."""
+    spec = importlib.util.spec_from_file_location("format_example", ROOT_DIR / "docs" / "format_example.py")
+    assert spec is not None and spec.loader is not None
+    fx = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fx)
+    a, _, prefix = two
+    r = redis.Redis.from_url(redis_url)
+    vs = versions(12)
+    m = save_whole(a, vs[0])
+    applied = set()
+    for prev, v in itertools.pairwise(vs):
+        m = append(a, v, prev.n, m.generation)
+        got = fx.read_shared_session(r, prefix, "ns", "s")
+        assert got["chunk_keys"] == [k.hex() for k in m.chunk_keys]
+        assert (got["token_count"], got["tail"], got["last_token_ids"], got["generation"], got["updated_at"]) == \
+            (m.token_count, m.tail, list(m.last_token_ids), m.generation, m.updated_at)
+        assert got["turn_records"] == list_len(redis_url, prefix)
+        applied.add(got["turn_records"])
+    assert 0 in applied and max(applied) >= 1  # read right after a compaction, and through turns
+    a.delete("ns", "s")
+    assert fx.read_shared_session(r, prefix, "ns", "s") is None
