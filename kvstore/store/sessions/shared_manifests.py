@@ -142,9 +142,8 @@ class SharedSessions(Sharing):
                              m.updated_at)
             if self._append(m, known.generation, rec.encode()):
                 return
-        else:
-            published = set(prev.chunk_keys) if prev is not None else set()
-            self._put_chunks(m, [k for k in m.chunk_keys if k not in published], batch, store)
+        else:  # every chunk it names that the shared tier lacks, as a whole save always did
+            self._put_chunks(m, m.chunk_keys, batch, store)
         self.publish(m)
 
     def _append(self, m: Manifest, expected: int, record: bytes) -> bool:
