@@ -6,9 +6,11 @@ manifest plus turn records, written into an LMDB data directory and read back by
 the doc's examples are what the code writes and reads. tests/format/test_format_reader.py fails when
 the doc and this output differ.
 
-The reader (``read_manifest``, ``read_turn_record``, ``apply_turns``, ``read_session``, ``read_chunk``)
-is written from FORMAT.md alone and imports nothing of kvstore: ``--check`` compares what it reads of
-a session with turn records with what kvstore's own reader (``kvstore.format.turn_record.apply``) makes.
+The reader (``read_manifest``, ``read_turn_record``, ``apply_turns``, ``read_session``, ``read_chunk``,
+``read_shared_session``) is written from FORMAT.md alone and imports nothing of kvstore: ``--check``
+compares what it reads of a session with turn records with what kvstore's own reader
+(``kvstore.format.turn_record.apply``) makes; tests/store/test_shared_turns.py reads shared sessions
+from Redis with it.
 
     python docs/format_example.py            # rewrite the examples in docs/FORMAT.md
     python docs/format_example.py --check    # exit 1 if they are stale or the reader disagrees
@@ -154,6 +156,31 @@ def read_session(data_dir: str | Path, namespace: str, session_id: str) -> dict[
                 records.append(value)
         s, n = apply_turns(read_manifest(blob), records)
     s["turn_records"] = n
+    return s
+
+
+def read_shared_session(client: Any, prefix: str, namespace: str, session_id: str) -> dict[str, Any] | None:
+    """A session as daemons sharing it through Redis keep it (section 3, "Shared sessions in Redis"): the
+    base ``P#s{P/T}:m:S`` and the turns of the list ``P#s{P/T}:t:S``, read with ``client`` (any Redis
+    client with ``get`` and ``lrange``; not atomic: read it while nobody writes). None if never published
+    or deleted. The result's ``shared_generation`` is the latest version's; ``turn_records`` says how many
+    turns were applied (all of them, unless the shared record is damaged)."""
+    tag = f"{prefix}#s{{{prefix}/{namespace}}}".encode("ascii")
+    base = client.get(tag + b":m:" + session_id.encode("ascii"))
+    if base is None:
+        return None
+    gen, writer, manifest = bytes(base).split(b"\n", 2)
+    if not manifest:
+        return None
+    turns, heads = [], []
+    for entry in client.lrange(tag + b":t:" + session_id.encode("ascii"), 0, -1):
+        g, _, _, record = bytes(entry).split(b"\n", 3)
+        heads.append(int(g))
+        turns.append(record)
+    if heads != list(range(int(gen) + 1, int(gen) + 1 + len(heads))):
+        raise FormatError("shared turns are not the generations after the base's")
+    s, n = apply_turns(read_manifest(manifest), turns)
+    s["turn_records"], s["shared_generation"] = n, int(gen) + len(heads)
     return s
 
 

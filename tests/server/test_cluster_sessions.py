@@ -4,6 +4,7 @@ apart per tenant, and resumed after A is SIGKILLed right after acknowledging a s
 
 from __future__ import annotations
 
+import itertools
 import threading
 import uuid
 from collections.abc import Iterator
@@ -147,3 +148,30 @@ def test_daemon_killed_after_acknowledging_a_save_is_resumed_elsewhere(
     finally:
         victim.stop()
     assert loaded(clients[1], ns, "orphan") == (tuple(s.keys), s.manifest.tail, dict(enumerate(s.blobs)))
+
+
+def test_turns_appended_through_a_are_read_by_b_turn_by_turn(cluster: RedisClusterProcess,
+                                                              clients: tuple[Client, Client], ns: str) -> None:
+    """A session grown by appends through A: each turn goes to the cluster as a turn record in the
+    session's list (its tenant's slot, beside its base), and B reads every version exactly as A has it."""
+    a, b = clients
+    ids = np.random.default_rng(40).integers(0, 50_000, 12 * 300 + 7)
+    turns = [make_session(namespace=ns, session_id="grown", token_ids=ids[: 300 * (t + 1) + 7], seed=40)
+             for t in range(12)]
+    keys = RedisKeys("kvstore", tagged=True)
+    raw = redis.RedisCluster.from_url(cluster.url)
+    lengths = []
+    try:
+        a.save_session(turns[0].manifest, turns[0].blobs)
+        for prev, s in itertools.pairwise(turns):
+            a.save_session(s.manifest, s.blobs[len(prev.keys):])
+            lengths.append(raw.llen(keys.turns(ns, "grown")))
+            assert b.get_session(ns, "grown")[0] == a.get_session(ns, "grown")[0]
+        assert loaded(b, ns, "grown") == (tuple(turns[-1].keys), turns[-1].manifest.tail,
+                                          dict(enumerate(turns[-1].blobs)))
+        assert max(lengths) >= 1  # turns were appended (and compacted: the list emptied at times)
+        slots = {raw.keyslot(k) for k in (keys.generations(ns), keys.record(ns, "grown"), keys.turns(ns, "grown"),
+                                          keys.changes(ns))}
+        assert len(slots) == 1
+    finally:
+        raw.close()

@@ -10,7 +10,8 @@ The session store's side of the contract:
 - before it answers from its index (``get``, ``list_sessions``, ``lookup``, a load of chunks it does
   not know), it indexes what ``catch_up_session`` / ``catch_up`` return (``SessionIndex.adopt``),
   keeping only versions ``advance`` accepts;
-- it publishes a group of accepted turns (``publish_turns``) before committing them locally and
+- it publishes a group of accepted turns (``publish_turns``, with the chunk count of the version
+  each append extends: an append is published as what it adds) before committing them locally and
   commits only those that were published; ``forget`` undoes what was published when the local
   commit then fails; a delete or a touch is ``publish``-ed before it is applied locally.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvstore.format.manifest import Manifest
@@ -45,8 +46,10 @@ class Sharing(abc.ABC):
     reads_remote: bool = False
 
     @abc.abstractmethod
-    def publish_turns(self, accepted: list[Accepted], store: TieredStore) -> list[Accepted]:
-        """Publish each accepted turn; fail (``Pending.fail``) those that cannot be, return the rest."""
+    def publish_turns(self, accepted: list[Accepted], store: TieredStore,
+                      starts: Mapping[SessionRef, int]) -> list[Accepted]:
+        """Publish each accepted turn (``starts``: of each append's session, the chunk count of the
+        version it extends); fail (``Pending.fail``) those that cannot be, return the rest."""
 
     @abc.abstractmethod
     def publish(self, m: Manifest, deleted: bool = False) -> None:
@@ -80,7 +83,8 @@ class Sharing(abc.ABC):
 class NoSharing(Sharing):
     """A store of its own: nothing is published, nothing is caught up with."""
 
-    def publish_turns(self, accepted: list[Accepted], store: TieredStore) -> list[Accepted]:
+    def publish_turns(self, accepted: list[Accepted], store: TieredStore,
+                      starts: Mapping[SessionRef, int]) -> list[Accepted]:
         return accepted
 
     def publish(self, m: Manifest, deleted: bool = False) -> None:

@@ -122,7 +122,7 @@ class TurnCommit:
                             generation=next_generation(old, now))
             accepted.append((p, m, new))
         # published first: a shared tier's compare-and-set decides races between daemons
-        accepted = self.sharing.publish_turns(accepted, self.store)
+        accepted = self.sharing.publish_turns(accepted, self.store, starts)
         refs = {(m.namespace, m.session_id) for _, m, _ in accepted}
         if not accepted:
             return later

@@ -8,7 +8,8 @@ layout is chosen so that nothing ever needs two slots at once:
   by their key's first byte (chunk keys are hashes, so buckets are even), each bucket with its own
   usage hash: ``P:{b7}<key>`` is counted in ``P#usage{b7}``, and the put script touches both;
 - a tenant's session records share a slot: ``P#s{P/<tenant>}:...`` (its generations, its
-  manifests, its change counter), so a compare-and-set of one manifest is one script on one slot;
+  base manifests, their turn lists, its change counter), so a compare-and-set of one session's
+  version (a base written whole or a turn appended) is one script on one slot;
 - everything else is one key per command.
 
 A single server uses the same session records; its values keep the layout of earlier versions
@@ -74,8 +75,14 @@ class RedisKeys:
         return self._tenant(tenant) + b":gen"
 
     def record(self, tenant: str, session_id: str) -> bytes:
-        """String: the generation, a newline, then the manifest (nothing after it: deleted)."""
+        """String: the base version's generation and writer, each followed by a newline, then its
+        manifest (nothing after the writer: deleted)."""
         return self._tenant(tenant) + b":m:" + session_id.encode()
+
+    def turns(self, tenant: str, session_id: str) -> bytes:
+        """List: the turns appended to the base since it was written, oldest first (docs/FORMAT.md,
+        "Shared sessions in Redis")."""
+        return self._tenant(tenant) + b":t:" + session_id.encode()
 
     def changes(self, tenant: str) -> bytes:
         """Counter bumped by every change of the tenant's sessions: a reader with the same value
