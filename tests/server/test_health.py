@@ -83,7 +83,7 @@ def test_with_shared_sessions_an_unreachable_redis_makes_the_daemon_not_serving(
 
 
 def test_a_redis_that_comes_up_is_noticed_without_a_restart(tmp_path: Path) -> None:
-    from conftest import RedisServer, _require_redis_server
+    from tests.conftest import RedisServer, _require_redis_server
 
     _require_redis_server()
     redis = RedisServer(tmp_path / "redis-dir")  # its port is free: closed until start()
