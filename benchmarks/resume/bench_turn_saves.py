@@ -2,7 +2,7 @@
 LMDB put + fsync of the same bytes, for a token session and for an engine page session.
 
     python benchmarks/resume/bench_turn_saves.py [--short 131072] [--long 1048576] [--window 32]
-                                                 [--gap-ms 50] [--quick] [--work DIR] [--write]
+                                                 [--gaps-ms 50 0] [--quick] [--work DIR] [--write]
 
 Per session kind, one daemon of default settings on a temp data dir (the benchmark's own file system,
 not tmpfs) and one raw LMDB environment opened as the ssd tier opens its own (geometry_raw.RawLmdb):
@@ -12,16 +12,18 @@ not tmpfs) and one raw LMDB environment opened as the ssd tier opens its own (ge
   geometry_pages.py);
 - two sessions of the kind: a long one grown to ``--long`` tokens less half the window, then a short
   one to ``--short`` less half the window (every turn saved, and its bytes put raw, as it would be);
-- then the window: ``--window`` rounds, each one turn of the short session, one of the long, and the
-  raw put + fsync'd commit of each turn's bytes, in an order that rotates every round (whichever runs
-  second finds caches the first warmed), then ``--gap-ms`` of quiet (an agent's turns are seconds
-  apart; the disks here throttle sustained writes: back to back, a 1.8 MB fsync'd write takes 1.1 ms
-  until ~0.3 GB have gone by, then 4.8 ms). The sessions cross 128K and 1M in the window's middle.
+- then a window per gap of ``--gaps-ms``: ``--window`` rounds, each one turn of the short session, one
+  of the long, and the raw put + fsync'd commit of each turn's bytes, in an order that rotates every
+  round (whichever runs second finds caches the first warmed), then the gap. Paced (50 ms: an agent's
+  turns are seconds apart, and everything runs cold: caches, the idle core a call wakes) and back to
+  back (0: a burst of turns, everything warm). The disks here throttle sustained writes (back to back,
+  a 1.8 MB fsync'd write takes 1.1 ms until ~0.3 GB have gone by, then 4.8 ms), so the raw put of each
+  round is the floor its saves are held to. The sessions cross 128K and 1M in the windows' middle.
 Both lengths are measured in the same rounds, so the disk's state and the machine's load fall on both
 alike: their ratio is the cost of the session's length, and each save's ratio to the raw put of its own
 bytes the store's cost over the floor. Medians; the issue's targets, met or not. The long session's
 growth (its turns while it was built, back to back) is shown per eighth. ``--quick``: 8K and 32K
-tokens, a window of 4, no gap (the test's mode). Writes turn_saves.md and .json (benchmarks/out, or
+tokens, windows of 4 with gaps of 1 and 0 ms (the test's mode). Writes turn_saves.md and .json (benchmarks/out, or
 benchmarks/results with --write).
 """
 
@@ -59,16 +61,21 @@ Prepare = Callable[[str], tuple[Callable[[], float], RawItems]]
 class TurnConfig:
     short: int = 131_072
     long: int = 1_048_576
-    window: int = 32  # measured rounds; the sessions cross their lengths in the middle
-    gap_ms: float = 50.0  # quiet after each round
+    window: int = 32  # measured rounds per gap; the sessions cross their lengths in the middle of them all
+    gaps_ms: tuple[float, ...] = (50.0, 0.0)  # quiet after each round, one window per gap
 
     @classmethod
     def quick(cls) -> TurnConfig:
-        return cls(short=8192, long=32_768, window=4, gap_ms=0.0)
+        return cls(short=8192, long=32_768, window=4, gaps_ms=(1.0, 0.0))
+
+    @property
+    def measured(self) -> int:
+        """Turns of each session measured, over every window."""
+        return self.window * len(self.gaps_ms)
 
     def built(self, tokens: int) -> int:
-        """Turns a session of ``tokens`` tokens is grown by before the window."""
-        return tokens // TURN_TOKENS - self.window // 2
+        """Turns a session of ``tokens`` tokens is grown by before the windows."""
+        return tokens // TURN_TOKENS - self.measured // 2
 
 
 @dataclass
@@ -76,26 +83,29 @@ class KindResult:
     kind: str  # "token" or "page"
     what: str  # one turn, in words
     turn_bytes: int
-    seconds: dict[str, list[float]] = field(default_factory=dict)  # {short,long}_{save,raw}, per round
+    seconds: dict[str, list[float]] = field(default_factory=dict)  # {short,long}_{save,raw}@gap, per round
     growth: list[float] = field(default_factory=list)  # the long session's turn saves while it was built
     notes: list[str] = field(default_factory=list)
 
-    def median(self, metric: str) -> float:
-        return statistics.median(self.seconds[metric])
+    def median(self, metric: str, gap: float) -> float:
+        return statistics.median(self.seconds[f"{metric}@{gap:g}"])
 
-    def paired(self, length: str) -> float:
+    def paired(self, length: str, gap: float) -> float:
         """Median over rounds of (save - raw put of the same turn's bytes) at ``length``."""
-        return statistics.median(a - b for a, b in zip(self.seconds[f"{length}_save"], self.seconds[f"{length}_raw"]))
+        saves, raws = self.seconds[f"{length}_save@{gap:g}"], self.seconds[f"{length}_raw@{gap:g}"]
+        return statistics.median(a - b for a, b in zip(saves, raws))
 
     def ratios(self, cfg: TurnConfig) -> dict[str, dict[str, Any]]:
         out = {}
-        for length in ("short", "long"):
-            r = self.median(f"{length}_save") / self.median(f"{length}_raw")
-            out[f"{self.kind} session: turn save / raw put + fsync, at {label(getattr(cfg, length))}"] = {
-                "ratio": r, "target": SAVE_TARGET, "met": r <= SAVE_TARGET}
-        r = self.median("long_save") / self.median("short_save")
-        out[f"{self.kind} session: turn save at {label(cfg.long)} / at {label(cfg.short)}"] = {
-            "ratio": r, "target": LENGTH_TARGET, "met": r <= LENGTH_TARGET}
+        for gap in cfg.gaps_ms:
+            at = f"{gap:g} ms apart"
+            for length in ("short", "long"):
+                r = self.median(f"{length}_save", gap) / self.median(f"{length}_raw", gap)
+                out[f"{self.kind} session, {at}: turn save / raw put + fsync, at {label(getattr(cfg, length))}"] = {
+                    "ratio": r, "target": SAVE_TARGET, "met": r <= SAVE_TARGET}
+            r = self.median("long_save", gap) / self.median("short_save", gap)
+            out[f"{self.kind} session, {at}: turn save at {label(cfg.long)} / at {label(cfg.short)}"] = {
+                "ratio": r, "target": LENGTH_TARGET, "met": r <= LENGTH_TARGET}
         return out
 
 
@@ -110,8 +120,9 @@ def grow(prepare: Prepare, session_id: str, turns: int, raw: RawLmdb, growth: li
             growth.append(seconds)
 
 
-def window(cfg: TurnConfig, prepare: Prepare, raw: RawLmdb, r: KindResult) -> None:
-    """The measured rounds: a turn of each session and the raw put of each turn's bytes, in rotating order."""
+def window(cfg: TurnConfig, gap_ms: float, prepare: Prepare, raw: RawLmdb, r: KindResult) -> None:
+    """The measured rounds: a turn of each session and the raw put of each turn's bytes, in rotating
+    order, ``gap_ms`` apart."""
     for k in range(cfg.window):
         steps: list[tuple[str, Callable[[], float]]] = []
         for length in ("short", "long"):
@@ -119,9 +130,9 @@ def window(cfg: TurnConfig, prepare: Prepare, raw: RawLmdb, r: KindResult) -> No
             steps += [(f"{length}_save", save), (f"{length}_raw", lambda items=items: raw.put_turn(items))]
         for i in range(len(steps)):
             name, step = steps[(i + k) % len(steps)]  # a raw put may come before its save: the bytes are known
-            r.seconds.setdefault(name, []).append(step())
-        if cfg.gap_ms:
-            time.sleep(cfg.gap_ms / 1e3)
+            r.seconds.setdefault(f"{name}@{gap_ms:g}", []).append(step())
+        if gap_ms:
+            time.sleep(gap_ms / 1e3)
 
 
 def run_kind(cfg: TurnConfig, work: Path, kind: str) -> KindResult:
@@ -138,7 +149,8 @@ def run_kind(cfg: TurnConfig, work: Path, kind: str) -> KindResult:
                            block_bytes_per_token_block() * TURN_TOKENS // BLOCK_TOKENS)
         grow(prepare, "long", cfg.built(cfg.long), raw, r.growth)
         grow(prepare, "short", cfg.built(cfg.short), raw)
-        window(cfg, prepare, raw, r)
+        for gap in cfg.gaps_ms:
+            window(cfg, gap, prepare, raw, r)
         for sid in ("short", "long"):
             check(sid)
         client.close()
@@ -150,7 +162,7 @@ def run_kind(cfg: TurnConfig, work: Path, kind: str) -> KindResult:
 
 def _token_sessions(cfg: TurnConfig, client: Client) -> tuple[Prepare, KindResult, Callable[[str], None]]:
     """Two token sessions long enough for the window past their lengths, turn by turn."""
-    extra = cfg.window // 2 * TURN_TOKENS
+    extra = (cfg.measured - cfg.measured // 2) * TURN_TOKENS
     sessions = {"short": make_session(cfg.short + extra, NS, seed=1), "long": make_session(cfg.long + extra, NS,
                                                                                              seed=2)}
     turns = {sid: s.turns(sid) for sid, s in sessions.items()}
@@ -183,18 +195,22 @@ def _token_sessions(cfg: TurnConfig, client: Client) -> tuple[Prepare, KindResul
 def report(results: list[KindResult], cfg: TurnConfig, command: str) -> str:
     load = "/".join(f"{x:.1f}" for x in os.getloadavg())
     s, lg = label(cfg.short), label(cfg.long)
+    gaps = ", ".join(f"{g:g} ms" for g in cfg.gaps_ms)
     lines = [f"`{command}`", "", f"{machine()}; {git_state()}; load average {load} at the end (2 cores, shared); "
-             f"layout {LAYOUT}; default daemon and client; {cfg.window} rounds, {cfg.gap_ms:g} ms apart; medians.",
-             ""]
+             f"layout {LAYOUT}; default daemon and client; windows of {cfg.window} rounds, the rounds {gaps} "
+             f"apart; medians.", ""]
     targets: dict[str, dict[str, Any]] = {}
     for r in results:
         rows = []
-        for metric, what in (("save", "turn save, p50"), ("raw", "raw LMDB put + fsync'd commit, p50")):
-            rows.append([what, *(f"{r.median(f'{n}_{metric}') * 1e3:.2f}" for n in ("short", "long"))])
-        rows.append(["turn save / raw, p50s", *(f"{r.median(f'{n}_save') / r.median(f'{n}_raw'):.2f}x"
-                                                 for n in ("short", "long"))])
-        rows.append(["turn save less the raw put of its bytes, paired per round, p50",
-                     *(f"{r.paired(n) * 1e3:.2f}" for n in ("short", "long"))])
+        for gap in cfg.gaps_ms:
+            at = f"{gap:g} ms apart"
+            lengths = ("short", "long")
+            for metric, what in (("save", "turn save, p50"), ("raw", "raw LMDB put + fsync'd commit, p50")):
+                rows.append([f"{at}: {what}", *(f"{r.median(f'{n}_{metric}', gap) * 1e3:.2f}" for n in lengths)])
+            rows.append([f"{at}: turn save / raw, p50s",
+                         *(f"{r.median(f'{n}_save', gap) / r.median(f'{n}_raw', gap):.2f}x" for n in lengths)])
+            rows.append([f"{at}: turn save less the raw put of its bytes, paired per round, p50",
+                         *(f"{r.paired(n, gap) * 1e3:.2f}" for n in ("short", "long"))])
         mb = r.turn_bytes / 1e6
         lines += [f"## {r.kind.capitalize()} sessions: a turn is {r.what} ({mb:.2f} MB)", "",
                   markdown_table(["ms", f"at {s}", f"at {lg}"], rows), ""]
@@ -217,13 +233,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--short", type=int, default=TurnConfig.short)
     p.add_argument("--long", type=int, default=TurnConfig.long)
     p.add_argument("--window", type=int, default=TurnConfig.window)
-    p.add_argument("--gap-ms", type=float, default=TurnConfig.gap_ms)
+    p.add_argument("--gaps-ms", type=float, nargs="+", default=list(TurnConfig.gaps_ms))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--work", type=Path, default=None, help="where the data dirs go (default: a temp dir)")
     args = p.parse_args(argv)
-    cfg = TurnConfig.quick() if args.quick else TurnConfig(args.short, args.long, args.window, args.gap_ms)
+    cfg = TurnConfig.quick() if args.quick else TurnConfig(args.short, args.long, args.window,
+                                                                          tuple(args.gaps_ms))
     if cfg.built(cfg.short) < 1 or cfg.short >= cfg.long:
-        p.error("--short must exceed half the window's tokens (window x 1,024) and be below --long")
+        p.error("--short must exceed half the windows' tokens (windows x window x 1,024) and be below --long")
     command = "python benchmarks/resume/bench_turn_saves.py " + " ".join(sys.argv[1:] if argv is None else argv)
     with tempfile.TemporaryDirectory(prefix="turn-saves-", dir=args.work) as tmp:
         results = run(cfg, Path(tmp))
