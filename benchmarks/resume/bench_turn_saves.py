@@ -2,7 +2,8 @@
 LMDB put + fsync of the same bytes, for a token session and for an engine page session.
 
     python benchmarks/resume/bench_turn_saves.py [--short 131072] [--long 1048576] [--window 32]
-                                                 [--gaps-ms 50 0] [--quick] [--work DIR] [--write]
+                                                 [--gaps-ms 50 0] [--rest-s 5] [--quick] [--work DIR]
+                                                 [--write]
 
 Per session kind, one daemon of default settings on a temp data dir (the benchmark's own file system,
 not tmpfs) and one raw LMDB environment opened as the ssd tier opens its own (geometry_raw.RawLmdb):
@@ -17,8 +18,9 @@ not tmpfs) and one raw LMDB environment opened as the ssd tier opens its own (ge
   round (whichever runs second finds caches the first warmed), then the gap. Paced (50 ms: an agent's
   turns are seconds apart, and everything runs cold: caches, the idle core a call wakes) and back to
   back (0: a burst of turns, everything warm). The disks here throttle sustained writes (back to back,
-  a 1.8 MB fsync'd write takes 1.1 ms until ~0.3 GB have gone by, then 4.8 ms), so the raw put of each
-  round is the floor its saves are held to. The sessions cross 128K and 1M in the windows' middle.
+  a 1.8 MB fsync'd write takes 1.1 ms until ~0.3 GB have gone by, then 4.8 ms; 2 s of rest lift the
+  throttle), so each window follows ``--rest-s`` of rest, and the raw put of each round is the floor
+  its saves are held to. The sessions cross 128K and 1M in the windows' middle.
 Both lengths are measured in the same rounds, so the disk's state and the machine's load fall on both
 alike: their ratio is the cost of the session's length, and each save's ratio to the raw put of its own
 bytes the store's cost over the floor. Medians; the issue's targets, met or not. The long session's
@@ -63,10 +65,11 @@ class TurnConfig:
     long: int = 1_048_576
     window: int = 32  # measured rounds per gap; the sessions cross their lengths in the middle of them all
     gaps_ms: tuple[float, ...] = (50.0, 0.0)  # quiet after each round, one window per gap
+    rest_s: float = 5.0  # quiet before each window (the disk's throttle lifts)
 
     @classmethod
     def quick(cls) -> TurnConfig:
-        return cls(short=8192, long=32_768, window=4, gaps_ms=(1.0, 0.0))
+        return cls(short=8192, long=32_768, window=4, gaps_ms=(1.0, 0.0), rest_s=0.0)
 
     @property
     def measured(self) -> int:
@@ -85,6 +88,7 @@ class KindResult:
     turn_bytes: int
     seconds: dict[str, list[float]] = field(default_factory=dict)  # {short,long}_{save,raw}@gap, per round
     growth: list[float] = field(default_factory=list)  # the long session's turn saves while it was built
+    growth_raw: list[float] = field(default_factory=list)  # ... and the raw puts of their bytes
     notes: list[str] = field(default_factory=list)
 
     def median(self, metric: str, gap: float) -> float:
@@ -109,15 +113,16 @@ class KindResult:
         return out
 
 
-def grow(prepare: Prepare, session_id: str, turns: int, raw: RawLmdb, growth: list[float] | None = None) -> None:
+def grow(prepare: Prepare, session_id: str, turns: int, raw: RawLmdb, r: KindResult | None = None) -> None:
     """``turns`` turns of ``session_id``, each saved then its bytes put raw (the raw environment grows
-    alongside the daemon's), back to back."""
+    alongside the daemon's), back to back; with ``r``, the seconds of each kept as its growth."""
     for _ in range(turns):
         save, items = prepare(session_id)
         seconds = save()
-        raw.put_turn(items)
-        if growth is not None:
-            growth.append(seconds)
+        put = raw.put_turn(items)
+        if r is not None:
+            r.growth.append(seconds)
+            r.growth_raw.append(put)
 
 
 def window(cfg: TurnConfig, gap_ms: float, prepare: Prepare, raw: RawLmdb, r: KindResult) -> None:
@@ -147,9 +152,10 @@ def run_kind(cfg: TurnConfig, work: Path, kind: str) -> KindResult:
             prepare, check = pages.prepare, pages.check
             r = KindResult("page", "16 pages: 8 blocks x 2 groups, vLLM's save_pages",
                            block_bytes_per_token_block() * TURN_TOKENS // BLOCK_TOKENS)
-        grow(prepare, "long", cfg.built(cfg.long), raw, r.growth)
+        grow(prepare, "long", cfg.built(cfg.long), raw, r)
         grow(prepare, "short", cfg.built(cfg.short), raw)
         for gap in cfg.gaps_ms:
+            time.sleep(cfg.rest_s)
             window(cfg, gap, prepare, raw, r)
         for sid in ("short", "long"):
             check(sid)
@@ -197,8 +203,8 @@ def report(results: list[KindResult], cfg: TurnConfig, command: str) -> str:
     s, lg = label(cfg.short), label(cfg.long)
     gaps = ", ".join(f"{g:g} ms" for g in cfg.gaps_ms)
     lines = [f"`{command}`", "", f"{machine()}; {git_state()}; load average {load} at the end (2 cores, shared); "
-             f"layout {LAYOUT}; default daemon and client; windows of {cfg.window} rounds, the rounds {gaps} "
-             f"apart; medians.", ""]
+             f"layout {LAYOUT}; default daemon and client; windows of {cfg.window} rounds after {cfg.rest_s:g} s of "
+             f"rest, the rounds {gaps} apart; medians.", ""]
     targets: dict[str, dict[str, Any]] = {}
     for r in results:
         rows = []
@@ -215,9 +221,15 @@ def report(results: list[KindResult], cfg: TurnConfig, command: str) -> str:
         lines += [f"## {r.kind.capitalize()} sessions: a turn is {r.what} ({mb:.2f} MB)", "",
                   markdown_table(["ms", f"at {s}", f"at {lg}"], rows), ""]
         if len(r.growth) > 8:  # its first turn connects the client: left out
-            parts = [f"{statistics.median(part) * 1e3:.1f}" for part in np.array_split(np.asarray(r.growth[1:]), 8)]
-            lines += [f"The {lg} session's turn saves while it grew (back to back, no gap; after its first), p50 per "
-                      f"eighth of its growth, ms: " + ", ".join(parts) + ".", ""]
+            rows = []
+            for part in np.array_split(np.arange(1, len(r.growth)), 8):
+                save = statistics.median(r.growth[i] for i in part)
+                put = statistics.median(r.growth_raw[i] for i in part)
+                rows.append([f"{label(int(part[0]) * TURN_TOKENS)}-{label((int(part[-1]) + 1) * TURN_TOKENS)}",
+                             f"{save * 1e3:.2f}", f"{put * 1e3:.2f}", f"{save / put:.2f}x"])
+            lines += [f"The {lg} session while it grew (back to back, each turn's save then the raw put of its bytes), "
+                      f"p50 per eighth of its growth:", "",
+                      markdown_table(["tokens", "turn save, ms", "raw put + fsync, ms", "ratio"], rows), ""]
         lines += [f"- {n}" for n in r.notes]
         targets.update(r.ratios(cfg))
     lines += ["## Targets", "", targets_table("target", targets)]
@@ -234,11 +246,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--long", type=int, default=TurnConfig.long)
     p.add_argument("--window", type=int, default=TurnConfig.window)
     p.add_argument("--gaps-ms", type=float, nargs="+", default=list(TurnConfig.gaps_ms))
+    p.add_argument("--rest-s", type=float, default=TurnConfig.rest_s)
     p.add_argument("--quick", action="store_true")
     p.add_argument("--work", type=Path, default=None, help="where the data dirs go (default: a temp dir)")
     args = p.parse_args(argv)
     cfg = TurnConfig.quick() if args.quick else TurnConfig(args.short, args.long, args.window,
-                                                                          tuple(args.gaps_ms))
+                                                                          tuple(args.gaps_ms), args.rest_s)
     if cfg.built(cfg.short) < 1 or cfg.short >= cfg.long:
         p.error("--short must exceed half the windows' tokens (windows x window x 1,024) and be below --long")
     command = "python benchmarks/resume/bench_turn_saves.py " + " ".join(sys.argv[1:] if argv is None else argv)
