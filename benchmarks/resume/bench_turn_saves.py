@@ -24,7 +24,7 @@ not tmpfs) and one raw LMDB environment opened as the ssd tier opens its own (ge
 Both lengths are measured in the same rounds, so the disk's state and the machine's load fall on both
 alike: their ratio is the cost of the session's length, and each save's ratio to the raw put of its own
 bytes the store's cost over the floor. Medians; the issue's targets, met or not. The long session's
-growth (its turns while it was built, back to back) is shown per eighth. ``--quick``: 8K and 32K
+growth (its turns while it was built, back to back) is shown per eighth. ``--quick``: 16K and 32K
 tokens, windows of 4 with gaps of 1 and 0 ms (the test's mode). Writes turn_saves.md and .json (benchmarks/out, or
 benchmarks/results with --write).
 """
@@ -69,7 +69,7 @@ class TurnConfig:
 
     @classmethod
     def quick(cls) -> TurnConfig:
-        return cls(short=8192, long=32_768, window=4, gaps_ms=(1.0, 0.0), rest_s=0.0)
+        return cls(short=16_384, long=32_768, window=4, gaps_ms=(1.0, 0.0), rest_s=0.0)
 
     @property
     def measured(self) -> int:

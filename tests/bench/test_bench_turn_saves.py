@@ -1,4 +1,4 @@
-"""benchmarks/resume/bench_turn_saves.py, quick mode (token and engine page sessions of 8K and 32K tokens
+"""benchmarks/resume/bench_turn_saves.py, quick mode (token and engine page sessions of 16K and 32K tokens
 of deepseek-v4.1-flash, windows of 4 rounds, 1 and 0 ms apart): real daemons save both sessions of each
 kind turn by turn, the measured rounds interleaved with raw LMDB puts of the same bytes, and the daemon's versions name
 every chunk and page saved (the benchmark checks). Asserts that every measurement and ratio is there
@@ -28,7 +28,7 @@ def test_quick_mode_measures_both_lengths_of_both_kinds(tmp_path: Path) -> None:
         ratios = r.ratios(cfg)
         assert len(ratios) == 3 * len(cfg.gaps_ms) and all(v["ratio"] > 0 for v in ratios.values())
     text = report(results, cfg, "bench --quick")
-    assert "## Token sessions" in text and "## Page sessions" in text and "at 32K / at 8K" in text
+    assert "## Token sessions" in text and "## Page sessions" in text and "at 32K / at 16K" in text
 
 
 def test_a_window_the_short_session_cannot_hold_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
