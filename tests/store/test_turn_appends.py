@@ -139,3 +139,34 @@ def test_touch_and_delete_drop_the_turn_records(tmp_path: Path) -> None:
     ss.delete("ns", "a")
     assert not [k for k in meta_of(ss) if k.startswith((PREFIX, b"m:"))]
     ss.close()
+
+
+def test_the_retry_of_an_applied_append_is_answered_its_version_and_writes_nothing(tmp_path: Path) -> None:
+    """An append whose answer was lost (applied, then the connection or the daemon went) is retried on the
+    same base: answered the version it made, nothing written, before and after a restart; another turn on
+    that base is still refused."""
+    cfg = store_config(tmp_path)
+    ss = open_store(cfg)
+    a, b, c = grown(3)
+    m = ss.save_session("ns", a.layout.layout_id, a.parent(0), 0, a.blobs, a.manifest())[0]
+    made = append(ss, b, len(a.keys), m.generation)
+    before = meta_of(ss)
+    txns = ss.store.tiers[-1].stats(pages=True).pages.last_txnid  # type: ignore[union-attr]
+    again = append(ss, b, len(a.keys), m.generation)  # the same turn, the same base: its retry
+    assert again == made and ss.get("ns", "a") == made and meta_of(ss) == before
+    assert ss.store.tiers[-1].stats(pages=True).pages.last_txnid == txns  # type: ignore[union-attr]  # no write
+    other = Append("ns", "a", b.layout.layout_id, m.generation, c.keys[len(a.keys):], len(c.token_ids), c.tail,
+                   tuple(int(t) for t in c.token_ids[-LAST_IDS:]))
+    with pytest.raises(FailedPrecondition, match="changed through another client"):  # not this turn: refused
+        ss.append_session("ns", c.layout.layout_id, c.parent(len(a.keys)), len(a.keys), c.blobs[len(a.keys):], other)
+    ss.close()
+    reopened = open_store(cfg)  # the daemon went after applying it: the retry reaches a restarted one
+    try:
+        assert append(reopened, b, len(a.keys), m.generation).generation == made.generation
+        assert meta_of(reopened) == before
+        nxt = append(reopened, c, len(b.keys), made.generation)  # and the session goes on from it
+        assert nxt.chunk_keys == c.keys
+        with pytest.raises(FailedPrecondition):  # the version it made is no longer current: a stale retry
+            append(reopened, b, len(a.keys), m.generation)
+    finally:
+        reopened.close()

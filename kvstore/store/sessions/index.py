@@ -149,8 +149,9 @@ class SessionIndex:
                     self.remove(ref)
                     if m is not None:
                         self.add(m)
-                    # the version indexed is not the one on this daemon's disk: the next save writes it whole
-                    self.logs[ref] = replace(self.log(ref), chains=False)
+                    # the version indexed is not the one on this daemon's disk: the next save writes it whole;
+                    # nor one this daemon's append made (no retry of one is answered with it)
+                    self.logs[ref] = replace(self.log(ref), chains=False, last_base=0, last_first=-1)
         return True
 
     def live(self, now: float, namespace: str | None = None) -> list[Manifest]:

@@ -151,8 +151,10 @@ class SessionStore:
                       *ref, applied, len(found))
             self.damage.manifests += 1
         records = max((seq for seq, _ in found), default=-1) + 1
+        last = recs[applied - 1] if applied else None  # what made the version read: an append's retry is known
         self._index.logs[ref] = TurnLog(records, len(m.chunk_keys), len(out.chunk_keys) - len(m.chunk_keys),
-                                        chains=applied == len(found) and [s for s, _ in found] == list(range(records)))
+                                        chains=applied == len(found) and [s for s, _ in found] == list(range(records)),
+                                        last_base=last.base if last else 0, last_first=last.first_chunk if last else -1)
         return out
 
     def collect_garbage(self) -> int:
@@ -232,7 +234,9 @@ class SessionStore:
         append the keys, trailing span and last ids to the session's version ``append.base``, in one
         durable transaction, in O(the turn): its record on disk is what it adds (a turn record), its
         checks and the index's update are of the keys it adds. FailedPrecondition, nothing stored,
-        unless ``append.base`` is the session's current version; the keys it adds are checked as a
+        unless ``append.base`` is the session's current version (or the version is the one this very
+        append made: its retry, the answer lost, is answered that version and writes nothing); the keys it
+        adds are checked as a
         commit's (stored in the namespace, or brought by ``blobs``; in place). Returns the new version
         and the chunks' keys with how many were new."""
         check_namespace(namespace)

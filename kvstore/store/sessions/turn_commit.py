@@ -53,6 +53,14 @@ def new_chunks(store: TieredStore, keys: Sequence[bytes], blobs: Sequence[bytes 
     return list(new.items())
 
 
+class Applied(Exception):
+    """The turn is an append this store already applied (``TurnCommit.applied``): ``version`` is what it made."""
+
+    def __init__(self, version: Manifest) -> None:
+        super().__init__("applied already")
+        self.version = version
+
+
 class TurnCommit:
     """The ``CommitGroup`` of the session store's turn saves; called with ``index.write_lock`` held.
 
@@ -107,6 +115,9 @@ class TurnCommit:
                 if self.write_mode == "back":
                     batch = set(t.keys)
                     self.store.flush([k for k in (m.chunk_keys[i] for i in check) if k not in batch])
+            except Applied as done:  # the retry of an append this store applied: its version, nothing written
+                p.succeed((done.version, SaveResult(t.keys, 0)))
+                continue
             except Exception as e:  # this turn's own error, raised to its caller
                 p.fail(e)
                 continue
@@ -140,11 +151,12 @@ class TurnCommit:
                 rec = TurnRecord(old.generation, m.generation, start, m.chunk_keys[start:], m.token_count, m.tail,
                                  m.last_token_ids, m.updated_at)
                 meta_puts.append((turn_key(*ref, log.records), rec.encode()))
-                logs[ref] = log.appended(len(m.chunk_keys) - start)
+                logs[ref] = log.appended(len(m.chunk_keys) - start, old.generation, start)
             else:  # the manifest whole, the session's turn records deleted: one transaction
                 meta_puts.append((m.key, m.encode()))
                 meta_deletes += log.keys(ref)
-                logs[ref] = whole_log(len(m.chunk_keys))
+                logs[ref] = (whole_log(len(m.chunk_keys), old.generation, start) if start >= 0 and old is not None
+                             else whole_log(len(m.chunk_keys)))
         try:
             self.store.commit(WriteBatch(puts=list(puts.items()), deletes=doomed, meta_puts=meta_puts,
                                          meta_deletes=meta_deletes))
@@ -177,6 +189,8 @@ class TurnCommit:
         if old is None or old.generation != a.base:
             self.index.adopt(self.sharing.catch_up_session(ref), self.sharing.advance)
             old = self.index.get(ref)
+        if old is not None and old.generation != a.base and self.applied(old, t):
+            raise Applied(old)
         if old is None or old.generation != a.base:
             where = f"it is at version {old.generation}" if old is not None else "it does not exist (deleted since?)"
             raise FailedPrecondition(f"session {a.session_id!r} in namespace {t.namespace!r} was changed through "
@@ -191,6 +205,20 @@ class TurnCommit:
         at = t.kind.positions_added(m, start, t.first_index, t.parent, t.keys)
         self.check_added(m, t.kind, start, at)
         return m, start
+
+    def applied(self, current: Manifest, t: Turn) -> bool:
+        """Whether ``current``, the session's version, is what append ``t`` makes of its base: an append
+        retried because its answer was lost (the daemon applied it, then the connection or the daemon
+        went). Then the retry is answered that version, as a whole save that stores the current version
+        goes through (``check_base``)."""
+        a = t.append
+        assert a is not None
+        log = self.index.log((current.namespace, current.session_id))
+        if log.last_base != a.base or log.last_first < 0:
+            return False
+        same = (current.layout_id, current.chunk_keys[log.last_first :], current.token_count, current.tail,
+                current.last_token_ids) == (t.layout_id, a.chunk_keys, a.token_count, a.tail, a.last_token_ids)
+        return same and all(self.store.holds_durably_many(list(t.keys)))
 
     def check_added(self, m: Manifest, kind: SessionKind, start: int, skip: Positions) -> None:
         """``check_chunks`` of the keys an append adds (chunks ``start``...), the others checked when
