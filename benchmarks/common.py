@@ -8,6 +8,7 @@ record the README cites. A run never rewrites tracked files by accident.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -78,6 +79,15 @@ def write_result(name: str, title: str, body: str) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / name
     path.write_text(f"# {title}\n\n{body}\n")
+    return path
+
+
+def write_json(name: str, command: str, payload: Mapping[str, Any]) -> Path:
+    """``RESULTS / name``: the run's command and commit, then ``payload``, as indented JSON (the numbers
+    behind a ``write_result`` table); its path."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps({"command": command, "git": git_state(), **payload}, indent=1) + "\n")
     return path
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -42,7 +41,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import RESULTS, drop_page_cache, git_state, machine, markdown_table, targets_table, write_result
+from benchmarks.common import (
+    drop_page_cache,
+    git_state,
+    machine,
+    markdown_table,
+    targets_table,
+    write_json,
+    write_result,
+)
 from benchmarks.resume.geometry_raw import RawLmdb, memcpy, resident_fraction
 from benchmarks.resume.geometry_session import LAYOUT, TURN_TOKENS, Session, label, make_session, section_title
 from kvstore.client import Client
@@ -308,10 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, cfg, command.strip())
     print(text)
     path = write_result("resume_geometry.md", "Resume at the real geometry (issue 21)", text)
-    (RESULTS / "resume_geometry.json").write_text(json.dumps(
-        {"command": command.strip(), "git": git_state(), "config": asdict(cfg),
-         "sizes": [{**asdict(r), "medians": {k: r.median(k) for k in r.seconds}, "ratios": ratios(r)}
-                   for r in results]}, indent=1) + "\n")
+    write_json("resume_geometry.json", command.strip(), {"config": asdict(cfg), "sizes": [
+        {**asdict(r), "medians": {k: r.median(k) for k in r.seconds}, "ratios": ratios(r)} for r in results]})
     print(f"wrote {path}")
     return 0
 

@@ -32,7 +32,6 @@ benchmarks/results with --write).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -46,7 +45,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.common import RESULTS, git_state, machine, markdown_table, targets_table, write_result
+from benchmarks.common import git_state, machine, markdown_table, targets_table, write_json, write_result
 from benchmarks.resume.geometry_pages import BLOCK_TOKENS, PageGrower, RawItems, block_bytes_per_token_block
 from benchmarks.resume.geometry_raw import RawLmdb
 from benchmarks.resume.geometry_session import CHUNK_TOKENS, LAYOUT, TURN_TOKENS, label, make_session
@@ -260,9 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     text = report(results, cfg, command.strip())
     print(text)
     path = write_result("turn_saves.md", "Turn saves at the real geometry (issue 30)", text)
-    (RESULTS / "turn_saves.json").write_text(json.dumps(
-        {"command": command.strip(), "git": git_state(), "config": asdict(cfg),
-         "kinds": [{**asdict(r), "ratios": r.ratios(cfg)} for r in results]}, indent=1) + "\n")
+    write_json("turn_saves.json", command.strip(), {"config": asdict(cfg), "kinds": [
+        {**asdict(r), "ratios": r.ratios(cfg)} for r in results]})
     print(f"wrote {path}")
     return 0
 

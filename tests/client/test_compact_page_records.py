@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 
 from kvstore.client import Client
-from kvstore.format import page
-from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.transport import shm
 from tests.helpers.daemon import start_daemon
-from tests.helpers.pages import scaled_block, v41_layout
+from tests.helpers.pages import save_page_session, scaled_block, v41_layout
 
 pytestmark = pytest.mark.skipif(shm.default_shm_dir() is None, reason="no writable /dev/shm on this host")
 
@@ -32,14 +30,9 @@ def blocks(n: int) -> list[bytes]:
 def _save_restart_load(data: Path, flags: tuple[str, ...], n: int = 6) -> int:
     ns = f"p-{uuid.uuid4().hex[:12]}"
     blks = blocks(n)
-    keys = [page.page_key(LAYOUT.layout_id, ns, i % 2, f"{ns}/{i}".encode()) for i in range(n)]
-    blobs = [page.encode(LAYOUT, i % 2, f"{ns}/{i}".encode(), k, b) for i, (k, b) in enumerate(zip(keys, blks))]
     d = start_daemon(data, *flags)
     try:
-        with Client(address=d.address) as c:
-            c.register_layout(LAYOUT.definition())
-            c.save_session(Manifest("s", ns, LAYOUT.layout_id, 256 * n, 0, tuple(keys), b"", (),
-                                    retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), blobs)
+        keys, _ = save_page_session(d.address, LAYOUT, ns, blks)
     finally:
         assert d.stop() == 0
     used = 0

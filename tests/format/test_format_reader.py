@@ -24,15 +24,14 @@ import torch
 import xxhash
 import zstandard
 
-from kvstore.client import Client
 from kvstore.format import chunk, page, quant
 from kvstore.format.keys import ROOT, chunk_key
 from kvstore.format.layout import PRESETS, EntryFormat, get_layout
-from kvstore.format.manifest import Kind, Manifest, Retention
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.tiers.base import CorruptValue
 from kvstore.tiers.ssd.record import CHUNK, RUNS, ZSTD, RecordCodec
 from tests.helpers.daemon import start_daemon
-from tests.helpers.pages import scaled_block, v41_layout
+from tests.helpers.pages import save_page_session, scaled_block, v41_layout
 from tests.helpers.store import preset_definitions
 from tests.tiers.test_page_records import LAYOUTS as PAGE_LAYOUTS
 from tests.tiers.test_page_records import blob_of as page_blob
@@ -307,16 +306,10 @@ def test_flag_3_records_of_every_page_layout(node: str, tmp_path: Path, name: st
 def test_flag_3_records_a_compact_daemon_wrote(node: str, tmp_path: Path) -> None:
     """A real daemon (``--ssd-compact-records``) saves a page session; the Node reader reads each blob's
     record straight from the LMDB data directory, byte-identical to what was saved."""
-    lay, ns, n = v41_layout(), "pages", 4
-    hashes = [f"{ns}/{i}".encode() for i in range(n)]
-    keys = [page.page_key(lay.layout_id, ns, i % 2, h) for i, h in enumerate(hashes)]
-    blobs = [page.encode(lay, i % 2, h, k, scaled_block(lay, i % 2, i)) for i, (h, k) in enumerate(zip(hashes, keys))]
+    lay = v41_layout()
     d = start_daemon(tmp_path / "data", "--ssd-compact-records")
     try:
-        with Client(address=d.address) as c:
-            c.register_layout(lay.definition())
-            c.save_session(Manifest("s", ns, lay.layout_id, 256 * n, 0, tuple(keys), b"", (),
-                                    retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), blobs)
+        keys, blobs = save_page_session(d.address, lay, "pages", [scaled_block(lay, i % 2, i) for i in range(4)])
     finally:
         assert d.stop() == 0
     with lmdb.open(str(tmp_path / "data" / "ssd"), readonly=True, max_dbs=8, lock=False) as env, \

@@ -3,8 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
+from kvstore.client import Client
+from kvstore.format import page
+from kvstore.format.manifest import Kind, Manifest, Retention
 from kvstore.format.page_layout import GroupSpec, PageLayout, PageSpec
 
 #: (data, scale, arrangement) per record: main KV, indexer K
@@ -52,3 +57,17 @@ def scaled_block(layout: PageLayout, group: int, seed: int) -> bytes:
             rec = blk[p.offset : p.offset + p.record_bytes].reshape(p.states, p.data + p.scale)
             rec[:, p.data :] = rng.integers(0x30, 0x38, (p.states, p.scale))
     return blk.tobytes()
+
+
+def save_page_session(address: str, layout: PageLayout, namespace: str, blocks: Sequence[bytes],
+                      session_id: str = "s") -> tuple[list[bytes], list[bytes]]:
+    """A page session of ``blocks`` (block i of group i % 2, hash ``<namespace>/<i>``) saved whole through the
+    daemon at ``address``, its layout registered first; (the page keys, the page blobs), in order."""
+    hashes = [f"{namespace}/{i}".encode() for i in range(len(blocks))]
+    keys = [page.page_key(layout.layout_id, namespace, i % 2, h) for i, h in enumerate(hashes)]
+    blobs = [page.encode(layout, i % 2, h, k, b) for i, (h, k, b) in enumerate(zip(hashes, keys, blocks))]
+    with Client(address=address) as c:
+        c.register_layout(layout.definition())
+        c.save_session(Manifest(session_id, namespace, layout.layout_id, 256 * len(blocks), 0, tuple(keys), b"", (),
+                                retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), blobs)
+    return keys, blobs
