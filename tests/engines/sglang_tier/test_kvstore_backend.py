@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repo: tests.
 
 from kvstore.client import Client
 from kvstore.engines.sglang.backend import TESTED_SGLANG, KVStoreHiCache, SwaPoolRefused
+from kvstore.format.page_layout import INTERLEAVED, SPLIT
 from tests.helpers.cluster import cluster_flags, running_cluster
 from tests.helpers.daemon import Daemon, free_port, start_daemon, transport_stats
 
@@ -289,3 +290,58 @@ def test_every_pool_of_a_load_is_one_call_into_the_host_slots(daemon: Daemon) ->
     assert loaded.hit_pages == 3 and loaded.pool_pages == stored.pool_pages
     assert calls and all(n == len(V41_L3_POOLS) for n in calls if n)
     assert after - before == sum(1 for n in calls if n)  # one call each, for all four pools
+
+
+# --- the geometry kvstore derives from the pools SGLang builds ------------------------------------------
+
+def device_records(engine: Engine) -> dict[str, str]:
+    """Per host pool, the record of the device pool it mirrors as SGLang built it (the ``KVLayout`` of each
+    ratio's KV pool, FP4 or FP8 rows of its indexer pool): what the backend, which sees only the host pools'
+    sizes, must find."""
+    kv = engine.kvcache
+    out = {f"deepseek_v4_c{r}": str(p.kv_layout.value) for r, p in kv.kv_pools.items()}
+    out.update({f"deepseek_v4_c{r}_indexer": f"indexer-{'mxfp4' if p.use_fp4_indexer else 'fp8'}-{kv.indexer_head_dim}"
+                for r, p in kv.index_pools.items()})
+    return out
+
+
+@pytest.mark.parametrize(("family", "kv_layout"), [("sm100", None), ("sm100", "v41_new"), ("hopper", None)])
+def test_each_pool_is_stored_as_the_record_of_the_device_pool_it_mirrors(
+        daemon: Daemon, monkeypatch: pytest.MonkeyPatch, family: str, kv_layout: str | None) -> None:
+    """SM100's block-split V4.1 records, its interleaved ones (``SGLANG_DSV4_KV_LAYOUT=v41_new``) and Hopper's V4
+    records: each pool's record found from its host pool's size alone is the one SGLang's device pool holds,
+    named in the layout's fingerprint; no pool is stored opaque."""
+    if kv_layout is not None:
+        monkeypatch.setenv("SGLANG_DSV4_KV_LAYOUT", kv_layout)
+    with kvstore_backend(daemon.address, NS).engine(family) as engine:
+        g = backend_of(engine).geometry
+        want = device_records(engine)
+        assert g is not None and not g.opaque and len(want) == len(V41_L3_POOLS)
+        assert {n: p.record.name for n, p in g.pools.items() if p.record is not None} == want
+        fingerprint = dict(g.layout.fingerprint)
+        assert all(fingerprint[f"pool.{n}"].endswith(f"record={r}") for n, r in want.items())
+
+
+def test_sglangs_interleaved_records_are_another_layout_of_the_same_sizes(daemon: Daemon,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interleaved arrangement SGLang picks under ``SGLANG_DSV4_KV_LAYOUT=v41_new`` holds records of the size
+    of the block-split ones, in other bytes: its pages are another layout, never served for the other's."""
+    kv = kvstore_backend(daemon.address, NS)
+    toks = tokens(2, seed=21)
+    write(kv, toks)  # block-split (SGLang's default on SM100)
+    with kv.engine() as engine:
+        split = backend_of(engine).geometry
+    monkeypatch.setenv("SGLANG_DSV4_KV_LAYOUT", "v41_new")
+    with kv.engine() as engine:
+        inter = backend_of(engine).geometry
+        assert engine.prefetch(toks).hit_tokens == 0
+    assert split is not None and inter is not None
+    assert {n: p.page_bytes for n, p in inter.pools.items()} == {n: p.page_bytes for n, p in split.pools.items()}
+    assert inter.layout.layout_id != split.layout.layout_id
+    for g, arrangement in ((split, SPLIT), (inter, INTERLEAVED)):
+        c2 = g.layout.group(g.groups["deepseek_v4_c2"])
+        assert c2 is not None and {p.arrangement for p in c2.pages} == {arrangement}
+    stored = write(kv, toks)  # the interleaved pages saved too: each layout serves its own
+    with kv.engine() as engine:
+        loaded = engine.prefetch(toks)
+    assert loaded.hit_pages == 2 and loaded.pool_pages == stored.pool_pages
