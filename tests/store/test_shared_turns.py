@@ -9,9 +9,10 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import statistics
+import time
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,11 +20,12 @@ import numpy as np
 import pytest
 import redis
 
-from kvstore.errors import FailedPrecondition, Unavailable
+from kvstore.errors import FailedPrecondition, NotFound, Unavailable
 from kvstore.format.keys import ROOT, chunk_key
-from kvstore.format.manifest import Manifest
+from kvstore.format.manifest import Manifest, Retention
 from kvstore.format.turn_record import Append
 from kvstore.store import SessionStore, StoreConfig, open_store
+from kvstore.store.sessions.shared_manifests import Known, SharedSessions
 from kvstore.tiers import HostTierConfig, RedisTierConfig, SsdTierConfig, TierError
 from kvstore.tiers.redis.keys import RedisKeys
 from kvstore.tiers.redis.sessions import Appended, Record
@@ -260,6 +262,28 @@ def test_a_retry_of_an_append_whose_answer_was_lost_is_accepted(
     nxt = vs[v.n // PER]
     m = append(a, nxt, v.n, m.generation)  # and the turns go on from it, seen by B
     assert b.get("ns", "s").encode() == m.encode()
+
+
+def test_an_expired_session_lets_go_of_its_manifest_and_is_not_indexed_again(
+        two: tuple[SessionStore, SessionStore, str]) -> None:
+    """Past its TTL a shared session leaves the index; the sharing layer keeps its generation only (the
+    next catch-up does not index it again) and lets its manifest go; a whole save starts it over."""
+    a, _, _ = two
+    vs = versions(3)
+    m = a.save_session("ns", TINY8.layout_id, ROOT, 0, vs[0].full.blobs[: vs[0].n],
+                       replace(vs[0].manifest(), retention=Retention(ttl_s=10)))[0]
+    m = append(a, vs[1], vs[0].n, m.generation)
+    sharing = a._sharing
+    assert isinstance(sharing, SharedSessions) and sharing.known(("ns", "s")).manifest == m
+    shared_gen = sharing.known(("ns", "s")).generation  # Redis's count of the session's versions
+    a.clock = lambda: time.time() + 100
+    assert a.expire() == 1
+    assert sharing.known(("ns", "s")) == Known(shared_gen, None)
+    assert a.list_sessions("ns") == []  # a catch-up ran: the shared version, already known, stays out
+    with pytest.raises(NotFound):
+        a.get("ns", "s")
+    again = save_whole(a, vs[2])  # saved whole again (no base): a new version, published whole
+    assert again.generation > m.generation and a.get("ns", "s").chunk_keys == vs[2].full.keys[: vs[2].n]
 
 
 def test_a_shared_turn_costs_what_it_adds_from_turn_10_to_turn_200(redis_server: RedisServer, tmp_path: Path) -> None:

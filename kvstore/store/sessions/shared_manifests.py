@@ -110,6 +110,15 @@ class SharedSessions(Sharing):
             for ref in refs:
                 self._known.pop(ref, None)
 
+    def expired(self, refs: Sequence[SessionRef]) -> None:
+        """Sessions the index dropped when their TTL passed: their generation is kept (so a catch-up does
+        not index them again), their manifests let go (a turn on one is then published whole)."""
+        with self._lock:
+            for ref in refs:
+                known = self._known.get(ref)
+                if known is not None and known.manifest is not None:
+                    self._known[ref] = Known(known.generation)
+
     # -- publishing -----------------------------------------------------------------------------
     def publish_turns(self, accepted: list[Accepted], store: TieredStore,
                       starts: Mapping[SessionRef, int]) -> list[Accepted]:

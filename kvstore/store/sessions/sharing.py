@@ -13,7 +13,8 @@ The session store's side of the contract:
 - it publishes a group of accepted turns (``publish_turns``, with the chunk count of the version
   each append extends: an append is published as what it adds) before committing them locally and
   commits only those that were published; ``forget`` undoes what was published when the local
-  commit then fails; a delete or a touch is ``publish``-ed before it is applied locally.
+  commit then fails; a delete or a touch is ``publish``-ed before it is applied locally; sessions
+  whose TTL passed are told to ``expired`` once the index dropped them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,11 @@ class Sharing(abc.ABC):
         """What was published for ``refs`` did not commit locally: the next read catches up with it."""
 
     @abc.abstractmethod
+    def expired(self, refs: Sequence[SessionRef]) -> None:
+        """The index dropped ``refs`` (their TTL passed): keep no more of them than it takes not to index
+        them again at the next catch-up."""
+
+    @abc.abstractmethod
     def advance(self, ref: SessionRef, gen: int) -> bool:
         """Record that the index holds version ``gen`` of ``ref``; False if it holds it or a newer one."""
 
@@ -91,6 +97,9 @@ class NoSharing(Sharing):
         return None
 
     def forget(self, refs: Sequence[SessionRef]) -> None:
+        return None
+
+    def expired(self, refs: Sequence[SessionRef]) -> None:
         return None
 
     def advance(self, ref: SessionRef, gen: int) -> bool:

@@ -312,6 +312,7 @@ class SessionStore:
             except (Unavailable, ResourceExhausted) as e:  # the index forgot them: the next open retries
                 log.error("could not delete %d expired sessions from the durable tier: %s", len(gone), e)
             self._index.forget_chunks(freed)
+        self._sharing.expired(gone)
         return len(gone)
 
     def pinned_keys(self) -> set[bytes]:
