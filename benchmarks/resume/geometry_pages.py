@@ -1,7 +1,8 @@
-"""An engine page session at the real geometry for the turn-save benchmark (issue 30): DeepSeek-V4.1's
-vLLM page layout (``tests/helpers/pages.py``'s ``v41_layout``: group 0, layers 2/8/14 at 128 states per
-256-token block, and group 1, layer 20 at 256; 227,840 bytes of pages per 256 tokens, about a token
-chunk's), saved the way vLLM's tier saves it: ``PageSessions.save`` with ``Client.save_pages`` reading
+"""An engine page session at the real geometry for the turn-save benchmark (issue 30): a page layout of
+DeepSeek-V4.1's shape, built by hand (``tests/helpers/pages.py``'s ``v41_layout``: group 0, layers 2/8/14
+at 128 states per 256-token block, and group 1, layer 20 at 256; 227,840 bytes of pages per 256 tokens,
+about a token chunk's; what vLLM's own planner lays out, and the tier under vLLM's stack, are measured by
+benchmarks/vllm_tier/), saved the way vLLM's tier saves it: ``PageSessions.save`` with ``Client.save_pages`` reading
 each block from its slot of the engine's CPU region (on the daemon's host the daemon reads the slots
 itself), one turn per 2,048 tokens (8 blocks of each group, 16 pages), the session growing block by
 block.
