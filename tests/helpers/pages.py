@@ -8,9 +8,11 @@ from collections.abc import Sequence
 import numpy as np
 
 from kvstore.client import Client
+from kvstore.engines.pages.records import Record
+from kvstore.engines.sglang.geometry import Pool, derive, fit
 from kvstore.format import page
 from kvstore.format.manifest import Kind, Manifest, Retention
-from kvstore.format.page_layout import GroupSpec, PageLayout, PageSpec
+from kvstore.format.page_layout import INTERLEAVED, SPLIT, GroupSpec, PageLayout, PageSpec
 
 #: (data, scale, arrangement) per record: main KV, indexer K
 RECORDS = {"nvfp4_ds_mla": ((256, 32, "interleaved"), (64, 4, "split")),  # Blackwell, MXFP4 indexer
@@ -71,3 +73,38 @@ def save_page_session(address: str, layout: PageLayout, namespace: str, blocks: 
         c.save_session(Manifest(session_id, namespace, layout.layout_id, 256 * len(blocks), 0, tuple(keys), b"", (),
                                 retention=Retention(ttl_s=3600), kind=Kind.ENGINE_PAGES), blobs)
     return keys, blobs
+
+
+#: Page records of the shapes SGLang's DeepSeek-V4.1 host pools hold, built by hand for the format and
+#: layout-rule tests (which records SGLang really picks, and its pools' sizes, are tested under its own
+#: stack: tests/engines/sglang_tier/): two of one size in two arrangements, padded to other alignments
+SPLIT_288 = Record(256, 32, SPLIT, 256, "split-288")
+INTERLEAVED_288 = Record(256, 32, INTERLEAVED, 288, "interleaved-288")
+SPLIT_528 = Record(512, 16, SPLIT, 512, "split-528")
+INDEXER_68 = Record(64, 4, SPLIT, 1, "indexer-68")
+RANKS = {"tp_size": "1", "tp_rank": "replicated", "pp_rank": "0", "pp_size": "1"}
+POOL_PAGE_TOKENS = 256
+
+
+def padded_item(states: int, rec: Record) -> int:
+    """An item of ``states`` records padded to the record's alignment (what ``geometry.fit`` admits)."""
+    return -(-states * rec.nbytes // rec.align) * rec.align
+
+
+def pool_shapes(main: Record = SPLIT_288, mains: tuple[Record, ...] | None = None) -> list[Pool]:
+    """Pools named as SGLang's V4.1 pools are (the ratio in the name: 256 / ratio records a page; three
+    ratio-2 layers, one ratio-1 layer, an indexer pool beside each), each record then found by ``fit`` from
+    the item size alone among ``mains`` (default: ``main`` only) and ``INDEXER_68``."""
+    cands = mains if mains is not None else (main,)
+    out = []
+    for name, layers, ratio in (("deepseek_v4_c2", 3, 2), ("deepseek_v4_c1", 1, 1)):
+        states = POOL_PAGE_TOKENS // ratio
+        out.append(fit(name, layers, padded_item(states, main), POOL_PAGE_TOKENS, cands, [INDEXER_68]))
+        out.append(fit(f"{name}_indexer", layers, padded_item(states, INDEXER_68), POOL_PAGE_TOKENS, cands,
+                       [INDEXER_68]))
+    return out
+
+
+def pooled_layout(main: Record) -> PageLayout:
+    """The page layout of ``pool_shapes(main)``."""
+    return derive("m", pool_shapes(main), RANKS).layout

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.engines.sglang.geometry import derive
 from kvstore.format import page
 from kvstore.format.page_layout import PageLayout
 from kvstore.tiers import SsdTierConfig
@@ -20,12 +19,11 @@ from kvstore.tiers.base import CorruptValue
 from kvstore.tiers.ssd import runs_record
 from kvstore.tiers.ssd.record import RUNS, ZSTD, RecordCodec
 from kvstore.tiers.ssd.tier import SsdTier
-from tests.engines.test_sglang_geometry import FP, V41, V41_FP4, V41_FP4_NEW, pools
-from tests.helpers.pages import scaled_block, v41_layout
+from tests.helpers.pages import INTERLEAVED_288, SPLIT_288, SPLIT_528, pooled_layout, scaled_block, v41_layout
 
-LAYOUTS = {"sglang-v41_fp4": derive("m", pools(V41_FP4), FP).layout,
-           "sglang-v41": derive("m", pools(V41), FP).layout,
-           "sglang-v41_fp4_new": derive("m", pools(V41_FP4_NEW), FP).layout,
+#: page layouts of SGLang's pool shapes and of vLLM's groups, built by hand (tests/helpers/pages.py)
+LAYOUTS = {"sglang-split-288": pooled_layout(SPLIT_288), "sglang-split-528": pooled_layout(SPLIT_528),
+           "sglang-interleaved-288": pooled_layout(INTERLEAVED_288),
            "vllm-nvfp4": v41_layout(), "vllm-fp8": v41_layout("fp8_ds_mla")}
 
 
@@ -68,7 +66,7 @@ def test_the_runs_are_the_scale_rows_merged_across_pages() -> None:
     """SGLang's 3-layer c2 pool (split): one run over its layers' scale rows but the last (in the
     tail); vLLM's interleaved main page: one strided run of every record's scales (its split indexer
     page after it holds the block's last codes: its scale rows are the tail)."""
-    lay = LAYOUTS["sglang-v41_fp4"]
+    lay = LAYOUTS["sglang-split-288"]
     c2 = lay.group(2)
     assert c2 is not None and [p.states for p in c2.pages] == [128] * 3
     hb = 112
@@ -80,7 +78,7 @@ def test_the_runs_are_the_scale_rows_merged_across_pages() -> None:
 
 
 def test_a_value_that_is_no_known_page_blob_is_flag_1() -> None:
-    lay = LAYOUTS["sglang-v41_fp4"]
+    lay = LAYOUTS["sglang-split-288"]
     blob = blob_of(lay, 2)
     other = compact(LAYOUTS["vllm-nvfp4"])  # the blob's layout is not known to it
     assert other.encode(memoryview(blob))[0] == ZSTD
